@@ -1,0 +1,54 @@
+"""The Policy seam and the registry of policies by name.
+
+A policy is pure: ``decide(view, profiles, estimator) -> decisions``. It reads the frozen
+ClusterView, the profiles of opted-in jobs (map from job_id to JobProfile) and the
+Estimator; it never does I/O, never reads the wall clock (``view.now``), and never
+mutates its inputs. It acts only through the levers an admin has on Slurm: the size of a
+pending job, its SiteFactor, its time limit, and (where enabled) requeue.
+
+``scheduler`` names the Slurm scheduler behaviour the policy is meant to run under
+("backfill" or "builtin"); the simulator configures its backend from it, as a site
+would configure slurm.conf.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, ClassVar, Mapping, Protocol
+
+from ..model import ClusterView, Decision, JobProfile
+
+
+class Policy(Protocol):
+    name: ClassVar[str]
+    scheduler: ClassVar[str]
+
+    def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile],
+               estimator: Any) -> list[Decision]: ...
+
+
+_REGISTRY = {
+    "fifo": "pipeswift_slurm.policy.fifo:FifoPolicy",
+    "slurm": "pipeswift_slurm.policy.slurm:SlurmPolicy",
+    "sjf": "pipeswift_slurm.policy.sjf:SjfPolicy",
+    "tiresias": "pipeswift_slurm.policy.tiresias:TiresiasPolicy",
+    "pipeswift": "pipeswift_slurm.policy.pipeswift:PipeSwiftPolicy",
+}
+
+
+def policy_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_policy(name: str, **knobs: Any) -> Policy:
+    """Instantiate a registered policy with its knobs.
+
+    Raises:
+        KeyError: unknown policy name (message lists the known ones).
+    """
+    if name not in _REGISTRY:
+        raise KeyError("unknown policy %r; known: %s" % (name, ", ".join(_REGISTRY)))
+    module_name, _, attr = _REGISTRY[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    policy: Policy = cls(**knobs)
+    return policy
