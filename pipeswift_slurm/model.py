@@ -8,6 +8,7 @@ anything outside the standard library (no SQLAlchemy, no Slurm, no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Optional
 
 # Slurm job states, spelled as Slurm spells them.
@@ -51,7 +52,7 @@ class ModelShape:
         multiple = self.make_vocab_size_divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
 
-    @property
+    @cached_property
     def params_per_layer(self) -> int:
         """Weights of one transformer layer (attention + MLP + two norms, with biases ignored)."""
         h = self.hidden_size
@@ -61,7 +62,7 @@ class ModelShape:
         mlp = h * self.ffn_hidden_size * (3 if self.swiglu else 2)
         return attn + mlp + 2 * h
 
-    @property
+    @cached_property
     def num_params(self) -> int:
         """Total weights with untied input and output embeddings (as PP>1 requires)."""
         return (self.num_layers * self.params_per_layer

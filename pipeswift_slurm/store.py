@@ -1,0 +1,457 @@
+"""The controller's history: jobs, profiles, state changes, ticks, decisions, calibration.
+
+``Store`` owns every read and write of the database and speaks only domain types
+(``model.py``) and the small frozen dataclasses below; ORM rows never leave this module.
+One tick is one transaction (``with store.tick(now, policy, dry_run) as tx:``): if its body
+raises, nothing of it remains, the tick row included. Writes are bulk (one statement per
+table per tick) so the simulator can record ~100k ticks.
+
+SQLite (the default) is tuned on every connection: ``foreign_keys=ON``, ``busy_timeout``,
+and for files ``journal_mode=WAL`` (readers never block the writer) with
+``synchronous=NORMAL``. A tick starts with ``BEGIN IMMEDIATE`` so two writers (an
+overlapping cron tick, a manual ``pipeswift controller tick``) queue on the write lock
+for up to ``busy_timeout_s`` and then fail with ``StoreBusy``, instead of deadlocking on a
+read-to-write upgrade. Other SQLAlchemy URLs (PostgreSQL) work with their own defaults.
+
+Vanished jobs: a job the DB believes active (PENDING, RUNNING, ...) but absent from the
+snapshot is reported by ``save_snapshot``; the caller may look it up (sacct) and save it,
+or call ``mark_vanished``, which records ``end_time = now`` (an upper bound, one tick
+late at most) and state ``COMPLETED?`` if it had started, else ``CANCELLED?``. A later
+observation of the real final state overrides these guesses.
+
+This module must not be imported by the policy; it imports nothing from Slurm backends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
+
+from sqlalchemy import Engine, bindparam, create_engine, event, func, insert, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
+
+from .model import FINISHED_STATES, PENDING, RUNNING, ClusterView, Decision, ExecConfig, Job, JobProfile
+from .schema import Base, CalibrationRow, DecisionRow, JobRow, ProfileRow, TickRow, size_class
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Slurm states in which a job is still in the system (it may vanish from a later view).
+ACTIVE_STATES = (PENDING, RUNNING, "SUSPENDED", "COMPLETING", "CONFIGURING", "REQUEUED",
+                 "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT",
+                 "STOPPED", "RESV_DEL_HOLD")
+VANISHED_STARTED = "COMPLETED?"
+VANISHED_UNSTARTED = "CANCELLED?"
+CALIBRATION_STATES = ("COMPLETED", VANISHED_STARTED)
+
+# Every ExecConfig field, each stored in its own decisions column (test_store checks this
+# list against the dataclass, so a new field cannot be dropped silently).
+CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "vp", "micro_batch_size", "num_micro_batches",
+                 "num_nodes", "gpus_per_node", "decoder_first_pipeline_num_layers",
+                 "decoder_last_pipeline_num_layers")
+
+_JOBS = JobRow.__table__
+_DECISIONS = DecisionRow.__table__
+# Fields copied from the observed Job, plus those derived from them.
+_OBSERVED = ("user", "name", "partition", "submit_time", "eligible_time", "start_time",
+             "end_time", "state", "state_reason", "num_nodes", "gpus", "opted_in")
+_DERIVED = ("queue_s", "run_s", "size_class", "restarts")
+_IN_CHUNK = 500  # ids per IN (...) list: far below SQLite's bound-parameter limit
+
+
+class StoreBusy(RuntimeError):
+    """Another writer held the database longer than ``busy_timeout_s``."""
+
+
+@dataclass(frozen=True)
+class FinishedJob:
+    """A finished job with an actual and a predicted run time (seconds)."""
+
+    job_id: int
+    job_class: str
+    predicted_run_s: float
+    run_s: float
+    end_time: float
+    state: str
+
+
+@dataclass(frozen=True)
+class CalibrationEntry:
+    """Estimator bias of one job class: mean log(actual/predicted) over ``n_jobs``."""
+
+    job_class: str
+    n_jobs: int
+    log_ratio: float
+    updated_at: float
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(self.log_ratio)
+
+
+@dataclass(frozen=True)
+class RecordedDecision:
+    """A decision as recorded: the tick, its time, and whether it was applied."""
+
+    tick_id: int
+    at: float
+    decision: Decision
+    intended: bool
+    applied: Optional[bool]
+    error: Optional[str]
+
+
+@dataclass(frozen=True)
+class SnapshotSummary:
+    """What ``save_snapshot`` changed: new jobs, state transitions, vanished job ids."""
+
+    n_new: int
+    n_transitions: int
+    vanished: tuple[int, ...]
+
+
+def same_action(a: Optional[Decision], b: Optional[Decision]) -> bool:
+    """True when two decisions move the same levers to the same values.
+
+    Reason and predicted times are ignored: they change every tick, the action does not.
+    """
+    if a is None or b is None:
+        return a is b
+    return (a.job_id, a.config, a.site_factor, a.time_limit_s, a.requeue) == (
+        b.job_id, b.config, b.site_factor, b.time_limit_s, b.requeue)
+
+
+def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
+    """Create an engine; a bare file path means SQLite. SQLite connections get tuned.
+
+    Args:
+        url: SQLAlchemy URL (``sqlite:////var/lib/pipeswift/pipeswift.sqlite``,
+            ``postgresql://...``) or a plain file path.
+        busy_timeout_s: how long a SQLite writer waits for another one's lock.
+    """
+    if "://" not in url:
+        url = "sqlite:///" + url
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url)
+    in_memory = parsed.database in (None, "", ":memory:")
+    kwargs: dict[str, Any] = {}
+    if in_memory:
+        kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+    engine = create_engine(url, **kwargs)
+    _tune_sqlite(engine, busy_timeout_s, wal=not in_memory)
+    return engine
+
+
+def _tune_sqlite(engine: Engine, busy_timeout_s: float, wal: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # the driver's implicit BEGIN is replaced below
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=%d" % int(busy_timeout_s * 1000))
+        if wal:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql("BEGIN " + mode)
+
+
+def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
+    for i in range(0, len(ids), _IN_CHUNK):
+        yield ids[i:i + _IN_CHUNK]
+
+
+def _is_locked(exc: OperationalError) -> bool:
+    return "locked" in str(exc.orig).lower() or "busy" in str(exc.orig).lower()
+
+
+# ---------------------------------------------------------------- queries (session -> domain)
+
+def _known_jobs(s: Session, active_only: bool) -> dict[int, str]:
+    query = select(JobRow.job_id, JobRow.state)
+    if active_only:
+        query = query.where(JobRow.state.in_(ACTIVE_STATES))
+    return {job_id: state for job_id, state in s.execute(query)}
+
+
+def _profile_texts(s: Session, job_ids: Iterable[int]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for chunk in _chunks(sorted(set(job_ids))):
+        rows = s.execute(select(ProfileRow.job_id, ProfileRow.raw_text)
+                         .where(ProfileRow.job_id.in_(chunk)))
+        out.update({job_id: text for job_id, text in rows})
+    return out
+
+
+def _decision_of(row: DecisionRow) -> Decision:
+    config = None
+    if row.tp is not None:
+        values = {name: getattr(row, name) for name in CONFIG_FIELDS}
+        config = ExecConfig(**values)
+    return Decision(job_id=row.job_id, config=config, site_factor=row.site_factor,
+                    time_limit_s=row.time_limit_s, requeue=bool(row.requeue),
+                    reason=row.reason or "", predicted_start_s=row.predicted_start_s,
+                    predicted_end_s=row.predicted_end_s)
+
+
+def _last_applied_for(s: Session, job_ids: Iterable[int]) -> dict[int, Decision]:
+    out: dict[int, Decision] = {}
+    for chunk in _chunks(sorted(set(job_ids))):
+        latest = (select(func.max(DecisionRow.id))
+                  .where(DecisionRow.job_id.in_(chunk), DecisionRow.applied.is_(True))
+                  .group_by(DecisionRow.job_id))
+        for row in s.scalars(select(DecisionRow).where(DecisionRow.id.in_(latest))):
+            out[row.job_id] = _decision_of(row)
+    return out
+
+
+def _decisions_for(s: Session, job_id: int) -> list[RecordedDecision]:
+    rows = s.scalars(select(DecisionRow).where(DecisionRow.job_id == job_id)
+                     .order_by(DecisionRow.id))
+    return [RecordedDecision(r.tick_id, r.at, _decision_of(r), bool(r.intended),
+                             None if r.applied is None else bool(r.applied), r.error)
+            for r in rows]
+
+
+def _finished_jobs(s: Session, job_class: Optional[str], since: Optional[float],
+                   include_vanished: bool) -> list[FinishedJob]:
+    states = CALIBRATION_STATES if include_vanished else CALIBRATION_STATES[:1]
+    query = (select(JobRow.job_id, JobRow.job_class, JobRow.predicted_run_s, JobRow.run_s,
+                    JobRow.end_time, JobRow.state)
+             .where(JobRow.state.in_(states), JobRow.run_s.is_not(None),
+                    JobRow.predicted_run_s.is_not(None), JobRow.end_time.is_not(None))
+             .order_by(JobRow.end_time, JobRow.job_id))
+    if job_class is not None:
+        query = query.where(JobRow.job_class == job_class)
+    if since is not None:
+        query = query.where(JobRow.end_time >= since)
+    return [FinishedJob(r.job_id, r.job_class or "", r.predicted_run_s, r.run_s, r.end_time,
+                        r.state) for r in s.execute(query)]
+
+
+def _calibration(s: Session) -> dict[str, tuple[float, int]]:
+    rows = s.execute(select(CalibrationRow.job_class, CalibrationRow.ratio, CalibrationRow.n_jobs))
+    return {job_class: (ratio, n_jobs) for job_class, ratio, n_jobs in rows}
+
+
+def _save_calibration(s: Session, rows: Iterable[CalibrationEntry]) -> None:
+    values = [{"job_class": r.job_class, "n_jobs": r.n_jobs, "log_ratio": r.log_ratio,
+               "ratio": r.ratio, "updated_at": r.updated_at} for r in rows]
+    if not values:
+        return
+    s.execute(CalibrationRow.__table__.delete()
+              .where(CalibrationRow.job_class.in_([v["job_class"] for v in values])))
+    s.execute(insert(CalibrationRow), values)
+
+
+class _Queries:
+    """Read methods shared by Store (own read transaction) and TickTx (the tick's)."""
+
+    def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        raise NotImplementedError
+
+    def known_jobs(self, active_only: bool = False) -> dict[int, str]:
+        """Map from job_id to the job's last recorded state (only active states if asked)."""
+        return self._read(_known_jobs, active_only)
+
+    def profile_texts(self, job_ids: Iterable[int]) -> dict[int, str]:
+        """Map from job_id to the raw profile text recorded for it (jobs with a profile)."""
+        return self._read(_profile_texts, list(job_ids))
+
+    def last_applied(self, job_id: int) -> Optional[Decision]:
+        """The last decision applied to ``job_id`` (for idempotency), or None."""
+        return self._read(_last_applied_for, [job_id]).get(job_id)
+
+    def last_applied_for(self, job_ids: Iterable[int]) -> dict[int, Decision]:
+        """Map from job_id to its last applied decision, in one query (jobs that have one)."""
+        return self._read(_last_applied_for, list(job_ids))
+
+    def decisions_for(self, job_id: int) -> list[RecordedDecision]:
+        """Every decision recorded for ``job_id``, oldest first."""
+        return self._read(_decisions_for, job_id)
+
+    def finished_jobs(self, job_class: Optional[str] = None, since: Optional[float] = None,
+                      include_vanished: bool = True) -> list[FinishedJob]:
+        """Completed jobs with both a run time and a prediction, by end time (calibration).
+
+        Args:
+            job_class: only this class (None: all).
+            since: only jobs that ended at or after this time (epoch s).
+            include_vanished: also jobs whose end was estimated (state ``COMPLETED?``).
+        """
+        return self._read(_finished_jobs, job_class, since, include_vanished)
+
+    def calibration(self) -> dict[str, tuple[float, int]]:
+        """Map from job_class to (ratio actual/predicted, number of jobs behind it)."""
+        return self._read(_calibration)
+
+    def tick_count(self) -> int:
+        """Number of ticks recorded (failed ones recorded by record_failed_tick included)."""
+        return self._read(lambda s: s.scalar(select(func.count()).select_from(TickRow)) or 0)
+
+
+# ---------------------------------------------------------------- one tick's writes
+
+def _queue_run_s(job: Job) -> tuple[Optional[float], Optional[float]]:
+    queue_s = run_s = None
+    if job.start_time is not None:
+        begin = job.eligible_time if job.eligible_time is not None else job.submit_time
+        queue_s = max(0.0, job.start_time - begin)
+        if job.end_time is not None:
+            run_s = max(0.0, job.end_time - job.start_time)
+    return queue_s, run_s
+
+
+def _transition_at(job: Job, from_state: Optional[str], now: float) -> float:
+    """When the new state began: the job's own time for it where Slurm gives one."""
+    if job.state == PENDING and from_state is None:
+        return job.submit_time
+    if job.state == RUNNING and job.start_time is not None:
+        return job.start_time
+    if job.state in FINISHED_STATES and job.end_time is not None:
+        return job.end_time
+    return now
+
+
+def _decision_kind(d: Decision) -> str:
+    parts = [name for name, on in (("resize", d.config is not None),
+                                   ("site_factor", d.site_factor is not None),
+                                   ("time_limit", d.time_limit_s is not None),
+                                   ("requeue", d.requeue)) if on]
+    return "+".join(parts) or "none"
+
+
+def _decision_values(d: Decision, tick_id: int, at: float, applied: Optional[bool],
+                     error: Optional[str]) -> dict[str, Any]:
+    c = d.config
+    values: dict[str, Any] = {name: getattr(c, name) if c else None for name in CONFIG_FIELDS}
+    values.update(
+        tick_id=tick_id, job_id=d.job_id, at=at, kind=_decision_kind(d),
+        config=c.short() if c else None, gpus=c.gpus if c else None,
+        site_factor=d.site_factor, time_limit_s=d.time_limit_s, requeue=d.requeue,
+        reason=d.reason, predicted_start_s=d.predicted_start_s,
+        predicted_end_s=d.predicted_end_s, intended=d.changes_anything,
+        applied=False if (error and applied is None) else applied, error=error)
+    return values
+
+
+def _update_by_id(s: Session, keys: Sequence[str], rows: list[dict[str, Any]]) -> None:
+    """One executemany UPDATE jobs SET keys... WHERE job_id = ? (all rows share ``keys``)."""
+    if not rows:
+        return
+    stmt = (update(_JOBS).where(_JOBS.c.job_id == bindparam("b_job_id"))
+            .values({k: bindparam("b_" + k) for k in keys}))
+    s.execute(stmt, [{"b_" + k: v for k, v in row.items()} for row in rows])
+
+
+class TickTx(_Queries):
+    """The writes of one tick, all inside the tick's single transaction.
+
+    Obtained from ``Store.tick``; do not keep it past the ``with`` block. Its query
+    methods see this tick's uncommitted writes.
+    """
+
+    def __init__(self, session: Session, now: float, policy: str, dry_run: bool) -> None:
+        self.session = session
+        self.now = now
+        self._t0 = time.perf_counter()
+        self._counts = {"n_pending": 0, "n_running": 0, "n_decisions": 0, "n_applied": 0,
+                        "n_errors": 0}
+        self._finished = False
+        self._rows: dict[int, dict[str, Any]] = {}  # jobs rows as written this tick
+        result = session.execute(insert(TickRow).values(
+            started_at=now, policy=policy, dry_run=dry_run, status="running"))
+        self.tick_id: int = result.inserted_primary_key[0]
+
+    def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(self.session, *args)
+
+    def _load_jobs(self, job_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Current DB rows of the active jobs and of ``job_ids``: two queries at most."""
+        cols = [_JOBS.c.job_id, *(_JOBS.c[k] for k in _OBSERVED + _DERIVED),
+                _JOBS.c.predicted_run_s]
+        rows = {r.job_id: r._asdict() for r in
+                self.session.execute(select(*cols).where(_JOBS.c.state.in_(ACTIVE_STATES)))}
+        missing = [j for j in job_ids if j not in rows]
+        for chunk in _chunks(missing):
+            for r in self.session.execute(select(*cols).where(_JOBS.c.job_id.in_(chunk))):
+                rows[r.job_id] = r._asdict()
+        return rows
+
+    def _job_values(self, job: Job, old: Optional[dict[str, Any]]) -> dict[str, Any]:
+        values = {k: getattr(job, k) for k in _OBSERVED}
+        values["queue_s"], values["run_s"] = _queue_run_s(job)
+        predicted = old["predicted_run_s"] if old else None
+        values["size_class"] = size_class(job.gpus, values["run_s"] or predicted)
+        restarts = old["restarts"] if old else 0
+        if old and old["state"] == RUNNING and job.state == PENDING:
+            restarts += 1  # requeued since we last looked
+        values["restarts"] = max(restarts, job.restarts)
+        return values
+
+    def save_snapshot(self, view: ClusterView) -> SnapshotSummary:
+        """Record every job in ``view``, its state changes, and the cluster's occupancy.
+
+        New jobs are inserted (first sight is a transition from NULL); known jobs are
+        updated only where an observed field changed; every seen job gets
+        ``last_seen_tick``. ``queue_s``/``run_s`` come from the job's own times.
+
+        Returns:
+            Counts, and the ids of jobs the DB holds as active that the view lacks (pass
+            them to ``mark_vanished`` once their fate is known or given up on).
+        """
+        jobs = {j.job_id: j for j in view.jobs}
+        known = self._load_jobs(list(jobs))
+        inserts, updates, transitions = [], [], []
+        for job in jobs.values():
+            old = known.get(job.job_id)
+            values = self._job_values(job, old)
+            if old is None:
+                inserts.append({"job_id": job.job_id, "requested_gpus": job.gpus,
+                                "first_seen_tick": self.tick_id, **values})
+            elif any(old[k] != v for k, v in values.items()):
+                updates.append({"job_id": job.job_id, **values})
+            from_state = old["state"] if old else None
+            if from_state != job.state:
+                transitions.append({"job_id": job.job_id, "tick_id": self.tick_id,
+                                    "from_state": from_state, "to_state": job.state,
+                                    "at": _transition_at(job, from_state, self.now),
+                                    "reason": job.state_reason or None})
+            self._rows[job.job_id] = {**(old or {"predicted_run_s": None}), **values}
+        self._write_snapshot(view, inserts, updates, transitions)
+        vanished = tuple(sorted(j for j, row in known.items()
+                                if j not in jobs and row["state"] in ACTIVE_STATES))
+        return SnapshotSummary(len(inserts), len(transitions), vanished)
+
+    def _write_snapshot(self, view: ClusterView, inserts: list[dict[str, Any]],
+                        updates: list[dict[str, Any]], transitions: list[dict[str, Any]]) -> None:
+        s = self.session
+        if inserts:
+            s.execute(insert(_JOBS), inserts)
+        _update_by_id(s, ("job_id",) + _OBSERVED + _DERIVED, updates)
+        for chunk in _chunks([j.job_id for j in view.jobs]):
+            s.execute(update(_JOBS).where(_JOBS.c.job_id.in_(chunk))
+                      .values(last_seen_tick=self.tick_id))
+        if transitions:
+            s.execute(insert(StateTransitionRow), transitions)
+        n_pending, n_running = len(view.pending), len(view.running)
+        s.execute(insert(TickSnapshotRow).values(
+            tick_id=self.tick_id, at=view.now, n_nodes=len(view.nodes),
+            total_gpus=view.total_gpus, free_gpus=view.free_gpus,
+            busy_gpus=view.total_gpus - view.free_gpus,
+            pending_gpus=sum(j.gpus for j in view.pending),
+            n_pending=n_pending, n_running=n_running))
+        self._counts.update(n_pending=n_pending, n_running=n_running)
