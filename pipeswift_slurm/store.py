@@ -38,7 +38,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from .model import FINISHED_STATES, PENDING, RUNNING, ClusterView, Decision, ExecConfig, Job, JobProfile
-from .schema import Base, CalibrationRow, DecisionRow, JobRow, ProfileRow, TickRow, size_class
+from .schema import (Base, CalibrationRow, DecisionRow, JobRow, ProfileRow, StateTransitionRow,
+                     TickRow, TickSnapshotRow, size_class)
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +396,8 @@ class TickTx(_Queries):
         values = {k: getattr(job, k) for k in _OBSERVED}
         values["queue_s"], values["run_s"] = _queue_run_s(job)
         predicted = old["predicted_run_s"] if old else None
-        values["size_class"] = size_class(job.gpus, values["run_s"] or predicted)
+        values["size_class"] = size_class(
+            job.gpus, values["run_s"] if values["run_s"] is not None else predicted)
         restarts = old["restarts"] if old else 0
         if old and old["state"] == RUNNING and job.state == PENDING:
             restarts += 1  # requeued since we last looked
@@ -441,7 +443,7 @@ class TickTx(_Queries):
         s = self.session
         if inserts:
             s.execute(insert(_JOBS), inserts)
-        _update_by_id(s, ("job_id",) + _OBSERVED + _DERIVED, updates)
+        _update_by_id(s, _OBSERVED + _DERIVED, updates)
         for chunk in _chunks([j.job_id for j in view.jobs]):
             s.execute(update(_JOBS).where(_JOBS.c.job_id.in_(chunk))
                       .values(last_seen_tick=self.tick_id))
@@ -455,3 +457,219 @@ class TickTx(_Queries):
             pending_gpus=sum(j.gpus for j in view.pending),
             n_pending=n_pending, n_running=n_running))
         self._counts.update(n_pending=n_pending, n_running=n_running)
+
+    def mark_vanished(self, job_ids: Iterable[int], now: Optional[float] = None) -> int:
+        """Close jobs that left the queue unseen: ``end_time = now`` (an estimate).
+
+        A job that had started becomes ``COMPLETED?`` with ``run_s = now - start_time``;
+        one that never started becomes ``CANCELLED?``. Jobs not active in the DB are left
+        alone, so calling this twice is harmless.
+
+        Returns:
+            The number of jobs closed.
+        """
+        now = self.now if now is None else now
+        known = self._load_jobs(sorted(set(job_ids)))
+        updates, transitions = [], []
+        for job_id in sorted(set(job_ids)):
+            old = known.get(job_id)
+            if old is None or old["state"] not in ACTIVE_STATES:
+                continue
+            started = old["start_time"] is not None
+            state = VANISHED_STARTED if started else VANISHED_UNSTARTED
+            run_s = max(0.0, now - old["start_time"]) if started else None
+            cls = size_class(old["gpus"], run_s if started else old["predicted_run_s"])
+            updates.append({"b_job_id": job_id, "b_state": state, "b_end_time": now,
+                            "b_run_s": run_s, "b_size_class": cls})
+            transitions.append({"job_id": job_id, "tick_id": self.tick_id, "at": now,
+                                "from_state": old["state"], "to_state": state,
+                                "reason": "vanished"})
+        if updates:
+            self.session.execute(
+                update(_JOBS).where(_JOBS.c.job_id == bindparam("b_job_id")).values(
+                    {k: bindparam("b_" + k) for k in ("state", "end_time", "run_s", "size_class")}),
+                updates)
+            self.session.execute(insert(StateTransitionRow), transitions)
+        return len(updates)
+
+    def upsert_profile(self, job_id: int, raw_text: str, profile: Optional[JobProfile],
+                       parse_error: Optional[str] = None) -> None:
+        """Record a job's raw profile request and what parsing made of it.
+
+        The job must already be saved (``save_snapshot`` first). A parsed profile also sets
+        the job's ``job_class``.
+
+        Args:
+            job_id: the Slurm job.
+            raw_text: the token as found in the Comment (user text: a request only).
+            profile: the validated profile, or None when parsing failed.
+            parse_error: why parsing failed (None on success).
+        """
+        values: dict[str, Any] = {"raw_text": raw_text, "parse_error": parse_error,
+                                  "updated_at": self.now, "job_class": None,
+                                  **dict.fromkeys(("num_layers", "hidden_size", "seq_length",
+                                                   "global_batch_size", "train_iters",
+                                                   "min_gpus", "max_gpus", "requested_config"))}
+        if profile is not None:
+            lo, hi = profile.gpu_range
+            values.update(job_class=profile.job_class, num_layers=profile.shape.num_layers,
+                          hidden_size=profile.shape.hidden_size,
+                          seq_length=profile.shape.seq_length,
+                          global_batch_size=profile.plan.global_batch_size,
+                          train_iters=profile.plan.iterations, min_gpus=lo, max_gpus=hi,
+                          requested_config=profile.requested.short())
+            self.session.execute(update(_JOBS).where(_JOBS.c.job_id == job_id)
+                                 .values(job_class=profile.job_class))
+        exists = self.session.scalar(select(ProfileRow.job_id).where(ProfileRow.job_id == job_id))
+        if exists is None:
+            self.session.execute(insert(ProfileRow).values(job_id=job_id, created_at=self.now,
+                                                           **values))
+        else:
+            self.session.execute(update(ProfileRow.__table__)
+                                 .where(ProfileRow.job_id == job_id).values(**values))
+
+    def record_decisions(self, decisions: Sequence[Decision],
+                         applied: Optional[Mapping[int, Optional[bool]]] = None,
+                         errors: Optional[Mapping[int, str]] = None) -> None:
+        """Record this tick's decisions (one bulk insert).
+
+        Args:
+            decisions: what the policy decided, one per job.
+            applied: map from job_id to True (applied), False (failed) or None/absent (not
+                attempted: dry run, or same as the last applied decision).
+            errors: map from job_id to the backend's error text (implies applied=False).
+        """
+        applied, errors = applied or {}, errors or {}
+        rows = [_decision_values(d, self.tick_id, self.now, applied.get(d.job_id),
+                                 errors.get(d.job_id)) for d in decisions]
+        if rows:
+            self.session.execute(insert(_DECISIONS), rows)
+        self._counts["n_decisions"] += len(rows)
+        self._counts["n_applied"] += sum(1 for r in rows if r["applied"] is True)
+        self._counts["n_errors"] += sum(1 for r in rows if r["applied"] is False)
+
+    def set_predicted_run(self, job_id: int, predicted_run_s: float) -> None:
+        """Record the latest run-time estimate (seconds) for the config the job runs with."""
+        self.set_predicted_runs({job_id: predicted_run_s})
+
+    def set_predicted_runs(self, predicted_run_s: Mapping[int, float]) -> None:
+        """Bulk ``set_predicted_run``: map from job_id to predicted run seconds.
+
+        Rows whose value is unchanged are not written; ``size_class`` follows the
+        estimate until the job's actual run time is known.
+        """
+        missing = [j for j in predicted_run_s if j not in self._rows]
+        if missing:
+            self._rows.update(self._load_jobs(missing))
+        updates = []
+        for job_id, value in predicted_run_s.items():
+            row = self._rows.get(job_id)
+            if row is None or row["predicted_run_s"] == value:
+                continue
+            run_s = row["run_s"] if row["run_s"] is not None else value
+            row.update(predicted_run_s=value, size_class=size_class(row["gpus"], run_s))
+            updates.append({"b_job_id": job_id, "b_predicted_run_s": value,
+                            "b_size_class": row["size_class"]})
+        if updates:
+            self.session.execute(
+                update(_JOBS).where(_JOBS.c.job_id == bindparam("b_job_id")).values(
+                    predicted_run_s=bindparam("b_predicted_run_s"),
+                    size_class=bindparam("b_size_class")), updates)
+
+    def save_calibration(self, rows: Iterable[CalibrationEntry]) -> None:
+        """Replace the calibration of the job classes in ``rows`` (others are kept)."""
+        _save_calibration(self.session, rows)
+
+    def finish(self, status: str = "ok", error: Optional[str] = None,
+               duration_s: Optional[float] = None, **counts: int) -> None:
+        """Close the tick row. Called by ``Store.tick`` at exit when the body did not.
+
+        Args:
+            status: "ok", or "failed" to commit a tick that went wrong part-way.
+            error: text explaining a failure.
+            duration_s: wall seconds of the tick (default: measured since it began).
+            **counts: overrides of n_pending, n_running (default: from the snapshot),
+                n_decisions, n_applied, n_errors (default: from record_decisions).
+        """
+        unknown = set(counts) - set(self._counts)
+        if unknown:
+            raise TypeError("finish() got unknown counts: %s" % ", ".join(sorted(unknown)))
+        self._counts.update(counts)
+        if duration_s is None:
+            duration_s = time.perf_counter() - self._t0
+        self.session.execute(update(TickRow.__table__).where(TickRow.tick_id == self.tick_id)
+                             .values(finished_at=self.now + duration_s, duration_s=duration_s,
+                                     status=status, error=error, **self._counts))
+        self._finished = True
+
+
+# ---------------------------------------------------------------- the store
+
+class Store(_Queries):
+    """History of jobs and decisions over SQLAlchemy (SQLite by default).
+
+    Use ``Store.from_url(path_or_url)`` in the controller, ``Store.in_memory()`` in the
+    simulator and tests. Queries return domain objects and frozen dataclasses.
+    """
+
+    def __init__(self, engine: Engine, create: bool = True) -> None:
+        """Wrap ``engine`` (use ``make_engine`` for SQLite tuning); create missing tables."""
+        self.engine = engine
+        self._write_engine = engine.execution_options(sqlite_begin="IMMEDIATE")
+        if create:
+            Base.metadata.create_all(engine)
+
+    @classmethod
+    def from_url(cls, url: str, busy_timeout_s: float = 30.0) -> "Store":
+        """Open (and create if missing) the store at a SQLAlchemy URL or SQLite file path."""
+        return cls(make_engine(url, busy_timeout_s))
+
+    @classmethod
+    def in_memory(cls) -> "Store":
+        """A private in-memory SQLite store (one persistent connection)."""
+        return cls(make_engine("sqlite://"))
+
+    def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        with Session(self.engine) as s, s.begin():
+            return fn(s, *args)
+
+    @contextmanager
+    def tick(self, now: float, policy: str, dry_run: bool = False) -> Iterator[TickTx]:
+        """One tick's transaction: everything written through the yielded TickTx commits
+        together at the end of the ``with`` block, or not at all if the body raises.
+
+        Args:
+            now: the tick's clock (epoch or simulated seconds).
+            policy: name of the policy run.
+            dry_run: decisions are recorded but not applied.
+
+        Raises:
+            StoreBusy: another writer held the database past ``busy_timeout_s``.
+        """
+        try:
+            with Session(self._write_engine) as session, session.begin():
+                tx = TickTx(session, now, policy, dry_run)
+                yield tx
+                if not tx._finished:
+                    tx.finish()
+        except OperationalError as exc:
+            if _is_locked(exc):
+                raise StoreBusy("store is locked by another writer: %s" % exc.orig) from exc
+            raise
+
+    def record_failed_tick(self, now: float, policy: str, dry_run: bool, error: str) -> int:
+        """Record a tick whose transaction was rolled back (its own small transaction).
+
+        Returns:
+            The failed tick's id.
+        """
+        with Session(self._write_engine) as s, s.begin():
+            result = s.execute(insert(TickRow).values(
+                started_at=now, finished_at=now, duration_s=0.0, policy=policy,
+                dry_run=dry_run, status="failed", error=error[:10000]))
+            return int(result.inserted_primary_key[0])
+
+    def save_calibration(self, rows: Iterable[CalibrationEntry]) -> None:
+        """Replace the calibration of the job classes in ``rows`` (others are kept)."""
+        with Session(self._write_engine) as s, s.begin():
+            _save_calibration(s, list(rows))
