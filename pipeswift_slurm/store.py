@@ -29,6 +29,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from sqlalchemy import Engine, bindparam, create_engine, event, func, insert, select, update
@@ -65,6 +66,7 @@ _DECISIONS = DecisionRow.__table__
 _OBSERVED = ("user", "name", "partition", "submit_time", "eligible_time", "start_time",
              "end_time", "state", "state_reason", "num_nodes", "gpus", "opted_in")
 _DERIVED = ("queue_s", "run_s", "size_class", "restarts")
+_GET_OBSERVED = attrgetter(*_OBSERVED)
 _IN_CHUNK = 500  # ids per IN (...) list: far below SQLite's bound-parameter limit
 
 
@@ -349,13 +351,36 @@ def _decision_values(d: Decision, tick_id: int, at: float, applied: Optional[boo
     return values
 
 
-def _update_by_id(s: Session, keys: Sequence[str], rows: list[dict[str, Any]]) -> None:
-    """One executemany UPDATE jobs SET keys... WHERE job_id = ? (all rows share ``keys``)."""
-    if not rows:
-        return
-    stmt = (update(_JOBS).where(_JOBS.c.job_id == bindparam("b_job_id"))
+def _update_jobs_by_id(keys: Sequence[str]) -> Any:
+    """UPDATE jobs SET key = :b_key ... WHERE job_id = :b_job_id (for executemany)."""
+    return (update(_JOBS).where(_JOBS.c.job_id == bindparam("b_job_id"))
             .values({k: bindparam("b_" + k) for k in keys}))
-    s.execute(stmt, [{"b_" + k: v for k, v in row.items()} for row in rows])
+
+
+def _prefixed(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"b_" + k: v for k, v in row.items()}
+
+
+# Statements built once: building and hashing a statement costs more than running it.
+_TICKS = TickRow.__table__
+_TRANSITIONS = StateTransitionRow.__table__
+_TICK_COUNTS = ("n_pending", "n_running", "n_decisions", "n_applied", "n_errors")
+_JOB_COLS = (_JOBS.c.job_id, *(_JOBS.c[k] for k in _OBSERVED + _DERIVED), _JOBS.c.predicted_run_s)
+_SELECT_ACTIVE = select(*_JOB_COLS).where(_JOBS.c.state.in_(ACTIVE_STATES))
+_SELECT_IDS = select(*_JOB_COLS).where(_JOBS.c.job_id.in_(bindparam("ids", expanding=True)))
+_TOUCH_JOBS = (update(_JOBS).where(_JOBS.c.job_id.in_(bindparam("ids", expanding=True)))
+               .values(last_seen_tick=bindparam("seen_tick")))
+_UPDATE_OBSERVED = _update_jobs_by_id(_OBSERVED + _DERIVED)
+_UPDATE_VANISHED = _update_jobs_by_id(("state", "end_time", "run_s", "size_class"))
+_UPDATE_PREDICTED = _update_jobs_by_id(("predicted_run_s", "size_class"))
+_INSERT_JOBS = insert(_JOBS)
+_INSERT_TRANSITIONS = insert(_TRANSITIONS)
+_INSERT_DECISIONS = insert(_DECISIONS)
+_INSERT_SNAPSHOT = insert(TickSnapshotRow.__table__)
+_INSERT_TICK = insert(_TICKS)
+_FINISH_TICK = (update(_TICKS).where(_TICKS.c.tick_id == bindparam("b_tick_id"))
+                .values({k: bindparam("b_" + k) for k in
+                         ("finished_at", "duration_s", "status", "error") + _TICK_COUNTS}))
 
 
 class TickTx(_Queries):
@@ -367,33 +392,36 @@ class TickTx(_Queries):
 
     def __init__(self, session: Session, now: float, policy: str, dry_run: bool) -> None:
         self.session = session
+        self.conn = session.connection()
         self.now = now
         self._t0 = time.perf_counter()
-        self._counts = {"n_pending": 0, "n_running": 0, "n_decisions": 0, "n_applied": 0,
-                        "n_errors": 0}
+        self._counts = dict.fromkeys(_TICK_COUNTS, 0)
         self._finished = False
+        self._snapshot_saved = False
         self._rows: dict[int, dict[str, Any]] = {}  # jobs rows as written this tick
-        result = session.execute(insert(TickRow).values(
-            started_at=now, policy=policy, dry_run=dry_run, status="running"))
+        result = self.conn.execute(_INSERT_TICK, {"started_at": now, "policy": policy,
+                                                  "dry_run": dry_run, "status": "running"})
         self.tick_id: int = result.inserted_primary_key[0]
 
     def _read(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(self.session, *args)
 
-    def _load_jobs(self, job_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """Current DB rows of the active jobs and of ``job_ids``: two queries at most."""
-        cols = [_JOBS.c.job_id, *(_JOBS.c[k] for k in _OBSERVED + _DERIVED),
-                _JOBS.c.predicted_run_s]
-        rows = {r.job_id: r._asdict() for r in
-                self.session.execute(select(*cols).where(_JOBS.c.state.in_(ACTIVE_STATES)))}
-        missing = [j for j in job_ids if j not in rows]
-        for chunk in _chunks(missing):
-            for r in self.session.execute(select(*cols).where(_JOBS.c.job_id.in_(chunk))):
-                rows[r.job_id] = r._asdict()
+    def _load_jobs(self, job_ids: Sequence[int], active: bool = False) -> dict[int, dict[str, Any]]:
+        """Map from job_id to its current DB row, for ``job_ids`` (plus all active jobs)."""
+        rows: dict[int, dict[str, Any]] = {}
+        if active:
+            rows.update(self._fetch(_SELECT_ACTIVE, {}))
+        for chunk in _chunks([j for j in job_ids if j not in rows]):
+            rows.update(self._fetch(_SELECT_IDS, {"ids": list(chunk)}))
         return rows
 
+    def _fetch(self, stmt: Any, params: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        result = self.conn.execute(stmt, params)
+        keys = list(result.keys())
+        return {row[0]: dict(zip(keys, row)) for row in result}
+
     def _job_values(self, job: Job, old: Optional[dict[str, Any]]) -> dict[str, Any]:
-        values = {k: getattr(job, k) for k in _OBSERVED}
+        values = dict(zip(_OBSERVED, _GET_OBSERVED(job)))
         values["queue_s"], values["run_s"] = _queue_run_s(job)
         predicted = old["predicted_run_s"] if old else None
         values["size_class"] = size_class(
@@ -410,13 +438,15 @@ class TickTx(_Queries):
         New jobs are inserted (first sight is a transition from NULL); known jobs are
         updated only where an observed field changed; every seen job gets
         ``last_seen_tick``. ``queue_s``/``run_s`` come from the job's own times.
+        It may be called again in the same tick (e.g. with final states from sacct):
+        the cluster occupancy recorded is the first view's.
 
         Returns:
             Counts, and the ids of jobs the DB holds as active that the view lacks (pass
             them to ``mark_vanished`` once their fate is known or given up on).
         """
         jobs = {j.job_id: j for j in view.jobs}
-        known = self._load_jobs(list(jobs))
+        known = self._load_jobs(list(jobs), active=True)
         inserts, updates, transitions = [], [], []
         for job in jobs.values():
             old = known.get(job.job_id)
@@ -424,7 +454,7 @@ class TickTx(_Queries):
             if old is None:
                 inserts.append({"job_id": job.job_id, "requested_gpus": job.gpus,
                                 "first_seen_tick": self.tick_id, **values})
-            elif any(old[k] != v for k, v in values.items()):
+            elif [old[k] for k in values] != list(values.values()):
                 updates.append({"job_id": job.job_id, **values})
             from_state = old["state"] if old else None
             if from_state != job.state:
@@ -440,22 +470,25 @@ class TickTx(_Queries):
 
     def _write_snapshot(self, view: ClusterView, inserts: list[dict[str, Any]],
                         updates: list[dict[str, Any]], transitions: list[dict[str, Any]]) -> None:
-        s = self.session
+        c = self.conn
         if inserts:
-            s.execute(insert(_JOBS), inserts)
-        _update_by_id(s, _OBSERVED + _DERIVED, updates)
+            c.execute(_INSERT_JOBS, inserts)
+        if updates:
+            c.execute(_UPDATE_OBSERVED, [_prefixed(u) for u in updates])
         for chunk in _chunks([j.job_id for j in view.jobs]):
-            s.execute(update(_JOBS).where(_JOBS.c.job_id.in_(chunk))
-                      .values(last_seen_tick=self.tick_id))
+            c.execute(_TOUCH_JOBS, {"ids": list(chunk), "seen_tick": self.tick_id})
         if transitions:
-            s.execute(insert(StateTransitionRow), transitions)
+            c.execute(_INSERT_TRANSITIONS, transitions)
+        if self._snapshot_saved:
+            return
+        self._snapshot_saved = True
         n_pending, n_running = len(view.pending), len(view.running)
-        s.execute(insert(TickSnapshotRow).values(
-            tick_id=self.tick_id, at=view.now, n_nodes=len(view.nodes),
-            total_gpus=view.total_gpus, free_gpus=view.free_gpus,
-            busy_gpus=view.total_gpus - view.free_gpus,
-            pending_gpus=sum(j.gpus for j in view.pending),
-            n_pending=n_pending, n_running=n_running))
+        total, free = view.total_gpus, view.free_gpus
+        c.execute(_INSERT_SNAPSHOT, {
+            "tick_id": self.tick_id, "at": view.now, "n_nodes": len(view.nodes),
+            "total_gpus": total, "free_gpus": free, "busy_gpus": total - free,
+            "pending_gpus": sum(j.gpus for j in view.pending),
+            "n_pending": n_pending, "n_running": n_running})
         self._counts.update(n_pending=n_pending, n_running=n_running)
 
     def mark_vanished(self, job_ids: Iterable[int], now: Optional[float] = None) -> int:
@@ -485,11 +518,8 @@ class TickTx(_Queries):
                                 "from_state": old["state"], "to_state": state,
                                 "reason": "vanished"})
         if updates:
-            self.session.execute(
-                update(_JOBS).where(_JOBS.c.job_id == bindparam("b_job_id")).values(
-                    {k: bindparam("b_" + k) for k in ("state", "end_time", "run_s", "size_class")}),
-                updates)
-            self.session.execute(insert(StateTransitionRow), transitions)
+            self.conn.execute(_UPDATE_VANISHED, updates)
+            self.conn.execute(_INSERT_TRANSITIONS, transitions)
         return len(updates)
 
     def upsert_profile(self, job_id: int, raw_text: str, profile: Optional[JobProfile],
@@ -543,7 +573,7 @@ class TickTx(_Queries):
         rows = [_decision_values(d, self.tick_id, self.now, applied.get(d.job_id),
                                  errors.get(d.job_id)) for d in decisions]
         if rows:
-            self.session.execute(insert(_DECISIONS), rows)
+            self.conn.execute(_INSERT_DECISIONS, rows)
         self._counts["n_decisions"] += len(rows)
         self._counts["n_applied"] += sum(1 for r in rows if r["applied"] is True)
         self._counts["n_errors"] += sum(1 for r in rows if r["applied"] is False)
@@ -571,10 +601,7 @@ class TickTx(_Queries):
             updates.append({"b_job_id": job_id, "b_predicted_run_s": value,
                             "b_size_class": row["size_class"]})
         if updates:
-            self.session.execute(
-                update(_JOBS).where(_JOBS.c.job_id == bindparam("b_job_id")).values(
-                    predicted_run_s=bindparam("b_predicted_run_s"),
-                    size_class=bindparam("b_size_class")), updates)
+            self.conn.execute(_UPDATE_PREDICTED, updates)
 
     def save_calibration(self, rows: Iterable[CalibrationEntry]) -> None:
         """Replace the calibration of the job classes in ``rows`` (others are kept)."""
@@ -597,9 +624,9 @@ class TickTx(_Queries):
         self._counts.update(counts)
         if duration_s is None:
             duration_s = time.perf_counter() - self._t0
-        self.session.execute(update(TickRow.__table__).where(TickRow.tick_id == self.tick_id)
-                             .values(finished_at=self.now + duration_s, duration_s=duration_s,
-                                     status=status, error=error, **self._counts))
+        self.conn.execute(_FINISH_TICK, _prefixed({
+            "tick_id": self.tick_id, "finished_at": self.now + duration_s,
+            "duration_s": duration_s, "status": status, "error": error, **self._counts}))
         self._finished = True
 
 

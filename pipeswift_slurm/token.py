@@ -46,6 +46,7 @@ class ProfileRequest:
     min_micro_batch_size: Optional[int] = None
     allowed_pp: Optional[tuple[int, ...]] = None
     job_class: str = ""
+    world_size: Optional[int] = None
 
 
 def _kv(text: str, prefix: str) -> dict[str, str]:
@@ -83,6 +84,8 @@ def encode_profile(req: ProfileRequest) -> str:
         parts.append("mbmin=%d" % req.min_micro_batch_size)
     if req.allowed_pp:
         parts.append("pp=" + ",".join(str(p) for p in req.allowed_pp))
+    if req.world_size:
+        parts.append("world=%d" % req.world_size)
     if req.job_class:
         parts.append("class=" + "".join(c for c in req.job_class if c.isalnum() or c in "-_."))
     return ";".join(parts)
@@ -107,7 +110,8 @@ def decode_profile(text: str) -> ProfileRequest:
         gpus = (_int(lo, "gpus"), _int(hi or lo, "gpus"))
     allowed = tuple(_int(p, "pp") for p in kv["pp"].split(",")) if kv.get("pp") else None
     mbmin = _int(kv["mbmin"], "mbmin") if "mbmin" in kv else None
-    return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""))
+    world = _int(kv["world"], "world") if kv.get("world") else None
+    return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world)
 
 
 def encode_decision(config: ExecConfig, decided_at: int) -> str:

@@ -1,0 +1,542 @@
+"""Slurm through its commands: ``squeue``/``scontrol``/``sprio`` argv builders, pure parsers of
+their output, and ``SlurmCliBackend`` which joins them through an injected runner.
+
+Owns: reading jobs (``squeue --json`` in the 22.05 and 24.11+ dialects, with ``scontrol -o show
+job`` text as fallback), nodes (``scontrol -d -o show node``) and site factors (``sprio``), and
+turning a Decision into ``scontrol update`` argv. Commands run without a shell, each argument
+one argv item. Must not import pyslurm, SQLAlchemy or any policy module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+from .. import token
+from ..model import FINISHED_STATES, PENDING, ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
+from . import BackendError, JobGone
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[[list[str]], str]
+
+SQUEUE_JSON_ARGV = ["squeue", "--json"]
+SCONTROL_JOBS_ARGV = ["scontrol", "-o", "show", "job"]
+NODES_ARGV = ["scontrol", "-d", "-o", "show", "node"]
+SPRIO_ARGV = ["sprio", "-h", "-o", "%i|%Y|%S"]
+
+_NO_VAL = 0xFFFFFFFE  # 32-bit NO_VAL / INFINITE (and above) mean "not set"
+# scontrol answers meaning the job is no longer a PENDING job we may change (22.05 wording)
+_GONE_PATTERNS = ("invalid job id", "already finished", "no longer pending", "is pending execution",
+                  "job is completing", "not supported on this system")
+
+
+# ------------------------------------------------------------------------------------ runner
+@dataclass(frozen=True)
+class SubprocessRunner:
+    """Run one Slurm command without a shell and return its stdout.
+
+    ``env`` (if given) replaces the environment, e.g. to point ``SLURM_CONF`` elsewhere.
+    """
+
+    timeout_s: float = 60.0
+    env: Optional[Mapping[str, str]] = None
+
+    def __call__(self, argv: list[str]) -> str:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
+                                  env=dict(self.env) if self.env is not None else None, check=False)
+        except FileNotFoundError:
+            raise BackendError("%s: command not found (is the Slurm client installed?)" % argv[0]) from None
+        except subprocess.TimeoutExpired:
+            raise BackendError("%s timed out after %.0f s" % (" ".join(argv[:2]), self.timeout_s)) from None
+        if proc.returncode != 0:
+            raise BackendError("%s failed (exit %d): %s" % (" ".join(argv[:2]), proc.returncode,
+                                                            _first_line(proc.stderr or proc.stdout)))
+        return proc.stdout
+
+
+subprocess_runner = SubprocessRunner()
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[0] if lines else "no output"
+
+
+def classify_error(exc: BackendError, job_id: int) -> BackendError:
+    """Map a failed scontrol call on one job to JobGone (job no longer changeable) or keep it."""
+    text = str(exc).lower()
+    if isinstance(exc, JobGone) or any(p in text for p in _GONE_PATTERNS):
+        return JobGone("job %d is gone or no longer pending: %s" % (job_id, exc))
+    return exc
+
+
+# ------------------------------------------------------------------------------------ small parsers
+def _num(value: Any) -> Optional[int]:
+    """An integer from 22.05 (int/null) or 24.11+ ({"set","infinite","number"}) JSON."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return None if value >= _NO_VAL else int(value)
+    text = str(value).strip()
+    return int(text) if text.isdigit() else None
+
+
+def _time(value: Any) -> Optional[float]:
+    """Epoch seconds, or None for 0/unset (Slurm's 'not happened')."""
+    number = _num(value)
+    return float(number) if number else None
+
+
+def _state(value: Any) -> str:
+    """Base job state from ``"PENDING"`` (22.05) or ``["PENDING", "REQUEUED"]`` (24.11+)."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else ""
+    return str(value or "").split("+")[0].upper()
+
+
+def _text(value: Any) -> str:
+    return "" if value in (None, "(null)") else str(value)
+
+
+def parse_gres(spec: str) -> Optional[GpuRequest]:
+    """Find the GPU item in a TRES/GRES spec such as ``gres:gpu:2``, ``gres/gpu:a100:4``,
+    ``gpu:8(IDX:0-7)``, ``gres:gpu`` (count 1) or ``gres/gpu=2``; None if it has no GPU.
+    The returned ``field`` is left at its default; callers set it."""
+    for item in re.split(r",(?![^()]*\))", _text(spec)):
+        item = re.sub(r"\(.*\)$", "", item.strip())
+        slash = item.startswith("gres/")
+        if item.startswith(("gres/", "gres:")):
+            item = item[5:]
+        parts = re.split(r"[:=]", item)
+        if parts[0] != "gpu":
+            continue
+        rest = parts[1:]
+        count = int(rest[-1]) if rest and rest[-1].isdigit() else 1
+        gpu_type = rest[0] if rest and not rest[0].isdigit() else None
+        return GpuRequest(count=count, gpu_type=gpu_type, slash=slash)
+    return None
+
+
+_GPU_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
+
+
+def gpu_request_of(fields: Mapping[str, Any]) -> GpuRequest:
+    """The job's GPU request from its ``tres_per_*`` fields (first one naming a GPU)."""
+    for name in _GPU_FIELDS:
+        req = parse_gres(_text(fields.get(name)))
+        if req is not None:
+            return replace(req, field=name)
+    return GpuRequest(count=0)
+
+
+def _requested_gpus(req: GpuRequest, num_nodes: int, num_tasks: Optional[int]) -> int:
+    if req.field == "tres_per_job":
+        return req.count
+    if req.field == "tres_per_task":
+        return req.count * (num_tasks or 1)
+    return req.count * max(1, num_nodes)  # per node (per socket: at least one socket each)
+
+
+def _gpus_in(details: Iterable[str]) -> int:
+    total = 0
+    for spec in details:
+        req = parse_gres(spec)
+        total += req.count if req else 0
+    return total
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Expand a Slurm hostlist (``node[1-3,5],gpu[01-02]``) into node names."""
+    names: list[str] = []
+    for prefix, ranges, suffix in re.findall(r"([^,\[\]]*)(?:\[([^\]]*)\])?([^,\[\]]*),?", _text(text)):
+        if not ranges:
+            if prefix + suffix:
+                names.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            width = len(lo)
+            for i in range(int(lo), int(hi or lo) + 1):
+                names.append("%s%0*d%s" % (prefix, width, i, suffix))
+    return tuple(names)
+
+
+def decision_config(admin_comment: str, job_id: int) -> Optional[ExecConfig]:
+    """The ExecConfig of a decision token in ``admin_comment``; None if absent or malformed."""
+    if token.DECISION_PREFIX not in admin_comment:
+        return None
+    try:
+        return token.decode_decision(admin_comment)[0]
+    except token.TokenError as exc:
+        log.debug("job %d: ignoring malformed decision token: %s", job_id, exc)
+        return None
+
+
+# ------------------------------------------------------------------------------------ squeue --json
+def _json_errors(data: Mapping[str, Any]) -> list[str]:
+    errors = data.get("errors") or []
+    return [(e.get("description") or e.get("error") or str(e)) if isinstance(e, dict) else str(e)
+            for e in errors]
+
+
+def parse_squeue_json(text: str) -> list[Job]:
+    """Parse ``squeue --json`` (22.05 openapi v0.0.38 or 24.11+ data_parser) into Jobs.
+
+    Pending array meta-records (``123_[5-9]``: ``array_task_string`` set, no task id) are
+    kept for the policy's view but never opted in, so they are never modified.
+
+    Raises:
+        BackendError: not JSON, or Slurm reported errors (e.g. slurmctld unreachable).
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BackendError("squeue --json gave no JSON: %s" % exc) from None
+    errors = _json_errors(data)
+    if errors:
+        raise BackendError("squeue --json reported: %s" % "; ".join(errors))
+    return [job for job in (_job_from_json(rec) for rec in data.get("jobs") or []) if job]
+
+
+def _job_from_json(rec: Mapping[str, Any]) -> Optional[Job]:
+    job_id = _num(rec.get("job_id"))
+    if job_id is None:
+        return None
+    state = _state(rec.get("job_state"))
+    num_nodes = _num(rec.get("node_count")) or 1
+    req = gpu_request_of(rec)
+    tasks = _num(rec.get("tasks")) or _num(rec.get("num_tasks"))
+    gpus = _requested_gpus(req, num_nodes, tasks)
+    if state != PENDING:
+        used = _gpus_in(rec.get("gres_detail") or []) or _tres_gpus(_text(rec.get("tres_alloc_str")))
+        gpus = used or gpus
+    is_meta = bool(_text(rec.get("array_task_string"))) and _num(rec.get("array_task_id")) is None
+    comment, admin = _text(rec.get("comment")), _text(rec.get("admin_comment"))
+    limit_min = _num(rec.get("time_limit"))
+    return Job(
+        job_id=job_id, state=state, submit_time=_time(rec.get("submit_time")) or 0.0,
+        num_nodes=num_nodes, gpus=gpus, priority=_num(rec.get("priority")) or 0,
+        user=_text(rec.get("user_name")), name=_text(rec.get("name")),
+        partition=_text(rec.get("partition")), state_reason=_text(rec.get("state_reason")),
+        eligible_time=_time(rec.get("eligible_time")),
+        start_time=None if state == PENDING else _time(rec.get("start_time")),
+        end_time=_time(rec.get("end_time")) if state in FINISHED_STATES else None,
+        time_limit_s=limit_min * 60 if limit_min else None,
+        opted_in=token.PROFILE_PREFIX in comment and not is_meta,
+        comment=comment, admin_comment=admin,
+        node_list=expand_hostlist(_text(rec.get("nodes"))) if state != PENDING else (),
+        gpu_request=req, config=decision_config(admin, job_id),
+        restarts=_num(rec.get("restart_cnt")) or 0)
+
+
+def _tres_gpus(tres: str) -> int:
+    """GPU count in a TRES string such as ``cpu=2,mem=2G,gres/gpu=4,gres/gpu:a100=4``."""
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key == "gres/gpu" and value.isdigit():
+            return int(value)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ scontrol text
+_KEY = re.compile(r"^([A-Za-z][A-Za-z0-9_/:]*)=(.*)$", re.S)
+
+
+def parse_kv_line(line: str) -> dict[str, str]:
+    """Split one ``scontrol -o`` record into ``{Key: value}``; a word without ``Key=`` (spaces
+    inside a value, e.g. ``OS=Linux 6.1 #1 SMP``) belongs to the previous value."""
+    fields: dict[str, str] = {}
+    last = None
+    for word in line.split(" "):
+        match = _KEY.match(word)
+        if match and ";" not in match.group(1):
+            last = match.group(1)
+            fields[last] = match.group(2)
+        elif last is not None and word:
+            fields[last] = (fields[last] + " " + word).strip()
+    return fields
+
+
+def _clock_time(value: str) -> Optional[float]:
+    """``2026-11-29T08:33:13`` (local time, as scontrol prints it) to epoch seconds."""
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None  # Unknown, None, N/A
+
+
+def parse_duration_s(value: str) -> Optional[int]:
+    """Slurm duration ``[D-]HH:MM:SS`` / ``MM:SS`` / minutes to seconds; None if UNLIMITED."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", value.strip())
+    if match:
+        days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    return int(value) * 60 if value.strip().isdigit() else None
+
+
+def parse_scontrol_jobs(text: str) -> list[Job]:
+    """Parse ``scontrol -o show job`` (one job per line) into Jobs; the text fallback when
+    ``squeue --json`` is unavailable. Same array policy as ``parse_squeue_json``."""
+    jobs = []
+    for line in text.splitlines():
+        if line.startswith("JobId="):
+            jobs.append(_job_from_kv(parse_kv_line(line)))
+    return jobs
+
+
+def _job_from_kv(kv: Mapping[str, str]) -> Job:
+    job_id = int(kv["JobId"])
+    state = _state(kv.get("JobState"))
+    num_nodes = int(kv.get("NumNodes", "1").split("-")[0] or 1)
+    req = gpu_request_of({name: kv.get(key, "") for name, key in
+                          zip(_GPU_FIELDS, ("TresPerNode", "TresPerJob", "TresPerTask", "TresPerSocket"))})
+    tasks = int(kv["NumTasks"]) if kv.get("NumTasks", "").isdigit() else None
+    gpus = _requested_gpus(req, num_nodes, tasks)
+    if state != PENDING:
+        gpus = _tres_gpus(kv.get("TRES", "")) or gpus
+    is_meta = "-" in kv.get("ArrayTaskId", "") or "[" in kv.get("ArrayTaskId", "")
+    comment, admin = _text(kv.get("Comment")), _text(kv.get("AdminComment"))
+    return Job(
+        job_id=job_id, state=state, submit_time=_clock_time(kv.get("SubmitTime", "")) or 0.0,
+        num_nodes=num_nodes, gpus=gpus, priority=int(kv.get("Priority", "0") or 0),
+        user=kv.get("UserId", "").split("(")[0], name=_text(kv.get("JobName")),
+        partition=_text(kv.get("Partition")), state_reason=_text(kv.get("Reason")),
+        eligible_time=_clock_time(kv.get("EligibleTime", "")),
+        start_time=None if state == PENDING else _clock_time(kv.get("StartTime", "")),
+        end_time=_clock_time(kv.get("EndTime", "")) if state in FINISHED_STATES else None,
+        time_limit_s=parse_duration_s(kv.get("TimeLimit", "")),
+        opted_in=token.PROFILE_PREFIX in comment and not is_meta,
+        comment=comment, admin_comment=admin,
+        node_list=expand_hostlist(kv.get("NodeList", "")) if state != PENDING else (),
+        gpu_request=req, config=decision_config(admin, job_id),
+        restarts=int(kv["Restarts"]) if kv.get("Restarts", "").isdigit() else 0)
+
+
+# ------------------------------------------------------------------------------------ nodes, sprio
+def parse_scontrol_nodes(text: str) -> list[Node]:
+    """Parse ``scontrol -d -o show node``: GPUs configured (``Gres=gpu[:type]:N``, else
+    ``CfgTRES`` gres/gpu) and allocated (``GresUsed``, else ``AllocTRES``) per node."""
+    nodes = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        kv = parse_kv_line(line)
+        cfg = parse_gres(kv.get("Gres", ""))
+        used = parse_gres(kv.get("GresUsed", ""))
+        nodes.append(Node(
+            name=kv["NodeName"],
+            gpus=cfg.count if cfg else _tres_gpus(kv.get("CfgTRES", "")),
+            gpus_alloc=used.count if used else _tres_gpus(kv.get("AllocTRES", "")),
+            state=kv.get("State", "UNKNOWN").upper(),
+            gpu_type=(cfg.gpu_type or "") if cfg else "",
+            partitions=tuple(p for p in _text(kv.get("Partitions")).split(",") if p)))
+    return nodes
+
+
+def parse_nodes_json(text: str) -> list[Node]:
+    """Parse the ``nodes`` list of ``sinfo --json`` (22.05) or ``scontrol --json show node``
+    (24.11+): ``gres``/``gres_used`` strings, ``state`` as a string or a list of flags."""
+    data = json.loads(text)
+    errors = _json_errors(data)
+    if errors:
+        raise BackendError("node query reported: %s" % "; ".join(errors))
+    nodes = []
+    for rec in data.get("nodes") or []:
+        cfg, used = parse_gres(_text(rec.get("gres"))), parse_gres(_text(rec.get("gres_used")))
+        state = rec.get("state")
+        state = "+".join(state) if isinstance(state, list) else _text(state)
+        nodes.append(Node(name=_text(rec.get("name")), gpus=cfg.count if cfg else 0,
+                          gpus_alloc=used.count if used else 0, state=state.upper() or "UNKNOWN",
+                          gpu_type=(cfg.gpu_type or "") if cfg else "",
+                          partitions=tuple(rec.get("partitions") or ())))
+    return nodes
+
+
+def parse_sprio(text: str) -> dict[int, int]:
+    """Map job_id to its SiteFactor from ``sprio -h -o '%i|%Y|%S'`` (pending, not held jobs
+    only; array task ids such as ``7_1`` are skipped)."""
+    factors: dict[int, int] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) >= 3 and parts[0].isdigit():
+            try:
+                factors[int(parts[0])] = int(float(parts[2]))
+            except ValueError:
+                continue
+    return factors
+
+
+# ------------------------------------------------------------------------------------ argv builders
+def gres_value(req: GpuRequest, count: int) -> str:
+    """``gres:gpu[:type]:count`` in the job's own spelling family (``gres/`` for 24.11+ jobs);
+    the type is kept because 22.05 rejects switching between typed and untyped GRES."""
+    kind = "gpu" if not req.gpu_type else "gpu:" + req.gpu_type
+    return "%s%s:%d" % ("gres/" if req.slash else "gres:", kind, count)
+
+
+def resize_fields(config: ExecConfig, job: Job) -> list[str]:
+    """``NumNodes=a-a`` (always min-max: 22.05 rejects a bare count above the old maximum) and
+    the GPU request in the job's own field (per node, or per job for ``--gpus`` jobs).
+
+    Raises:
+        BackendError: the config has no per-node GPU count, or the job asks GPUs per task or
+            per socket (those requests are not resized).
+    """
+    nodes = max(1, config.num_nodes)
+    per_node = config.gpus_per_node or (config.gpus // nodes if config.gpus % nodes == 0 else 0)
+    if per_node <= 0:
+        raise BackendError("job %d: config %s has no whole GPU count per node" % (job.job_id, config.short()))
+    req = job.gpu_request
+    if req.field == "tres_per_job":
+        gpu_field = "TresPerJob=" + gres_value(req, nodes * per_node)
+    elif req.field == "tres_per_node":
+        gpu_field = "TresPerNode=" + gres_value(req, per_node)
+    else:
+        raise BackendError("job %d asks GPUs via %s; only per-node or per-job requests are resized"
+                           % (job.job_id, req.field))
+    return ["NumNodes=%d-%d" % (nodes, nodes), gpu_field]
+
+
+def _argv_value(name: str, value: str) -> str:
+    if not value or any(ch.isspace() for ch in value):
+        raise BackendError("refusing %s value with whitespace or empty: %r" % (name, value))
+    return "%s=%s" % (name, value)
+
+
+def update_argv(decision: Decision, job: Job, now: float) -> Optional[list[str]]:
+    """The ``scontrol update JobId=N ...`` argv for a decision, or None if it changes nothing
+    an update can (a requeue alone). ``now`` (epoch s) stamps the decision token."""
+    fields: list[str] = []
+    if decision.config is not None:
+        fields += resize_fields(decision.config, job)
+    if decision.time_limit_s is not None:
+        fields.append("TimeLimit=%d" % max(1, -(-int(decision.time_limit_s) // 60)))
+    if decision.site_factor is not None:
+        fields.append("SiteFactor=%d" % int(decision.site_factor))
+    if decision.config is not None:
+        fields.append(_argv_value("AdminComment", token.encode_decision(decision.config, int(now))))
+    return ["scontrol", "update", "JobId=%d" % job.job_id, *fields] if fields else None
+
+
+def requeue_argv(job_id: int) -> list[str]:
+    """``scontrol requeue N``: stop a running job and put it back in the queue."""
+    return ["scontrol", "requeue", str(int(job_id))]
+
+
+def apply_argvs(decision: Decision, job: Job, now: float) -> list[list[str]]:
+    """Every command a decision needs, in order: requeue first (the job must be pending
+    again before it can be resized), then the update."""
+    argvs = [requeue_argv(job.job_id)] if decision.requeue else []
+    update = update_argv(decision, job, now)
+    return argvs + ([update] if update else [])
+
+
+# ------------------------------------------------------------------------------------ backend
+def _in_partitions(names: Sequence[str], wanted: Optional[frozenset[str]]) -> bool:
+    return wanted is None or bool(wanted.intersection(names))
+
+
+class SlurmCliBackend:
+    """Backend over the Slurm commands.
+
+    Args:
+        run: runs one argv and returns stdout, raising BackendError with one line on failure.
+        partitions: manage only jobs and nodes of these partitions (None: all).
+        clock: epoch seconds (the snapshot's ``now`` and the token stamp).
+        job_source: "json" (``squeue --json``), "text" (``scontrol -o show job``) or "auto"
+            (JSON, falling back to text once if this Slurm has no ``--json``).
+        read_site_factors: also call ``sprio`` once per snapshot to fill ``Job.site_factor``.
+    """
+
+    name = "cli"
+
+    def __init__(self, run: Runner = subprocess_runner, partitions: Optional[Iterable[str]] = None,
+                 clock: Callable[[], float] = time.time, job_source: str = "auto",
+                 read_site_factors: bool = True) -> None:
+        if job_source not in ("auto", "json", "text"):
+            raise BackendError("job_source must be auto, json or text, not %r" % job_source)
+        self._run = run
+        self._partitions = frozenset(partitions) if partitions else None
+        self._clock = clock
+        self._job_source = job_source
+        self._read_site_factors = read_site_factors
+
+    def snapshot(self) -> ClusterView:
+        """Read jobs, nodes and site factors with one command each.
+
+        Raises:
+            BackendError: a command failed (e.g. slurmctld not answering).
+        """
+        now = self._clock()
+        jobs = self._read_jobs()
+        nodes = parse_scontrol_nodes(self._run(list(NODES_ARGV)))
+        factors = self._site_factors()
+        jobs = [replace(j, site_factor=factors.get(j.job_id, 0)) for j in jobs
+                if _in_partitions(j.partition.split(","), self._partitions)]
+        nodes = [n for n in nodes if _in_partitions(n.partitions, self._partitions)]
+        log.debug("snapshot: %d jobs, %d nodes", len(jobs), len(nodes))
+        return ClusterView(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
+
+    def _read_jobs(self) -> list[Job]:
+        if self._job_source == "text":
+            return parse_scontrol_jobs(self._run(list(SCONTROL_JOBS_ARGV)))
+        try:
+            return parse_squeue_json(self._run(list(SQUEUE_JSON_ARGV)))
+        except BackendError as exc:
+            if self._job_source == "json" or not _json_unsupported(str(exc)):
+                raise
+            log.warning("squeue --json unavailable (%s); using scontrol text from now on", exc)
+            self._job_source = "text"
+            return parse_scontrol_jobs(self._run(list(SCONTROL_JOBS_ARGV)))
+
+    def _site_factors(self) -> dict[int, int]:
+        if not self._read_site_factors:
+            return {}
+        try:
+            return parse_sprio(self._run(list(SPRIO_ARGV)))
+        except BackendError as exc:
+            if "unable to find jobs" in str(exc).lower():
+                return {}
+            if "contact" in str(exc).lower():
+                raise
+            log.warning("sprio failed, site factors read as 0: %s", exc)
+            return {}
+
+    def apply(self, decision: Decision, job: Job) -> None:
+        """Change one job as decided: resize and annotate a PENDING job, set its SiteFactor
+        and time limit, or requeue a running one when asked. Nothing is read first; a
+        non-opted-in job is never changed (logged and skipped).
+
+        Raises:
+            JobGone: the job finished, started or vanished since the snapshot.
+            BackendError: slurmctld did not answer or refused the change.
+        """
+        if not job.opted_in:
+            log.warning("job %d is not opted in to pipeswift; not changing it", job.job_id)
+            return
+        if decision.config is not None and not job.pending and not decision.requeue:
+            raise JobGone("job %d is %s, not PENDING: not resized" % (job.job_id, job.state))
+        for argv in apply_argvs(decision, job, self._clock()):
+            log.info("job %d: %s", job.job_id, " ".join(argv[1:]))
+            try:
+                self._run(argv)
+            except BackendError as exc:
+                raise classify_error(exc, job.job_id) from exc
+
+
+def _json_unsupported(message: str) -> bool:
+    text = message.lower()
+    return any(p in text for p in ("unrecognized option", "invalid option", "no json", "not supported",
+                                   "gave no json", "plugin"))

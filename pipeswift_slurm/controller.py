@@ -1,0 +1,179 @@
+"""The controller tick: observe -> ingest -> decide -> act -> record.
+
+One function serves cron, the daemon and the simulator; only the backend (real Slurm or
+the in-memory one) and the clock differ. Rules it enforces whatever the policy says:
+only opted-in jobs are touched; running jobs are never resized (only requeued, and only
+when the site allows it); a decision equal to what the job already has is not re-issued
+(idempotent ticks); the profile a user put in the job is parsed with bounded effort and
+re-validated, never executed or trusted. Must not import SQLAlchemy at module level (the
+Store is passed in) and never contains policy names.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from .backends import Backend, BackendError, JobGone
+from .megatron import MegatronArgError, profile_from_argv
+from .model import ClusterView, Decision, Job, JobProfile
+from .token import TokenError, decode_profile
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TickReport:
+    """What one tick saw and did."""
+
+    view: ClusterView
+    decisions: list[Decision] = field(default_factory=list)
+    applied: list[int] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)
+    decide_s: float = 0.0
+    duration_s: float = 0.0
+    failed: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Site settings the controller enforces (not policy knobs)."""
+
+    dry_run: bool = False
+    allow_requeue: bool = False
+    partitions: tuple[str, ...] = ()
+
+
+def parse_profile(job: Job, gpus_per_node: int, cluster_gpus: int) -> tuple[Optional[JobProfile], str]:
+    """The JobProfile a job's Comment asks for, re-validated; (None, why) when unusable.
+
+    The token is a request: its GPU range is clipped to the cluster, and the Megatron
+    arguments must pass the same checks as anywhere else.
+    """
+    try:
+        req = decode_profile(job.comment)
+        world = req.world_size or job.gpus
+        lo, hi = req.gpus or (world, world)
+        lo, hi = max(1, min(lo, world)), min(max(hi, world), cluster_gpus or hi)
+        profile = profile_from_argv(list(req.argv), world_size=world, gpus_per_node=gpus_per_node,
+                                    gpu_range=(lo, hi), min_micro_batch_size=req.min_micro_batch_size,
+                                    allowed_pp=req.allowed_pp, job_class=req.job_class)
+        return profile, ""
+    except (TokenError, MegatronArgError) as exc:
+        return None, str(exc)
+
+
+def unchanged_parts(decision: Decision, job: Job) -> Decision:
+    """The decision minus what the job already has (so an equal decision changes nothing)."""
+    config = decision.config
+    if config is not None and job.config == config and job.gpus == config.gpus and job.num_nodes == config.num_nodes:
+        config = None
+    site_factor = decision.site_factor if decision.site_factor != job.site_factor else None
+    limit = decision.time_limit_s if decision.time_limit_s != job.time_limit_s else None
+    return replace(decision, config=config, site_factor=site_factor, time_limit_s=limit)
+
+
+class Controller:
+    """Runs ticks against one backend with one policy and estimator.
+
+    Keeps parsed profiles between ticks (map from job_id to (comment, profile)), so a
+    long-running controller or the simulator parses each job once; a cron tick starts
+    empty and parses what it sees.
+    """
+
+    def __init__(self, backend: Backend, policy: Any, estimator: Any, store: Any = None,
+                 settings: ControllerSettings = ControllerSettings(), clock: Any = time.monotonic):
+        self.backend = backend
+        self.policy = policy
+        self.estimator = estimator
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self._profiles: dict[int, tuple[str, Optional[JobProfile], str]] = {}
+
+    def _ingest(self, view: ClusterView) -> dict[int, JobProfile]:
+        gpn, total = view.gpus_per_node, view.total_gpus
+        profiles: dict[int, JobProfile] = {}
+        live = set()
+        for job in view.jobs:
+            if not job.opted_in or (self.settings.partitions and job.partition not in self.settings.partitions):
+                continue
+            live.add(job.job_id)
+            cached = self._profiles.get(job.job_id)
+            if cached is None or cached[0] != job.comment:
+                profile, why = parse_profile(job, gpn, total)
+                if profile is None:
+                    log.warning("job %d: profile ignored: %s", job.job_id, why)
+                cached = self._profiles[job.job_id] = (job.comment, profile, why)
+            if cached[1] is not None:
+                profiles[job.job_id] = cached[1]
+        for gone in set(self._profiles) - live:
+            del self._profiles[gone]
+        return profiles
+
+    def _allowed(self, decision: Decision, job: Optional[Job], profiles: dict[int, JobProfile]) -> str:
+        """Why a decision must not be acted on ('' when it may)."""
+        if job is None:
+            return "job no longer in the queue"
+        if decision.job_id not in profiles:
+            return "job is not opted in"
+        if decision.requeue:
+            return "" if (job.running and self.settings.allow_requeue) else "requeue not allowed"
+        if not job.pending:
+            return "job is %s, only PENDING jobs are changed" % job.state
+        return ""
+
+    def tick(self) -> TickReport:
+        """One tick. Raises BackendError when the cluster cannot be observed."""
+        started = self.clock()
+        view = self.backend.snapshot()
+        report = TickReport(view=view)
+        profiles = self._ingest(view)
+        t0 = self.clock()
+        decisions = self.policy.decide(view, profiles, self.estimator)
+        report.decide_s = self.clock() - t0
+        by_id = {j.job_id: j for j in view.jobs}
+        for decision in decisions:
+            job = by_id.get(decision.job_id)
+            why = self._allowed(decision, job, profiles)
+            if why:
+                report.skipped.append((decision.job_id, why))
+                continue
+            assert job is not None
+            todo = decision if decision.requeue else unchanged_parts(decision, job)
+            if not todo.changes_anything:
+                continue
+            report.decisions.append(todo)
+            self._act(todo, job, report)
+        report.duration_s = self.clock() - started
+        if self.store is not None:
+            self._record(report, profiles)
+        return report
+
+    def _act(self, decision: Decision, job: Job, report: TickReport) -> None:
+        if self.settings.dry_run:
+            return
+        try:
+            self.backend.apply(decision, job)
+            report.applied.append(decision.job_id)
+        except JobGone as exc:
+            log.info("job %d skipped: %s", decision.job_id, exc)
+            report.skipped.append((decision.job_id, str(exc)))
+        except BackendError as exc:
+            report.errors.append((decision.job_id, str(exc)))
+            report.failed = str(exc)
+            raise
+
+    def _record(self, report: TickReport, profiles: dict[int, JobProfile]) -> None:
+        from .recording import record_tick
+
+        record_tick(self.store, report, profiles, self._profiles, self.policy, self.estimator,
+                    self.settings.dry_run)
+
+
+def tick(backend: Backend, store: Any, policy: Any, estimator: Any, *, dry_run: bool = False) -> TickReport:
+    """One stateless tick (what cron runs): a fresh Controller, one observe-decide-act."""
+    return Controller(backend, policy, estimator, store, ControllerSettings(dry_run=dry_run)).tick()

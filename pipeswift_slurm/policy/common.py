@@ -1,0 +1,149 @@
+"""Helpers shared by policies: predicted ends of running jobs, per-job options, SiteFactor
+ranks, rescaled time limits and a free-GPU timeline. Pure; knows no policy names."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from ..model import ClusterView, Decision, ExecConfig, Job, JobProfile
+
+# Spacing of SiteFactor between consecutive ranks: larger than Slurm's default
+# PriorityWeightAge (1000), so the age factor cannot reorder the policy's ranks.
+RANK_STEP = 10_000
+
+
+@dataclass(frozen=True)
+class Option:
+    """Running a job on ``gpus`` GPUs in ``config`` takes ``run_s`` seconds (predicted)."""
+
+    gpus: int
+    config: ExecConfig
+    run_s: float
+
+
+def job_options(profile: JobProfile, estimator: Any, max_gpus: int) -> tuple[Option, ...]:
+    """Best config and predicted run time for every GPU count the job allows (<= max_gpus)."""
+    lo, hi = profile.gpu_range
+    out = []
+    for gpus in range(lo, min(hi, max_gpus) + 1):
+        best = estimator.best_run_time_s(profile, gpus)
+        if best is not None:
+            out.append(Option(gpus, best[0], best[1]))
+    return tuple(out)
+
+
+def current_config(job: Job, profile: JobProfile) -> ExecConfig:
+    """The config a job runs (or would run) with: the last decision, else the user's."""
+    if job.config is not None and job.config.gpus == job.gpus:
+        return job.config
+    return profile.requested
+
+
+def predicted_end_s(job: Job, profiles: Mapping[int, JobProfile], estimator: Any, now: float) -> float:
+    """When a running job should end: start + predicted run time for opted-in jobs,
+    start + time limit otherwise; never before ``now`` (an overdue job ends 'soon')."""
+    start = job.start_time if job.start_time is not None else now
+    profile = profiles.get(job.job_id)
+    if profile is not None:
+        end = start + estimator.run_time_s(profile, current_config(job, profile))
+    elif job.time_limit_s:
+        end = start + job.time_limit_s
+    else:
+        end = now + 365 * 86400.0
+    return max(end, now + 1.0)
+
+
+def rank_factors(ordered: Sequence[int], max_factor: int) -> dict[int, int]:
+    """SiteFactor per job id for a wanted order: first gets ``max_factor``, then -RANK_STEP
+    each (floored at 0), so Slurm's multifactor priority keeps the order."""
+    return {job_id: max(0, max_factor - i * RANK_STEP) for i, job_id in enumerate(ordered)}
+
+
+def scaled_time_limit_s(job: Job, old_run_s: float, new_run_s: float) -> Optional[int]:
+    """The job's limit scaled by the predicted run-time ratio, in whole minutes (Slurm's unit)."""
+    if not job.time_limit_s or old_run_s <= 0:
+        return None
+    return int(math.ceil(job.time_limit_s * new_run_s / old_run_s / 60.0)) * 60
+
+
+def free_by_node(view: ClusterView) -> list[int]:
+    return [n.gpus_free for n in view.nodes]
+
+
+def fits_now(free: Sequence[int], config: ExecConfig) -> Optional[list[int]]:
+    """Nodes (best fit) where ``config`` can start on the free GPUs, or None."""
+    fitting = [i for i, f in enumerate(free) if f >= config.gpus_per_node]
+    if len(fitting) < config.num_nodes:
+        return None
+    fitting.sort(key=lambda i: (free[i], i))
+    return fitting[:config.num_nodes]
+
+
+def priority_order(view: ClusterView, jobs: Iterable[Job]) -> list[Job]:
+    """Slurm's order without a policy: higher priority first, then earlier submit."""
+    return sorted(jobs, key=lambda j: (-j.priority, j.submit_time, j.job_id))
+
+
+class Timeline:
+    """Free GPUs (a count) as a step function of time from ``now`` on.
+
+    ``times[i]`` starts a segment with ``free[i]`` GPUs free until ``times[i+1]``.
+    """
+
+    def __init__(self, now: float, free_now: int, releases: Iterable[tuple[float, int]]):
+        self.times = [now]
+        self.free = [free_now]
+        for t, gpus in sorted(releases):
+            if t <= self.times[-1]:
+                self.free[-1] += gpus
+            else:
+                self.times.append(t)
+                self.free.append(self.free[-1] + gpus)
+
+    def _split(self, t: float) -> int:
+        i = bisect.bisect_right(self.times, t) - 1
+        if self.times[i] != t:
+            self.times.insert(i + 1, t)
+            self.free.insert(i + 1, self.free[i])
+            i += 1
+        return i
+
+    def take(self, start: float, end: float, gpus: int) -> None:
+        """Mark ``gpus`` busy over [start, end)."""
+        i = self._split(start)
+        j = self._split(end) if end != math.inf else len(self.times)
+        for k in range(i, j):
+            self.free[k] -= gpus
+
+    def earliest(self, gpus: int, duration_s: float) -> float:
+        """Earliest start with ``gpus`` free for ``duration_s`` (inf if never)."""
+        n = len(self.times)
+        for i in range(n):
+            if self.free[i] < gpus:
+                continue
+            end = self.times[i] + duration_s
+            ok = True
+            for k in range(i + 1, n):
+                if self.times[k] >= end:
+                    break
+                if self.free[k] < gpus:
+                    ok = False
+                    break
+            if ok:
+                return self.times[i]
+        return math.inf
+
+
+def decision_for(job: Job, profile: JobProfile, option: Optional[Option], site_factor: int,
+                 reason: str, estimator: Any, start_s: Optional[float] = None) -> Decision:
+    """A decision resizing ``job`` to ``option`` (None = keep its size) at ``site_factor``."""
+    if option is None:
+        return Decision(job.job_id, site_factor=site_factor, reason=reason, predicted_start_s=start_s)
+    old = current_config(job, profile)
+    limit = scaled_time_limit_s(job, estimator.run_time_s(profile, old), option.run_s)
+    end = None if start_s is None else start_s + option.run_s
+    return Decision(job.job_id, config=option.config, site_factor=site_factor, time_limit_s=limit,
+                    reason=reason, predicted_start_s=start_s, predicted_end_s=end)

@@ -1,0 +1,137 @@
+"""``pipeswift``: joint queue order and execution config, for job completion time.
+
+Each tick (pure; only ``view.now`` as the clock):
+1. Options: for every pending opted-in job and every GPU count it allows, the fastest
+   valid config and its predicted run time (the planner, through the Estimator).
+2. Order: jobs that have waited past ``promote_fraction`` x ``wait_bound_s`` first, in
+   submit order (the hard bound on waiting); then shortest predicted run time first,
+   with an aging credit of ``aging`` seconds per second waited (a job's key falls as it
+   waits, so none starves behind a stream of short jobs).
+3. Walk the order over a free-GPU timeline built from the running jobs' predicted ends
+   (count-level, exact node placement only for "now"). For each job compare starting
+   now on GPUs free now (the best config for that count; fragments included) with
+   waiting for a count that frees up later; pick the earlier predicted completion, with
+   a margin ``start_margin`` in favour of starting now (predictions err). A job that
+   waits reserves its GPUs from its predicted start, and later jobs may only use what
+   does not delay that reservation. Only the first ``plan_depth`` jobs are planned; the
+   rest keep their size and just get their place in the order.
+4. Levers: each pending job gets its SiteFactor from its rank, and when its chosen size
+   or config differs, a resize (nodes x GPUs), the decision token and a time limit
+   scaled by the predicted run-time ratio. Running jobs are never touched unless
+   ``reshape_running`` is on, and then only when the predicted gain exceeds the switch
+   cost (a restart) by ``reshape_margin``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Optional
+
+from ..model import ClusterView, Decision, Job, JobProfile
+from .common import (Option, Timeline, current_config, decision_for, fits_now, free_by_node, job_options,
+                     predicted_end_s, rank_factors)
+
+
+@dataclass
+class _Plan:
+    option: Optional[Option]
+    start_s: Optional[float]
+    reason: str
+
+
+class PipeSwiftPolicy:
+    name: ClassVar[str] = "pipeswift"
+    scheduler: ClassVar[str] = "backfill"
+    preempts: ClassVar[bool] = False
+
+    def __init__(self, wait_bound_s: float = 48 * 3600.0, promote_fraction: float = 0.5, aging: float = 0.5,
+                 start_margin: float = 0.1, plan_depth: int = 64, site_factor_max: int = 100_000_000,
+                 reshape_running: bool = False, reshape_margin: float = 0.2):
+        self.wait_bound_s = wait_bound_s
+        self.promote_fraction = promote_fraction
+        self.aging = aging
+        self.start_margin = start_margin
+        self.plan_depth = plan_depth
+        self.site_factor_max = site_factor_max
+        self.reshape_running = reshape_running
+        self.reshape_margin = reshape_margin
+        self._options: dict[int, tuple[JobProfile, int, tuple[Option, ...]]] = {}
+
+    # ------------------------------------------------------------ options and order
+    def options(self, job: Job, profile: JobProfile, estimator: Any, total_gpus: int) -> tuple[Option, ...]:
+        """Cached per job (the profile object and cluster size must match)."""
+        hit = self._options.get(job.job_id)
+        if hit is None or hit[0] is not profile or hit[1] != total_gpus:
+            hit = (profile, total_gpus, job_options(profile, estimator, total_gpus))
+            self._options[job.job_id] = hit
+        return hit[2]
+
+    def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float) -> list[Job]:
+        promote_s = self.promote_fraction * self.wait_bound_s
+        starving = sorted((j for j in pending if j.wait_s(now) >= promote_s), key=lambda j: (j.submit_time, j.job_id))
+        rest = [j for j in pending if j.wait_s(now) < promote_s]
+
+        def key(job: Job) -> tuple[float, float, int]:
+            best = min((o.run_s for o in opts[job.job_id]), default=float("inf"))
+            return best - self.aging * job.wait_s(now), job.submit_time, job.job_id
+
+        return starving + sorted(rest, key=key)
+
+    # ------------------------------------------------------------ planning
+    def _plan(self, job: Job, options: tuple[Option, ...], free: list[int], timeline: Timeline,
+              now: float, starving: bool) -> _Plan:
+        best_now: Optional[Option] = None
+        best_wait: Optional[tuple[float, Option]] = None
+        for opt in options:
+            start = timeline.earliest(opt.gpus, opt.run_s)
+            if start == now and fits_now(free, opt.config) is not None:
+                if best_now is None or opt.run_s < best_now.run_s:
+                    best_now = opt
+            elif start < float("inf"):
+                key = start if starving else start + opt.run_s
+                if best_wait is None or key < best_wait[0]:
+                    best_wait = (key, opt)
+        if best_now is not None:
+            wait_jct = float("inf") if best_wait is None else (
+                best_wait[0] if not starving else best_wait[0] + best_wait[1].run_s) - now
+            if starving or best_now.run_s <= wait_jct * (1 + self.start_margin):
+                nodes = fits_now(free, best_now.config) or []
+                for node in nodes:
+                    free[node] -= best_now.config.gpus_per_node
+                timeline.take(now, now + best_now.run_s, best_now.gpus)
+                return _Plan(best_now, now, "start now on %d GPUs" % best_now.gpus)
+        if best_wait is None:
+            return _Plan(None, None, "no GPU count fits in the predicted future")
+        opt = best_wait[1]
+        start = best_wait[0] - (0 if starving else opt.run_s)
+        timeline.take(start, start + opt.run_s, opt.gpus)
+        return _Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
+
+    def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any) -> list[Decision]:
+        now = view.now
+        pending = [j for j in view.pending if j.job_id in profiles]
+        live = {j.job_id for j in pending}
+        for gone in [k for k in self._options if k not in live]:
+            del self._options[gone]
+        if not pending:
+            return []
+        total = view.total_gpus
+        opts = {j.job_id: self.options(j, profiles[j.job_id], estimator, total) for j in pending}
+        ordered = self.order(pending, opts, now)
+        factors = rank_factors([j.job_id for j in ordered], self.site_factor_max)
+        free = free_by_node(view)
+        timeline = Timeline(now, sum(free), [(predicted_end_s(r, profiles, estimator, now), r.gpus)
+                                             for r in view.running])
+        promote_s = self.promote_fraction * self.wait_bound_s
+        out = []
+        for rank, job in enumerate(ordered):
+            profile = profiles[job.job_id]
+            if rank >= self.plan_depth:
+                out.append(Decision(job.job_id, site_factor=factors[job.job_id], reason="queued (rank %d)" % rank))
+                continue
+            plan = self._plan(job, opts[job.job_id], free, timeline, now, job.wait_s(now) >= promote_s)
+            option = plan.option
+            if option is not None and option.config == current_config(job, profile) and job.config is not None:
+                option = None
+            out.append(decision_for(job, profile, option, factors[job.job_id], plan.reason, estimator, plan.start_s))
+        return out

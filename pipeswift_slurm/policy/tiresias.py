@@ -1,0 +1,74 @@
+"""``tiresias``: discretized two-dimensional least-attained-service (2D-LAS, Gu et al.,
+NSDI'19) with the users' configs. Attained service = GPUs x seconds run (earlier runs
+included). Jobs sit in queues by attained service (thresholds ``queue_limits_gpu_s``);
+lower queues first, FIFO inside a queue. Starvation promotion: a job that has waited
+longer than ``promote_factor`` x its last run time (and at least ``min_wait_s``) goes
+back to the first queue. Preemption (requeue, paying the restart cost): when the head
+pending job of a queue does not fit, running jobs of strictly lower-priority queues that
+have run at least ``min_run_s`` are requeued, latest-started first, until it fits.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, ClassVar, Mapping, Sequence
+
+from ..model import ClusterView, Decision, Job, JobProfile
+from .common import rank_factors
+
+
+class TiresiasPolicy:
+    name: ClassVar[str] = "tiresias"
+    scheduler: ClassVar[str] = "backfill"
+    preempts: ClassVar[bool] = True
+
+    def __init__(self, queue_limits_gpu_s: Sequence[float] = (3600.0, 36000.0), promote_factor: float = 8.0,
+                 min_wait_s: float = 3600.0, min_run_s: float = 600.0, preempt: bool = True,
+                 site_factor_max: int = 100_000_000):
+        self.queue_limits_gpu_s = tuple(queue_limits_gpu_s)
+        self.promote_factor = promote_factor
+        self.min_wait_s = min_wait_s
+        self.min_run_s = min_run_s
+        self.preempt = preempt
+        self.site_factor_max = site_factor_max
+
+    def attained_gpu_s(self, job: Job, now: float) -> float:
+        running = (now - job.start_time) * job.gpus if job.running and job.start_time is not None else 0.0
+        return job.attained_gpu_s + running
+
+    def queue_of(self, job: Job, now: float) -> int:
+        if job.pending and job.attained_gpu_s > 0:
+            last_run_s = job.attained_gpu_s / max(job.gpus, 1)
+            if job.wait_s(now) > max(self.min_wait_s, self.promote_factor * last_run_s):
+                return 0
+        return bisect.bisect_right(self.queue_limits_gpu_s, self.attained_gpu_s(job, now))
+
+    def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any) -> list[Decision]:
+        now = view.now
+        pending = sorted((j for j in view.pending if j.job_id in profiles),
+                         key=lambda j: (self.queue_of(j, now), j.submit_time, j.job_id))
+        factors = rank_factors([j.job_id for j in pending], self.site_factor_max)
+        out = [Decision(j.job_id, site_factor=factors[j.job_id], reason="2D-LAS queue %d" % self.queue_of(j, now))
+               for j in pending]
+        if self.preempt and pending:
+            out += self._preemptions(view, pending[0], profiles)
+        return out
+
+    def _preemptions(self, view: ClusterView, head: Job, profiles: Mapping[int, JobProfile]) -> list[Decision]:
+        now = view.now
+        if head.gpus <= view.free_gpus:
+            return []
+        head_queue = self.queue_of(head, now)
+        victims = sorted((r for r in view.running if r.job_id in profiles and self.queue_of(r, now) > head_queue
+                          and r.start_time is not None and now - r.start_time >= self.min_run_s),
+                         key=lambda r: (-(r.start_time or 0.0), -r.job_id))
+        freed, chosen = view.free_gpus, []
+        for victim in victims:
+            if freed >= head.gpus:
+                break
+            chosen.append(victim)
+            freed += victim.gpus
+        if freed < head.gpus:
+            return []
+        return [Decision(v.job_id, requeue=True, reason="preempted for job %d (queue %d)" % (head.job_id, head_queue))
+                for v in chosen]

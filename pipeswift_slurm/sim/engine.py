@@ -1,0 +1,226 @@
+"""Discrete-event simulation of a Slurm-like GPU cluster running the real controller tick.
+
+The loop: arrivals (jobs submitted to the SimBackend) and completions are events on a
+heap ordered by (time, sequence), so ties are deterministic. At every event time the
+controller ``tick`` runs (the same Controller as cron, on the sim backend), then the
+backend's Slurm-like scheduling pass starts what fits. Ticks also run every
+``tick_interval_s`` while jobs are pending and GPUs are free (or the policy preempts):
+with nothing pending or nothing free, no lever can change anything, so those ticks are
+skipped. Truth: a job's run time in config c is (startup + remaining iterations x
+iteration time of c) x its truth factor (class bias x noise, see workload.py); every
+(re)start pays the startup again, and a requeued job keeps the iterations it finished.
+No policy code lives here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..backends.sim import SimBackend, SimJob
+from ..controller import Controller, ControllerSettings
+from ..costmodel import CostModel
+from ..model import ExecConfig
+from ..token import ProfileRequest, encode_profile
+from .workload import WorkloadJob
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """Cluster and loop settings of one simulation run."""
+
+    num_nodes: int
+    gpus_per_node: int
+    tick_interval_s: float = 60.0
+    allow_requeue: bool = True
+    age_weight: int = 1000
+    max_age_s: float = 7 * 86400.0
+
+
+@dataclass
+class JobRecord:
+    """The outcome of one job: times in seconds from the start of the simulation."""
+
+    job_id: int
+    name: str
+    user: str
+    model: str
+    job_class: str
+    category: str
+    submit_s: float
+    requested_gpus: int
+    first_start_s: Optional[float] = None
+    end_s: Optional[float] = None
+    gpus: int = 0
+    config: Optional[ExecConfig] = None
+    run_s: float = 0.0
+    busy_gpu_s: float = 0.0
+    restarts: int = 0
+    predicted_run_s: float = 0.0
+    iters_done: float = 0.0
+    run_started_s: float = 0.0
+    run_true_s: float = 0.0
+    flexible: bool = False
+
+    @property
+    def jct_s(self) -> float:
+        return (self.end_s or 0.0) - self.submit_s
+
+    @property
+    def queue_s(self) -> float:
+        """Time not running: JCT minus time spent running (all runs)."""
+        return self.jct_s - self.run_s
+
+    @property
+    def reconfigured(self) -> bool:
+        return self.config is not None and self.gpus != self.requested_gpus
+
+
+@dataclass
+class SimResult:
+    """Per-job records and per-tick costs of one run."""
+
+    policy: str
+    records: list[JobRecord]
+    decide_s: list[float] = field(default_factory=list)
+    ticks: int = 0
+    updates: int = 0
+    makespan_s: float = 0.0
+    total_gpus: int = 0
+    wall_s: float = 0.0
+
+
+class Simulation:
+    """One policy on one workload.
+
+    Args:
+        jobs: the workload (sorted by submit time or not).
+        policy: a Policy (its ``scheduler`` configures the Slurm-like backend).
+        estimator: what the controller predicts with (possibly biased/calibrated).
+        truth: the cost model that defines true iteration times.
+        settings: cluster shape and loop settings.
+        store: optional Store; every tick is then recorded as the real controller does.
+        on_tick: optional callback(now, report) (progress bars, online calibration).
+    """
+
+    def __init__(self, jobs: list[WorkloadJob], policy: Any, estimator: Any, truth: CostModel,
+                 settings: SimSettings, store: Any = None,
+                 on_tick: Optional[Callable[[float, Any], None]] = None):
+        self.jobs = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+        self.by_id = {j.job_id: j for j in self.jobs}
+        self.policy = policy
+        self.truth = truth
+        self.settings = settings
+        self.backend = SimBackend(settings.num_nodes, settings.gpus_per_node, scheduler=policy.scheduler,
+                                  age_weight=settings.age_weight, max_age_s=settings.max_age_s,
+                                  allow_requeue=settings.allow_requeue, gpu_type=truth.gpu.name)
+        self.controller = Controller(self.backend, policy, estimator, store,
+                                     ControllerSettings(allow_requeue=settings.allow_requeue),
+                                     clock=time.perf_counter)
+        self.on_tick = on_tick
+        self.records: dict[int, JobRecord] = {}
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+
+    # ------------------------------------------------------------ truth
+    def _true_run_s(self, wjob: WorkloadJob, rec: JobRecord, config: ExecConfig) -> float:
+        remaining = max(0.0, wjob.profile.plan.iterations - rec.iters_done)
+        iter_s = self.truth.iter_time_s(wjob.profile, config)
+        return (self.truth.startup_s(wjob.profile) + remaining * iter_s) * wjob.truth_factor
+
+    def _config_of(self, sim: SimJob, wjob: WorkloadJob) -> ExecConfig:
+        if sim.config is not None and sim.config.gpus == sim.gpus:
+            return sim.config
+        return wjob.profile.requested
+
+    def _submit(self, wjob: WorkloadJob) -> None:
+        req = ProfileRequest(wjob.argv, wjob.profile.gpu_range if wjob.profile.flexible else None,
+                             world_size=wjob.gpus)
+        user = wjob.profile.requested
+        self.backend.submit(SimJob(job_id=wjob.job_id, name=wjob.name, user=wjob.user, submit_s=wjob.submit_s,
+                                   comment=encode_profile(req), num_nodes=user.num_nodes,
+                                   gpus_per_node=user.gpus_per_node, time_limit_s=wjob.time_limit_s))
+        self.records[wjob.job_id] = JobRecord(wjob.job_id, wjob.name, wjob.user, wjob.model,
+                                              wjob.profile.job_class, wjob.category, wjob.submit_s, wjob.gpus,
+                                              flexible=wjob.profile.flexible)
+
+    def _started(self, sim: SimJob, now: float) -> None:
+        wjob, rec = self.by_id[sim.job_id], self.records[sim.job_id]
+        config = self._config_of(sim, wjob)
+        run_s = self._true_run_s(wjob, rec, config)
+        if rec.first_start_s is None:
+            rec.first_start_s = now
+        rec.gpus, rec.config, rec.run_started_s, rec.run_true_s = sim.gpus, config, now, run_s
+        rec.restarts = sim.restarts
+        rec.predicted_run_s = self.controller.estimator.run_time_s(wjob.profile, config)
+        heapq.heappush(self._heap, (now + run_s, self._seq, sim.job_id, sim.restarts))
+        self._seq += 1
+
+    def _stopped(self, job_id: int, now: float, completed: bool) -> None:
+        rec, wjob = self.records[job_id], self.by_id[job_id]
+        ran = now - rec.run_started_s
+        rec.run_s += ran
+        rec.busy_gpu_s += ran * rec.gpus
+        if completed:
+            rec.end_s = now
+            rec.iters_done = wjob.profile.plan.iterations
+            return
+        startup = self.truth.startup_s(wjob.profile) * wjob.truth_factor
+        if rec.config is not None and ran > startup:
+            iter_true = self.truth.iter_time_s(wjob.profile, rec.config) * wjob.truth_factor
+            rec.iters_done += (ran - startup) / iter_true
+
+    # ------------------------------------------------------------ loop
+    def _tick(self, now: float, result: SimResult) -> None:
+        running_before = set(self.backend.running)
+        self.backend.now = now
+        report = self.controller.tick()
+        result.ticks += 1
+        result.decide_s.append(report.decide_s)
+        for job_id in running_before - set(self.backend.running):
+            self._stopped(job_id, now, completed=False)  # requeued by the tick
+        for sim in self.backend.schedule(now):
+            self._started(sim, now)
+        if self.on_tick is not None:
+            self.on_tick(now, report)
+
+    def _wants_periodic(self) -> bool:
+        if not self.backend.pending:
+            return False
+        return getattr(self.policy, "preempts", False) or any(f > 0 for f in self.backend.free)
+
+    def run(self) -> SimResult:
+        """Run to completion (every job finishes) and return the records."""
+        wall0 = time.perf_counter()
+        result = SimResult(self.policy.name, [], total_gpus=self.settings.num_nodes * self.settings.gpus_per_node)
+        nxt, now = 0, 0.0
+        next_periodic = float("inf")
+        while nxt < len(self.jobs) or self._heap or self.backend.pending:
+            t_arrival = self.jobs[nxt].submit_s if nxt < len(self.jobs) else float("inf")
+            t_end = self._heap[0][0] if self._heap else float("inf")
+            now = min(t_arrival, t_end, next_periodic)
+            if now == float("inf"):
+                raise RuntimeError("simulation stalled with %d pending jobs that can never start"
+                                   % len(self.backend.pending))
+            while nxt < len(self.jobs) and self.jobs[nxt].submit_s <= now:
+                self._submit(self.jobs[nxt])
+                nxt += 1
+            while self._heap and self._heap[0][0] <= now:
+                _, _, job_id, generation = heapq.heappop(self._heap)
+                sim = self.backend.jobs[job_id]
+                if sim.state == "RUNNING" and sim.restarts == generation:
+                    self.backend.finish(job_id, now)
+                    self._stopped(job_id, now, completed=True)
+            self._tick(now, result)
+            if self.backend.pending and not self.backend.running and nxt == len(self.jobs):
+                stuck = sorted(self.backend.pending)[:5]
+                raise RuntimeError("simulation stalled: %d pending job(s) can never start on an idle cluster"
+                                   " (first: %s)" % (len(self.backend.pending), stuck))
+            next_periodic = now + self.settings.tick_interval_s if self._wants_periodic() else float("inf")
+        result.records = [self.records[j.job_id] for j in self.jobs]
+        result.makespan_s = max((r.end_s or 0.0) for r in result.records) if result.records else 0.0
+        result.updates = self.backend.updates
+        result.wall_s = time.perf_counter() - wall0
+        return result

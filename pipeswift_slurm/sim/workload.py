@@ -1,0 +1,319 @@
+"""Workloads for the simulator: trace CSV files and a seeded synthetic LLM-cluster
+generator, both turned into Megatron jobs the same documented way.
+
+Trace rows (schema of ``shared/workloads/README.md``: job_id, submit_time_s,
+duration_s, num_gpus, user, ..., cluster) carry no model. Each row becomes a Megatron
+job (``to_megatron_job``):
+  * the model comes from ``ZOO`` by GPU count (``_BANDS``: 1 GPU -> 125M/350M, ...,
+    128+ -> 30B/70B; the seeded choice within a band), never a model whose user config
+    does not fit in memory on that count;
+  * the user's configuration is the zoo default (tp, pp, micro-batch) with the rest as
+    data parallelism, and the global batch rounded up to a multiple of mbs*dp;
+  * ``--train-iters`` = (recorded duration - startup) / predicted iteration time of the
+    user's config on the recorded GPU count (at least 1 iteration), so the user's own
+    config reproduces the recorded duration;
+  * a share ``flex`` of jobs (seeded) allows resizing over half to double its GPUs
+    (within the cluster); the others are rigid at their recorded count;
+  * the user's time limit over-estimates the true run time: 1.5x, rounded up to 30 min.
+Pure except for reading the CSV file in ``read_trace``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import math
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from ..costmodel import CostModel
+from ..megatron import profile_from_argv
+from ..model import JobProfile
+
+TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
+TIME_LIMIT_FACTOR = 1.5
+TIME_LIMIT_ROUND_S = 1800
+
+
+class WorkloadError(ValueError):
+    """A malformed workload file or impossible settings; the message names where."""
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One job of a trace: when it came, how long it ran on how many GPUs."""
+
+    name: str
+    submit_s: float
+    duration_s: float
+    num_gpus: int
+    user: str = ""
+    category: str = ""
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A GPT-style model and the configuration a user would typically pick for it."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    tp: int
+    pp: int
+    micro_batch_size: int
+    global_batch_size: int
+    seq_length: int = 2048
+    num_query_groups: Optional[int] = None
+    ffn_hidden_size: Optional[int] = None
+    swiglu: bool = False
+    vocab_size: int = 50257
+
+    def argv(self, world: int, gbs: int, iters: int) -> list[str]:
+        """Megatron argv of this model with its default layout on ``world`` GPUs."""
+        args = ["pretrain_gpt.py", "--num-layers", str(self.num_layers), "--hidden-size", str(self.hidden_size),
+                "--num-attention-heads", str(self.num_attention_heads), "--seq-length", str(self.seq_length),
+                "--max-position-embeddings", str(self.seq_length), "--vocab-size", str(self.vocab_size),
+                "--tensor-model-parallel-size", str(self.tp), "--pipeline-model-parallel-size", str(self.pp),
+                "--micro-batch-size", str(self.micro_batch_size), "--global-batch-size", str(gbs),
+                "--train-iters", str(iters), "--bf16", "--use-distributed-optimizer"]
+        if self.swiglu:
+            args.append("--swiglu")
+        if self.ffn_hidden_size:
+            args += ["--ffn-hidden-size", str(self.ffn_hidden_size)]
+        if self.num_query_groups:
+            args += ["--group-query-attention", "--num-query-groups", str(self.num_query_groups)]
+        return args
+
+
+ZOO = {m.name: m for m in (
+    ZooModel("gpt-125m", 12, 768, 12, tp=1, pp=1, micro_batch_size=4, global_batch_size=256),
+    ZooModel("gpt-350m", 24, 1024, 16, tp=1, pp=1, micro_batch_size=4, global_batch_size=256),
+    ZooModel("gpt-760m", 24, 1536, 16, tp=1, pp=1, micro_batch_size=2, global_batch_size=256),
+    ZooModel("gpt-1.3b", 24, 2048, 16, tp=1, pp=2, micro_batch_size=2, global_batch_size=512),
+    ZooModel("gpt-2.7b", 32, 2560, 32, tp=2, pp=2, micro_batch_size=2, global_batch_size=512),
+    ZooModel("gpt-6.7b", 32, 4096, 32, tp=4, pp=2, micro_batch_size=1, global_batch_size=1024),
+    ZooModel("gpt-13b", 40, 5120, 40, tp=8, pp=2, micro_batch_size=1, global_batch_size=1024),
+    ZooModel("gpt-30b", 48, 7168, 56, tp=8, pp=4, micro_batch_size=1, global_batch_size=1536),
+    ZooModel("llama-70b", 80, 8192, 64, tp=8, pp=8, micro_batch_size=1, global_batch_size=1536,
+             num_query_groups=8, ffn_hidden_size=28672, swiglu=True, vocab_size=32000),
+)}
+# (largest GPU count of the band, candidate models); the last band takes everything above.
+_BANDS = ((1, ("gpt-125m", "gpt-350m")), (2, ("gpt-350m", "gpt-760m")), (4, ("gpt-760m", "gpt-1.3b")),
+          (8, ("gpt-1.3b", "gpt-2.7b")), (16, ("gpt-2.7b", "gpt-6.7b")), (32, ("gpt-6.7b", "gpt-13b")),
+          (64, ("gpt-13b", "gpt-30b")), (10 ** 9, ("gpt-30b", "llama-70b")))
+
+
+@dataclass(frozen=True)
+class WorkloadJob:
+    """A simulated submission: the Megatron job and the truth the simulator uses.
+
+    ``truth_factor`` multiplies the cost model's run time to give the true one (class
+    bias x per-job noise); ``time_limit_s`` is the user's limit for the user's config.
+    """
+
+    job_id: int
+    name: str
+    user: str
+    submit_s: float
+    argv: tuple[str, ...]
+    profile: JobProfile
+    recorded_duration_s: float
+    time_limit_s: int
+    model: str
+    category: str = ""
+    truth_factor: float = 1.0
+
+    @property
+    def gpus(self) -> int:
+        return self.profile.requested.gpus
+
+
+# ---------------------------------------------------------------- reading traces
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _number(path: Path, line: int, column: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise WorkloadError("%s:%d: column %r: %r is not a number" % (path, line, column, text)) from None
+    if math.isnan(value) or value < 0:
+        raise WorkloadError("%s:%d: column %r: %r must be a non-negative number" % (path, line, column, text))
+    return value
+
+
+def read_trace(path: str | Path) -> list[TraceRow]:
+    """Read a workload CSV (optionally gzip) in the shared schema.
+
+    Raises:
+        WorkloadError: unreadable file, missing column, or a malformed value (names the
+            file, line and column).
+    """
+    path = Path(path)
+    try:
+        with _open_text(path) as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise WorkloadError("%s:1: missing column(s) %s; expected at least %s"
+                                    % (path, ", ".join(missing), ", ".join(TRACE_COLUMNS)))
+            return [_row(path, reader.line_num, rec) for rec in reader]
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+        raise WorkloadError("%s: cannot read workload: %s" % (path, exc)) from None
+
+
+def _row(path: Path, line: int, rec: dict[str, str]) -> TraceRow:
+    gpus = _number(path, line, "num_gpus", rec.get("num_gpus") or "")
+    if gpus < 1 or gpus != int(gpus):
+        raise WorkloadError("%s:%d: column 'num_gpus': %r must be a positive integer" % (path, line, rec["num_gpus"]))
+    return TraceRow(name=rec.get("job_id") or "row-%d" % line,
+                    submit_s=_number(path, line, "submit_time_s", rec.get("submit_time_s") or ""),
+                    duration_s=_number(path, line, "duration_s", rec.get("duration_s") or ""),
+                    num_gpus=int(gpus), user=rec.get("user") or "", category=rec.get("cluster") or "")
+
+
+def select_window(rows: Sequence[TraceRow], start_day: float = 0.0,
+                  window_days: Optional[float] = None) -> list[TraceRow]:
+    """Rows submitted in [start_day, start_day + window_days) days, times re-based to 0."""
+    lo = start_day * 86400.0
+    hi = math.inf if window_days is None else lo + window_days * 86400.0
+    chosen = sorted((r for r in rows if lo <= r.submit_s < hi), key=lambda r: (r.submit_s, r.name))
+    if not chosen:
+        return []
+    t0 = chosen[0].submit_s
+    return [replace(r, submit_s=r.submit_s - t0) for r in chosen]
+
+
+def offered_load(rows: Sequence[TraceRow], cluster_gpus: int) -> float:
+    """GPU-seconds asked for / (arrival span x cluster GPUs), using recorded durations."""
+    if not rows:
+        return 0.0
+    span = max(r.submit_s for r in rows) - min(r.submit_s for r in rows)
+    work = sum(r.num_gpus * r.duration_s for r in rows)
+    return work / (max(span, 1.0) * cluster_gpus)
+
+
+def rescale_load(rows: Sequence[TraceRow], cluster_gpus: int, load: float) -> list[TraceRow]:
+    """Stretch or compress inter-arrival times so the offered load becomes ``load``."""
+    current = offered_load(rows, cluster_gpus)
+    if not rows or current <= 0 or load <= 0:
+        return list(rows)
+    factor = current / load
+    t0 = rows[0].submit_s
+    return [replace(r, submit_s=t0 + (r.submit_s - t0) * factor) for r in rows]
+
+
+# ---------------------------------------------------------------- synthetic generator
+
+# category: (share, GPU counts and weights, median duration s, log-sigma, min s, max s)
+SYNTHETIC_MIX = (
+    ("debug-eval", 0.55, ((1, 0.4), (2, 0.25), (4, 0.2), (8, 0.15)), 900.0, 1.0, 120.0, 4 * 3600.0),
+    ("finetune", 0.35, ((8, 0.5), (16, 0.35), (32, 0.15)), 2 * 3600.0, 0.8, 1200.0, 24 * 3600.0),
+    ("pretrain", 0.10, ((32, 0.5), (64, 0.5)), 12 * 3600.0, 0.6, 2 * 3600.0, 72 * 3600.0),
+)
+
+
+def synthetic_trace(num_jobs: int, cluster_gpus: int, load: float, seed: int, num_users: int = 20) -> list[TraceRow]:
+    """A seeded LLM-development-cluster trace (after the Acme trace's published shape:
+    most jobs are short small debugging/evaluation runs, a few multi-node pretraining
+    runs hold most GPU-time). ``SYNTHETIC_MIX`` documents the distributions: category
+    share, GPU-count weights (capped at the cluster), log-normal duration (median,
+    sigma, clipped). Arrivals are Poisson, rescaled to the offered ``load``.
+    """
+    rng = random.Random(seed)
+    rows = []
+    t = 0.0
+    for i in range(num_jobs):
+        cat = rng.choices(SYNTHETIC_MIX, weights=[c[1] for c in SYNTHETIC_MIX])[0]
+        name, _, counts, median, sigma, lo, hi = cat
+        gpus = min(rng.choices([c for c, _ in counts], weights=[w for _, w in counts])[0], cluster_gpus)
+        duration = min(hi, max(lo, median * math.exp(rng.gauss(0.0, sigma))))
+        t += rng.expovariate(1.0)
+        rows.append(TraceRow("syn-%d" % i, t, round(duration), gpus, "user%02d" % rng.randrange(num_users), name))
+    return rescale_load(rows, cluster_gpus, load)
+
+
+# ---------------------------------------------------------------- to Megatron jobs
+
+@dataclass(frozen=True)
+class Conversion:
+    """How trace rows become Megatron jobs (see the module docstring)."""
+
+    cost: CostModel
+    cluster_gpus: int
+    gpus_per_node: int
+    flex: float = 1.0
+    seed: int = 0
+    class_bias: tuple[tuple[str, float], ...] = ()
+    noise_sigma: float = 0.0
+
+
+def _fit_model(row: TraceRow, conv: Conversion, rng: random.Random) -> tuple[ZooModel, JobProfile]:
+    band = next(models for top, models in _BANDS if row.num_gpus <= top)
+    order = list(band)
+    rng.shuffle(order)
+    smaller = [name for name in ZOO if name not in band][::-1]
+    for name in order + smaller:
+        model = ZOO[name]
+        if row.num_gpus % (model.tp * model.pp):
+            continue
+        dp = row.num_gpus // (model.tp * model.pp)
+        step = model.micro_batch_size * dp
+        gbs = -(-model.global_batch_size // step) * step
+        profile = profile_from_argv(model.argv(row.num_gpus, gbs, 1), world_size=row.num_gpus,
+                                    gpus_per_node=conv.gpus_per_node)
+        if conv.cost.fits(profile, profile.requested):
+            return model, profile
+    raise WorkloadError("job %s: no model of the zoo runs on %d GPUs" % (row.name, row.num_gpus))
+
+
+def _truth_factor(job_class: str, conv: Conversion, rng: random.Random) -> float:
+    bias = 1.0
+    for prefix, value in conv.class_bias:
+        if job_class.startswith(prefix):
+            bias = value
+    noise = math.exp(rng.gauss(0.0, conv.noise_sigma)) if conv.noise_sigma > 0 else 1.0
+    return bias * noise
+
+
+def to_megatron_job(index: int, row: TraceRow, conv: Conversion) -> WorkloadJob:
+    """Turn one trace row into a Megatron job (seeded per row, so order-independent)."""
+    rng = random.Random("%d:%s" % (conv.seed, row.name))
+    model, profile = _fit_model(row, conv, rng)
+    iter_s = conv.cost.iter_time_s(profile, profile.requested)
+    iters = max(1, round((row.duration_s - conv.cost.startup_s(profile)) / iter_s))
+    argv = tuple(model.argv(row.num_gpus, profile.plan.global_batch_size, iters))
+    profile = replace(profile, plan=replace(profile.plan, train_iters=iters))
+    if rng.random() < conv.flex:
+        lo, hi = max(1, row.num_gpus // 2), min(2 * row.num_gpus, conv.cluster_gpus)
+        profile = profile.with_range(lo, hi)
+    factor = _truth_factor(profile.job_class, conv, rng)
+    user_run_s = conv.cost.job_time_s(profile, profile.requested) * factor
+    limit = math.ceil(TIME_LIMIT_FACTOR * user_run_s / TIME_LIMIT_ROUND_S) * TIME_LIMIT_ROUND_S
+    return WorkloadJob(job_id=index + 1, name=row.name, user=row.user or "user", submit_s=row.submit_s,
+                       argv=argv, profile=profile, recorded_duration_s=row.duration_s, time_limit_s=limit,
+                       model=model.name, category=row.category, truth_factor=factor)
+
+
+def build_workload(rows: Iterable[TraceRow], conv: Conversion, drop_oversized: bool = False) -> list[WorkloadJob]:
+    """Convert rows to jobs. A job larger than the cluster is an error unless dropped.
+
+    Raises:
+        WorkloadError: a job needs more GPUs than the cluster has (names it and how many).
+    """
+    rows = list(rows)
+    too_big = [r for r in rows if r.num_gpus > conv.cluster_gpus]
+    if too_big and not drop_oversized:
+        raise WorkloadError("%d job(s) need more GPUs than the cluster's %d (first: %s with %d GPUs); use a"
+                            " bigger --gpus or --drop-oversized" % (len(too_big), conv.cluster_gpus,
+                                                                     too_big[0].name, too_big[0].num_gpus))
+    kept = [r for r in rows if r.num_gpus <= conv.cluster_gpus]
+    return [to_megatron_job(i, r, conv) for i, r in enumerate(kept)]
