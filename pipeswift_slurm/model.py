@@ -306,7 +306,8 @@ class Decision:
     ``config`` resizes a pending job to ``config.num_nodes x config.gpus_per_node`` and
     is recorded as the decision token; ``site_factor`` sets its place in the queue;
     ``time_limit_s`` rescales its limit to the new size; ``requeue`` asks to stop a
-    running job and put it back in the queue (only where the site enabled it).
+    running job and put it back in the queue (only where the site enabled it), with
+    ``site_factor`` then applied to the requeued job.
     """
 
     job_id: int

@@ -685,7 +685,7 @@ def submit(raw: Sequence[str], environ: dict[str, str], stdin: object = None) ->
             warning = "cannot read the job script"
     except Exception as exc:  # noqa: BLE001 - a submission is never lost to psbatch's own bugs
         log.debug("psbatch could not enrich the job", exc_info=True)
-        warning = "%s: %s" % (type(exc).__name__, exc) if not _expected(exc) else str(exc)
+        warning = _describe(exc)
         plan = None
     sbatch = find_sbatch(environ)
     if sbatch is None:
@@ -704,10 +704,14 @@ def submit(raw: Sequence[str], environ: dict[str, str], stdin: object = None) ->
     return _run(sbatch, plan.argv, None, (scan.script_index, name, plan.text or ""))
 
 
-def _expected(exc: Exception) -> bool:
+def _describe(exc: Exception) -> str:
     from .megatron import MegatronArgError
 
-    return isinstance(exc, (PsbatchError, MegatronArgError))
+    if isinstance(exc, MegatronArgError):
+        return "Megatron job not opted in to PipeSwift: invalid Megatron arguments (%s)" % exc
+    if isinstance(exc, PsbatchError):
+        return "Megatron job not opted in to PipeSwift: %s" % exc
+    return "psbatch internal error (%s: %s)" % (type(exc).__name__, exc)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

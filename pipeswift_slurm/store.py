@@ -30,17 +30,17 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
-from sqlalchemy import Engine, bindparam, create_engine, event, func, insert, select, update
+from sqlalchemy import Engine, bindparam, create_engine, event, func, insert, inspect, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from .model import FINISHED_STATES, PENDING, RUNNING, ClusterView, Decision, ExecConfig, Job, JobProfile
-from .schema import (Base, CalibrationRow, DecisionRow, JobRow, ProfileRow, StateTransitionRow,
-                     TickRow, TickSnapshotRow, size_class)
+from .schema import Base, CalibrationRow, DecisionRow, JobRow, ProfileRow, TickRow, size_class
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,9 @@ CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "vp", "micro_batch_size", "num_micro_ba
                  "num_nodes", "gpus_per_node", "decoder_first_pipeline_num_layers",
                  "decoder_last_pipeline_num_layers")
 
-_JOBS = JobRow.__table__
-_DECISIONS = DecisionRow.__table__
+_TABLES = Base.metadata.tables
+_JOBS = _TABLES["jobs"]
+_DECISIONS = _TABLES["decisions"]
 # Fields copied from the observed Job, plus those derived from them.
 _OBSERVED = ("user", "name", "partition", "submit_time", "eligible_time", "start_time",
              "end_time", "state", "state_reason", "num_nodes", "gpus", "opted_in")
@@ -137,7 +138,8 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
 
     Args:
         url: SQLAlchemy URL (``sqlite:////var/lib/pipeswift/pipeswift.sqlite``,
-            ``postgresql://...``) or a plain file path.
+            ``postgresql://...``) or a plain file path. A SQLite file's folder is created
+            if missing.
         busy_timeout_s: how long a SQLite writer waits for another one's lock.
     """
     if "://" not in url:
@@ -145,10 +147,13 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url)
-    in_memory = parsed.database in (None, "", ":memory:")
+    database = parsed.database or ""
+    in_memory = database in ("", ":memory:")
     kwargs: dict[str, Any] = {}
     if in_memory:
         kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+    elif not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, **kwargs)
     _tune_sqlite(engine, busy_timeout_s, wal=not in_memory)
     return engine
@@ -175,6 +180,11 @@ def _tune_sqlite(engine: Engine, busy_timeout_s: float, wal: bool) -> None:
 def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
     for i in range(0, len(ids), _IN_CHUNK):
         yield ids[i:i + _IN_CHUNK]
+
+
+def _inserted_id(result: Any) -> int:
+    """The primary key of the row a single-row INSERT made."""
+    return int(result.inserted_primary_key[0])
 
 
 def _is_locked(exc: OperationalError) -> bool:
@@ -255,7 +265,7 @@ def _save_calibration(s: Session, rows: Iterable[CalibrationEntry]) -> None:
                "ratio": r.ratio, "updated_at": r.updated_at} for r in rows]
     if not values:
         return
-    s.execute(CalibrationRow.__table__.delete()
+    s.execute(_TABLES["calibration"].delete()
               .where(CalibrationRow.job_class.in_([v["job_class"] for v in values])))
     s.execute(insert(CalibrationRow), values)
 
@@ -308,13 +318,15 @@ class _Queries:
 
 # ---------------------------------------------------------------- one tick's writes
 
-def _queue_run_s(job: Job) -> tuple[Optional[float], Optional[float]]:
+def _queue_run_s(values: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
+    """(start - eligible-or-submit, end - start) from a jobs row; None where unknown."""
     queue_s = run_s = None
-    if job.start_time is not None:
-        begin = job.eligible_time if job.eligible_time is not None else job.submit_time
-        queue_s = max(0.0, job.start_time - begin)
-        if job.end_time is not None:
-            run_s = max(0.0, job.end_time - job.start_time)
+    start, end = values["start_time"], values["end_time"]
+    if start is not None:
+        eligible = values["eligible_time"]
+        queue_s = max(0.0, start - (eligible if eligible is not None else values["submit_time"]))
+        if end is not None:
+            run_s = max(0.0, end - start)
     return queue_s, run_s
 
 
@@ -362,8 +374,8 @@ def _prefixed(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # Statements built once: building and hashing a statement costs more than running it.
-_TICKS = TickRow.__table__
-_TRANSITIONS = StateTransitionRow.__table__
+_TICKS = _TABLES["ticks"]
+_TRANSITIONS = _TABLES["state_transitions"]
 _TICK_COUNTS = ("n_pending", "n_running", "n_decisions", "n_applied", "n_errors")
 _JOB_COLS = (_JOBS.c.job_id, *(_JOBS.c[k] for k in _OBSERVED + _DERIVED), _JOBS.c.predicted_run_s)
 _SELECT_ACTIVE = select(*_JOB_COLS).where(_JOBS.c.state.in_(ACTIVE_STATES))
@@ -376,7 +388,7 @@ _UPDATE_PREDICTED = _update_jobs_by_id(("predicted_run_s", "size_class"))
 _INSERT_JOBS = insert(_JOBS)
 _INSERT_TRANSITIONS = insert(_TRANSITIONS)
 _INSERT_DECISIONS = insert(_DECISIONS)
-_INSERT_SNAPSHOT = insert(TickSnapshotRow.__table__)
+_INSERT_SNAPSHOT = insert(_TABLES["tick_snapshots"])
 _INSERT_TICK = insert(_TICKS)
 _FINISH_TICK = (update(_TICKS).where(_TICKS.c.tick_id == bindparam("b_tick_id"))
                 .values({k: bindparam("b_" + k) for k in
@@ -401,7 +413,7 @@ class TickTx(_Queries):
         self._rows: dict[int, dict[str, Any]] = {}  # jobs rows as written this tick
         result = self.conn.execute(_INSERT_TICK, {"started_at": now, "policy": policy,
                                                   "dry_run": dry_run, "status": "running"})
-        self.tick_id: int = result.inserted_primary_key[0]
+        self.tick_id: int = _inserted_id(result)
 
     def _read(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(self.session, *args)
@@ -418,11 +430,13 @@ class TickTx(_Queries):
     def _fetch(self, stmt: Any, params: dict[str, Any]) -> dict[int, dict[str, Any]]:
         result = self.conn.execute(stmt, params)
         keys = list(result.keys())
-        return {row[0]: dict(zip(keys, row)) for row in result}
+        return {row[0]: dict(zip(keys, row, strict=True)) for row in result}
 
     def _job_values(self, job: Job, old: Optional[dict[str, Any]]) -> dict[str, Any]:
-        values = dict(zip(_OBSERVED, _GET_OBSERVED(job)))
-        values["queue_s"], values["run_s"] = _queue_run_s(job)
+        values = dict(zip(_OBSERVED, _GET_OBSERVED(job), strict=True))
+        if job.state == PENDING:  # Slurm's start/end of a pending job are forecasts
+            values["start_time"] = values["end_time"] = None
+        values["queue_s"], values["run_s"] = _queue_run_s(values)
         predicted = old["predicted_run_s"] if old else None
         values["size_class"] = size_class(
             job.gpus, values["run_s"] if values["run_s"] is not None else predicted)
@@ -437,7 +451,8 @@ class TickTx(_Queries):
 
         New jobs are inserted (first sight is a transition from NULL); known jobs are
         updated only where an observed field changed; every seen job gets
-        ``last_seen_tick``. ``queue_s``/``run_s`` come from the job's own times.
+        ``last_seen_tick``. ``queue_s``/``run_s`` come from the job's own times (a
+        PENDING job's start/end times are Slurm's forecasts, stored as NULL).
         It may be called again in the same tick (e.g. with final states from sacct):
         the cluster occupancy recorded is the first view's.
 
@@ -508,10 +523,11 @@ class TickTx(_Queries):
             old = known.get(job_id)
             if old is None or old["state"] not in ACTIVE_STATES:
                 continue
-            started = old["start_time"] is not None
+            started = old["state"] != PENDING
             state = VANISHED_STARTED if started else VANISHED_UNSTARTED
-            run_s = max(0.0, now - old["start_time"]) if started else None
-            cls = size_class(old["gpus"], run_s if started else old["predicted_run_s"])
+            start = old["start_time"]
+            run_s = max(0.0, now - start) if started and start is not None else None
+            cls = size_class(old["gpus"], run_s if run_s is not None else old["predicted_run_s"])
             updates.append({"b_job_id": job_id, "b_state": state, "b_end_time": now,
                             "b_run_s": run_s, "b_size_class": cls})
             transitions.append({"job_id": job_id, "tick_id": self.tick_id, "at": now,
@@ -520,6 +536,8 @@ class TickTx(_Queries):
         if updates:
             self.conn.execute(_UPDATE_VANISHED, updates)
             self.conn.execute(_INSERT_TRANSITIONS, transitions)
+            log.debug("closed %d vanished job(s) at %.0f: %s", len(updates), now,
+                     " ".join(str(u["b_job_id"]) for u in updates[:20]))
         return len(updates)
 
     def upsert_profile(self, job_id: int, raw_text: str, profile: Optional[JobProfile],
@@ -555,7 +573,7 @@ class TickTx(_Queries):
             self.session.execute(insert(ProfileRow).values(job_id=job_id, created_at=self.now,
                                                            **values))
         else:
-            self.session.execute(update(ProfileRow.__table__)
+            self.session.execute(update(_TABLES["profiles"])
                                  .where(ProfileRow.job_id == job_id).values(**values))
 
     def record_decisions(self, decisions: Sequence[Decision],
@@ -644,7 +662,17 @@ class Store(_Queries):
         self.engine = engine
         self._write_engine = engine.execution_options(sqlite_begin="IMMEDIATE")
         if create:
-            Base.metadata.create_all(engine)
+            self._create_missing_tables()
+
+    def _create_missing_tables(self) -> None:
+        with self.engine.connect() as conn:
+            have = set(inspect(conn).get_table_names())
+        if set(Base.metadata.tables) <= have:
+            return
+        # Under the write lock, so two processes opening a new file do not race.
+        with self._write_engine.begin() as conn:
+            Base.metadata.create_all(conn)
+        log.info("created tables %s", ", ".join(sorted(set(Base.metadata.tables) - have)))
 
     @classmethod
     def from_url(cls, url: str, busy_timeout_s: float = 30.0) -> "Store":
@@ -681,6 +709,7 @@ class Store(_Queries):
                     tx.finish()
         except OperationalError as exc:
             if _is_locked(exc):
+                log.warning("tick at %.0f: database busy: %s", now, exc.orig)
                 raise StoreBusy("store is locked by another writer: %s" % exc.orig) from exc
             raise
 
@@ -694,7 +723,7 @@ class Store(_Queries):
             result = s.execute(insert(TickRow).values(
                 started_at=now, finished_at=now, duration_s=0.0, policy=policy,
                 dry_run=dry_run, status="failed", error=error[:10000]))
-            return int(result.inserted_primary_key[0])
+            return _inserted_id(result)
 
     def save_calibration(self, rows: Iterable[CalibrationEntry]) -> None:
         """Replace the calibration of the job classes in ``rows`` (others are kept)."""

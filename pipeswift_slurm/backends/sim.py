@@ -131,6 +131,8 @@ class SimBackend:
             if sim is None or sim.state != RUNNING or not self.allow_requeue:
                 raise JobGone("job %d is not running (or requeue is disabled)" % decision.job_id)
             self._requeue(sim)
+            if decision.site_factor is not None:
+                sim.site_factor = decision.site_factor
             return
         if sim is None or sim.state != PENDING:
             raise JobGone("job %d is no longer pending" % decision.job_id)

@@ -14,7 +14,7 @@ import bisect
 from typing import Any, ClassVar, Mapping, Sequence
 
 from ..model import ClusterView, Decision, Job, JobProfile
-from .common import rank_factors
+from .common import free_by_node, rank_factors
 
 
 class TiresiasPolicy:
@@ -22,8 +22,8 @@ class TiresiasPolicy:
     scheduler: ClassVar[str] = "backfill"
     preempts: ClassVar[bool] = True
 
-    def __init__(self, queue_limits_gpu_s: Sequence[float] = (3600.0, 36000.0), promote_factor: float = 8.0,
-                 min_wait_s: float = 3600.0, min_run_s: float = 600.0, preempt: bool = True,
+    def __init__(self, queue_limits_gpu_s: Sequence[float] = (36000.0, 360000.0), promote_factor: float = 8.0,
+                 min_wait_s: float = 3600.0, min_run_s: float = 1800.0, preempt: bool = True,
                  site_factor_max: int = 100_000_000):
         self.queue_limits_gpu_s = tuple(queue_limits_gpu_s)
         self.promote_factor = promote_factor
@@ -35,6 +35,10 @@ class TiresiasPolicy:
     def attained_gpu_s(self, job: Job, now: float) -> float:
         running = (now - job.start_time) * job.gpus if job.running and job.start_time is not None else 0.0
         return job.attained_gpu_s + running
+
+    def service_queue(self, job: Job, now: float) -> int:
+        """Queue by attained service alone (no starvation promotion)."""
+        return bisect.bisect_right(self.queue_limits_gpu_s, self.attained_gpu_s(job, now))
 
     def queue_of(self, job: Job, now: float) -> int:
         if job.pending and job.attained_gpu_s > 0:
@@ -55,20 +59,33 @@ class TiresiasPolicy:
         return out
 
     def _preemptions(self, view: ClusterView, head: Job, profiles: Mapping[int, JobProfile]) -> list[Decision]:
+        """Requeue lower-queue running jobs (latest started first) only when that lets the
+        head job start at once on the freed nodes; otherwise preempt nothing."""
         now = view.now
-        if head.gpus <= view.free_gpus:
+        free = free_by_node(view)
+        shape = head.config if head.config is not None and head.config.gpus == head.gpus else None
+        nodes_needed, per_node = (shape.num_nodes, shape.gpus_per_node) if shape else (head.num_nodes, head.gpus // max(head.num_nodes, 1))
+        if _fits(free, nodes_needed, per_node):
             return []
-        head_queue = self.queue_of(head, now)
-        victims = sorted((r for r in view.running if r.job_id in profiles and self.queue_of(r, now) > head_queue
+        # Preemption compares attained service only: a job promoted for starvation is
+        # ordered first but does not evict others (that would make jobs ping-pong).
+        head_queue = self.service_queue(head, now)
+        index = {n.name: i for i, n in enumerate(view.nodes)}
+        victims = sorted((r for r in view.running if r.job_id in profiles and self.service_queue(r, now) > head_queue
                           and r.start_time is not None and now - r.start_time >= self.min_run_s),
                          key=lambda r: (-(r.start_time or 0.0), -r.job_id))
-        freed, chosen = view.free_gpus, []
+        chosen = []
         for victim in victims:
-            if freed >= head.gpus:
-                break
+            per = victim.gpus // max(len(victim.node_list), 1)
+            for name in victim.node_list:
+                if name in index:
+                    free[index[name]] += per
             chosen.append(victim)
-            freed += victim.gpus
-        if freed < head.gpus:
-            return []
-        return [Decision(v.job_id, requeue=True, reason="preempted for job %d (queue %d)" % (head.job_id, head_queue))
-                for v in chosen]
+            if _fits(free, nodes_needed, per_node):
+                return [Decision(v.job_id, requeue=True, site_factor=0, reason="preempted for job %d (queue %d)"
+                                 % (head.job_id, head_queue)) for v in chosen]
+        return []
+
+
+def _fits(free: list[int], nodes: int, per_node: int) -> bool:
+    return sum(1 for f in free if f >= per_node) >= nodes

@@ -1,0 +1,58 @@
+"""The per-layer profiler on the local device with a tiny shape: structure only, no speed."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_megatron import megatron_missing
+
+from pipeswift_slurm.model import ModelShape
+from pipeswift_slurm.profiler import layer_flops_fwd_bwd, main_profile, profile_layer, read_profile_toml
+
+pytestmark = [pytest.mark.megatron, pytest.mark.e2e]
+
+_MISSING = megatron_missing()
+if _MISSING:
+    print(f"skipping profiler smoke tests: {_MISSING}")
+    pytest.skip(_MISSING, allow_module_level=True)
+
+TINY = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                  ffn_hidden_size=256, kv_channels=16, num_query_groups=4, vocab_size=128)
+GQA_SWIGLU = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                        ffn_hidden_size=128, kv_channels=16, num_query_groups=2, swiglu=True)
+
+
+def _check_structure(profile, shape, micro_batch_sizes):
+    assert profile.micro_batch_sizes == tuple(micro_batch_sizes)
+    for timing in profile.timings:
+        assert timing.fwd_bwd_ms > 0
+        expected = layer_flops_fwd_bwd(shape, timing.micro_batch_size) / (timing.fwd_bwd_ms * 1e-3) / 1e12
+        assert timing.tflops == pytest.approx(expected)
+    assert profile.matches(shape)
+
+
+def test_megatron_layer_profile_written_and_readable(tmp_path):
+    out = tmp_path / "tiny.toml"
+    profile = main_profile(TINY, [4, 1, 2], "test-gpu", out)
+    assert profile.backend == "megatron-core"
+    assert profile.gpu_type == "test-gpu"
+    assert profile.dtype in ("fp32", "bf16")
+    _check_structure(profile, TINY, [1, 2, 4])
+    assert read_profile_toml(out) == profile
+
+
+@pytest.mark.parametrize("use_megatron, backend", [(False, "torch"), (True, "megatron-core")])
+def test_gqa_swiglu_layer_both_backends(use_megatron, backend):
+    profile = profile_layer(GQA_SWIGLU, [1, 2], use_megatron=use_megatron, warmup=1, repeats=3)
+    assert profile.backend == backend
+    _check_structure(profile, GQA_SWIGLU, [1, 2])
+
+
+def test_profiler_leaves_no_process_state_behind():
+    import torch
+    import torch.distributed as dist
+
+    profile_layer(TINY, [1], use_megatron=True, warmup=0, repeats=1)
+    assert not dist.is_initialized()
+    if not torch.cuda.is_available():
+        with pytest.raises((AssertionError, RuntimeError)):
+            torch.cuda.current_device()
