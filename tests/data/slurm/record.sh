@@ -1,0 +1,48 @@
+#!/bin/bash
+# Re-record the Slurm outputs in this folder from a live test cluster:
+#   tests/slurm/testbed.sh up && source $SLURM_TESTBED_DIR/env.sh && tests/data/slurm/record.sh
+# Needs an empty queue; leaves the cluster with no jobs of its own.
+#   tests/data/slurm/record.sh typed   (on a cluster started with GPU_TYPE=a100)
+set -euo pipefail
+OUT=$(cd "$(dirname "$0")" && pwd)
+V=$(scontrol -V | awk '{print $2}' | cut -d. -f1,2)   # e.g. 22.05
+cd /tmp
+sb() { sbatch --parsable -o /dev/null "$@"; }
+if [ "${1:-}" = typed ]; then
+  R=$(sb -J typed-run -N1 --gpus-per-node=a100:2 --wrap 'sleep 60')
+  T1=$(sb -J typed-node -H -N1 --gpus-per-node=a100:1 --wrap 'sleep 20')
+  T2=$(sb -J typed-job -H --gpus=a100:3 --wrap 'sleep 20')
+  sleep 2
+  squeue --json > "$OUT/squeue-$V-typed.json"
+  scontrol -o show job > "$OUT/scontrol-jobs-$V-typed.txt"
+  scontrol -d -o show node > "$OUT/scontrol-nodes-$V-typed.txt"
+  { scontrol update JobId="$T1" TresPerNode=gres:gpu:2 2>&1 || true; } > "$OUT/err-typed-untyped-$V.txt"
+  scancel "$R" "$T1" "$T2"
+  echo "recorded typed Slurm $V into $OUT"; exit 0
+fi
+PROFILE='pswift1;args=WyItLW51bS1sYXllcnMiLCAiOCJd;gpus=1-8;class=gpt-small'
+DONE=$(sb -J done --wrap 'true')
+CANC=$(sb -J cancelled -H --wrap 'true'); scancel "$CANC"
+BLOCK=$(sb -J blocker -N4 --exclusive --gpus-per-node=8 --wrap 'sleep 300')
+for _ in $(seq 1 50); do [ "$(squeue -h -j "$BLOCK" -o %T)" = RUNNING ] && break; sleep 0.2; done
+P1=$(sb -J pernode -N1 --gpus-per-node=1 --comment="$PROFILE" --wrap 'sleep 20')
+P2=$(sb -J perjob --gpus=4 --comment="note $PROFILE" -t 30 --wrap 'sleep 20')
+P3=$(sb -J held -H -N2 --gres=gpu:2 --wrap 'sleep 20')
+P4=$(sb -J array --array=1-3 --gpus-per-node=1 --wrap 'sleep 20')
+P5=$(sb -J pertask -n2 --gpus-per-task=1 --wrap 'sleep 20')
+P6=$(sb -J nogpu -n1 --wrap 'sleep 20')
+scontrol update JobId="$P1" AdminComment='pswift-decision1;tp=1;pp=2;dp=1;mbs=1;M=8;nodes=2;gpn=1;at=1700000000'
+scontrol update JobId="$P2" SiteFactor=5000
+sleep 3
+squeue --json > "$OUT/squeue-$V.json"
+scontrol -o show job > "$OUT/scontrol-jobs-$V.txt"
+scontrol -d -o show node > "$OUT/scontrol-nodes-$V.txt"
+sinfo --json > "$OUT/sinfo-$V.json"
+sprio -h -o '%i|%Y|%S' > "$OUT/sprio-$V.txt"
+squeue -h -t all -o '%i|%T|%r|%D|%b|%Q|%y|%k' > "$OUT/squeue-text-$V.txt"
+scancel "$BLOCK" "$P1" "$P2" "$P3" "$P4" "$P5" "$P6"
+sleep 1
+# error outputs
+{ scontrol update JobId=999999 SiteFactor=1 2>&1 || true; } > "$OUT/err-invalid-job-$V.txt"
+{ scontrol update JobId="$DONE" NumNodes=2-2 2>&1 || true; } > "$OUT/err-finished-job-$V.txt"
+echo "recorded Slurm $V into $OUT"

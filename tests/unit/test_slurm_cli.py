@@ -1,0 +1,322 @@
+"""SlurmCliBackend: parsers on recorded 22.05 output and hand-written 24.11 dialect, argv
+builders as golden lists, error mapping, and backend detection. No Slurm needed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeswift_slurm import token
+from pipeswift_slurm.backends import BackendError, JobGone
+from pipeswift_slurm.backends import detect
+from pipeswift_slurm.backends import slurm_cli as cli
+from pipeswift_slurm.model import Decision, ExecConfig, GpuRequest, Job
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+NOW = 1_800_000_000.0
+
+
+def read(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+class FakeRunner:
+    """Maps an argv (tuple) to recorded stdout, or to an exception; records every call."""
+
+    def __init__(self, answers: dict[tuple[str, ...], object]) -> None:
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str]) -> str:
+        self.calls.append(list(argv))
+        answer = self.answers.get(tuple(argv), self.answers.get((argv[0], argv[1]), ""))
+        if isinstance(answer, Exception):
+            raise answer
+        return str(answer)
+
+
+def recorded_runner(squeue: str = "squeue-22.05.json") -> FakeRunner:
+    return FakeRunner({tuple(cli.SQUEUE_JSON_ARGV): read(squeue),
+                       tuple(cli.NODES_ARGV): read("scontrol-nodes-22.05.txt"),
+                       tuple(cli.SPRIO_ARGV): read("sprio-22.05.txt"),
+                       tuple(cli.SCONTROL_JOBS_ARGV): read("scontrol-jobs-22.05.txt")})
+
+
+CFG = ExecConfig(tp=1, pp=4, dp=1, micro_batch_size=1, num_micro_batches=8, num_nodes=2, gpus_per_node=2)
+
+
+def pending(job_id: int = 42, req: GpuRequest = GpuRequest(count=1), **kw: object) -> Job:
+    return Job(job_id=job_id, state="PENDING", submit_time=0.0, gpu_request=req, opted_in=True, **kw)
+
+
+# ------------------------------------------------------------------ squeue --json
+def by_id(jobs: list[Job]) -> dict[int, Job]:
+    return {j.job_id: j for j in jobs}
+
+
+def test_squeue_json_2205_states_gpus_and_tokens() -> None:
+    jobs = by_id(cli.parse_squeue_json(read("squeue-22.05.json")))
+    assert sorted(jobs) == list(range(1, 10))
+    assert jobs[1].state == "COMPLETED" and jobs[1].end_time and jobs[1].node_list == ("node1",)
+    blocker = jobs[3]
+    assert blocker.state == "RUNNING" and blocker.gpus == 32 and blocker.num_nodes == 4
+    assert blocker.node_list == ("node1", "node2", "node3", "node4") and blocker.start_time
+    per_node = jobs[4]
+    assert per_node.pending and per_node.opted_in and per_node.gpus == 1
+    assert per_node.gpu_request == GpuRequest("tres_per_node", 1, None, False)
+    assert per_node.config is not None and per_node.config.num_nodes == 2 and per_node.config.pp == 2
+    assert per_node.start_time is None  # a pending job's StartTime is only an estimate
+    per_job = jobs[5]
+    assert per_job.opted_in and per_job.gpu_request == GpuRequest("tres_per_job", 4) and per_job.gpus == 4
+    assert per_job.time_limit_s == 30 * 60 and per_job.priority == 6000
+    held = jobs[6]
+    assert held.held and held.gpus == 4 and held.eligible_time is None and not held.opted_in
+    assert not jobs[7].opted_in  # array meta-record
+    assert jobs[8].gpu_request.field == "tres_per_task" and jobs[8].gpus == 2
+    assert jobs[9].gpus == 0 and jobs[9].gpu_request.count == 0
+
+
+def test_squeue_json_2411_dialect_matches_2205() -> None:
+    old = by_id(cli.parse_squeue_json(read("squeue-22.05.json")))
+    new = by_id(cli.parse_squeue_json(read("squeue-24.11.json")))
+    assert sorted(new) == [3, 4, 5, 6, 7, 8, 9]  # finished jobs are not listed by 24.11
+    for job_id, job in new.items():
+        ref = old[job_id]
+        assert (job.state, job.num_nodes, job.gpus, job.opted_in, job.priority, job.config) == \
+            (ref.state, ref.num_nodes, ref.gpus, ref.opted_in, ref.priority, ref.config)
+        assert job.gpu_request.count == ref.gpu_request.count
+    assert new[4].gpu_request.slash and not old[4].gpu_request.slash
+    assert new[9].time_limit_s is None  # infinite
+
+
+def test_squeue_json_typed_and_empty() -> None:
+    jobs = by_id(cli.parse_squeue_json(read("squeue-22.05-typed.json")))
+    assert jobs[1].gpus == 2 and jobs[1].gpu_request.gpu_type == "a100"
+    assert jobs[2].gpu_request == GpuRequest("tres_per_node", 1, "a100", False)
+    assert jobs[3].gpu_request == GpuRequest("tres_per_job", 3, "a100", False)
+    assert cli.parse_squeue_json(read("squeue-22.05-empty.json")) == []
+
+
+@pytest.mark.parametrize("name", ["squeue-22.05-ctld-down.json", "squeue-24.11-ctld-down.json"])
+def test_squeue_json_errors_raise(name: str) -> None:
+    with pytest.raises(BackendError, match="squeue --json reported"):
+        cli.parse_squeue_json(read(name))
+
+
+def test_squeue_json_garbage_and_array_task() -> None:
+    with pytest.raises(BackendError):
+        cli.parse_squeue_json("squeue: error: something")
+    task = {"job_id": 12, "array_job_id": 7, "array_task_id": 1, "array_task_string": "",
+            "job_state": ["RUNNING"], "node_count": {"set": True, "infinite": False, "number": 1},
+            "tres_per_node": "gres/gpu:a100:2", "gres_detail": ["gpu:a100:2(IDX:0-1)"],
+            "comment": token.PROFILE_PREFIX + "args=W10=", "admin_comment": "(null)", "nodes": "node3"}
+    (job,) = cli.parse_squeue_json(json.dumps({"jobs": [task, {"job_id": None}]}))
+    assert job.job_id == 12 and job.running and job.opted_in and job.gpus == 2
+    assert job.admin_comment == "" and job.node_list == ("node3",)
+
+
+def test_bad_decision_token_is_ignored() -> None:
+    rec = {"job_id": 5, "job_state": "PENDING", "admin_comment": token.DECISION_PREFIX + "tp=x"}
+    (job,) = cli.parse_squeue_json(json.dumps({"jobs": [rec]}))
+    assert job.config is None and job.admin_comment.startswith(token.DECISION_PREFIX)
+
+
+# ------------------------------------------------------------------ text parsers
+def test_scontrol_text_matches_json() -> None:
+    text = by_id(cli.parse_scontrol_jobs(read("scontrol-jobs-22.05.txt")))
+    js = by_id(cli.parse_squeue_json(read("squeue-22.05.json")))
+    assert sorted(text) == sorted(js)
+    for job_id, job in text.items():
+        ref = js[job_id]
+        assert (job.state, job.num_nodes, job.gpus, job.gpu_request, job.opted_in, job.config,
+                job.time_limit_s, job.comment, job.node_list) == \
+            (ref.state, ref.num_nodes, ref.gpus, ref.gpu_request, ref.opted_in, ref.config,
+             ref.time_limit_s, ref.comment, ref.node_list)
+    assert text[5].comment.startswith("note pswift1;")  # value with a space survives
+
+
+def test_kv_line_and_durations() -> None:
+    kv = cli.parse_kv_line("NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=5 Comment=a;b=c d")
+    assert kv == {"NodeName": "n1", "OS": "Linux 6.1 #1 SMP", "RealMemory": "5", "Comment": "a;b=c d"}
+    assert cli.parse_duration_s("01:00:00") == 3600
+    assert cli.parse_duration_s("2-00:30:00") == 2 * 86400 + 1800
+    assert cli.parse_duration_s("30") == 1800
+    assert cli.parse_duration_s("UNLIMITED") is None
+
+
+def test_nodes_text_json_and_typed() -> None:
+    nodes = cli.parse_scontrol_nodes(read("scontrol-nodes-22.05.txt"))
+    assert [(n.name, n.gpus, n.gpus_alloc) for n in nodes] == [("node%d" % i, 8, 8) for i in range(1, 5)]
+    assert nodes[0].partitions == ("gpu",) and nodes[0].state == "ALLOCATED"
+    assert [(n.gpus, n.gpus_alloc) for n in cli.parse_nodes_json(read("sinfo-22.05.json"))] == [(8, 8)] * 4
+    typed = cli.parse_scontrol_nodes(read("scontrol-nodes-22.05-typed.txt"))
+    assert [(n.gpu_type, n.gpus, n.gpus_alloc, n.gpus_free) for n in typed] == \
+        [("a100", 8, 2, 6), ("a100", 8, 0, 8)]
+    new = cli.parse_nodes_json(read("scontrol-nodes-24.11.json"))
+    assert [(n.gpus, n.gpus_alloc, n.usable) for n in new] == [(8, 3, True), (8, 0, True), (8, 0, True),
+                                                               (8, 0, False)]
+
+
+def test_nodes_from_tres_when_gres_missing() -> None:
+    line = "NodeName=x Gres=(null) CfgTRES=cpu=4,gres/gpu=4 AllocTRES=gres/gpu=1 State=MIXED Partitions=a,b"
+    (node,) = cli.parse_scontrol_nodes(line)
+    assert (node.gpus, node.gpus_alloc, node.partitions) == (4, 1, ("a", "b"))
+
+
+def test_sprio_and_gres_and_hostlist() -> None:
+    assert cli.parse_sprio(read("sprio-22.05.txt")) == {4: 0, 5: 5000, 7: 0, 8: 0, 9: 0}
+    assert cli.parse_sprio(read("sprio-22.05-empty.txt")) == {}
+    assert cli.parse_sprio("7_1|1000|3\nbad line\n8|x|y") == {}
+    assert cli.parse_gres("gres:gpu") == GpuRequest(count=1)
+    assert cli.parse_gres("gres:mps:100,gres/gpu:h100:4") == GpuRequest(count=4, gpu_type="h100", slash=True)
+    assert cli.parse_gres("gpu:2(IDX:0,3)") == GpuRequest(count=2)
+    assert cli.parse_gres("gres/shard:2") is None and cli.parse_gres("(null)") is None
+    assert cli.expand_hostlist("node[1-2,5],gpu[08-10],login") == (
+        "node1", "node2", "node5", "gpu08", "gpu09", "gpu10", "login")
+    assert cli.expand_hostlist("(null)") == () and cli.expand_hostlist("") == ()
+
+
+# ------------------------------------------------------------------ argv builders (golden)
+def test_update_argv_per_node() -> None:
+    decision = Decision(42, config=CFG, site_factor=3000, time_limit_s=1501)
+    assert cli.update_argv(decision, pending(), NOW) == [
+        "scontrol", "update", "JobId=42", "NumNodes=2-2", "TresPerNode=gres:gpu:2", "TimeLimit=26",
+        "SiteFactor=3000", "AdminComment=" + token.encode_decision(CFG, int(NOW))]
+
+
+@pytest.mark.parametrize("req, expected", [
+    (GpuRequest("tres_per_job", 4), "TresPerJob=gres:gpu:4"),
+    (GpuRequest("tres_per_job", 3, "a100"), "TresPerJob=gres:gpu:a100:4"),
+    (GpuRequest("tres_per_node", 1, "a100", True), "TresPerNode=gres/gpu:a100:2"),
+    (GpuRequest("tres_per_node", 0), "TresPerNode=gres:gpu:2"),
+])
+def test_update_argv_keeps_the_jobs_gpu_form(req: GpuRequest, expected: str) -> None:
+    argv = cli.update_argv(Decision(7, config=CFG), pending(7, req), NOW)
+    assert argv is not None and argv[3:5] == ["NumNodes=2-2", expected]
+
+
+def test_update_argv_site_factor_only_and_nothing() -> None:
+    assert cli.update_argv(Decision(9, site_factor=-5), pending(9), NOW) == \
+        ["scontrol", "update", "JobId=9", "SiteFactor=-5"]
+    assert cli.update_argv(Decision(9), pending(9), NOW) is None
+    assert cli.apply_argvs(Decision(9, requeue=True, site_factor=1), pending(9), NOW) == [
+        ["scontrol", "requeue", "9"], ["scontrol", "update", "JobId=9", "SiteFactor=1"]]
+
+
+def test_update_argv_refuses_unresizable() -> None:
+    with pytest.raises(BackendError, match="tres_per_task"):
+        cli.update_argv(Decision(1, config=CFG), pending(1, GpuRequest("tres_per_task", 1)), NOW)
+    odd = ExecConfig(tp=1, pp=3, dp=1, micro_batch_size=1, num_micro_batches=3, num_nodes=2)
+    with pytest.raises(BackendError, match="whole GPU count"):
+        cli.update_argv(Decision(1, config=odd), pending(1), NOW)
+    with pytest.raises(BackendError, match="whitespace"):
+        cli._argv_value("AdminComment", "a b")
+
+
+# ------------------------------------------------------------------ backend
+def test_snapshot_uses_three_batched_calls_and_site_factors() -> None:
+    run = recorded_runner()
+    view = cli.SlurmCliBackend(run=run, clock=lambda: NOW).snapshot()
+    assert run.calls == [cli.SQUEUE_JSON_ARGV, cli.NODES_ARGV, cli.SPRIO_ARGV]
+    assert view.now == NOW and len(view.nodes) == 4 and view.free_gpus == 0
+    assert view.job(5).site_factor == 5000 and view.job(4).site_factor == 0
+    assert {j.job_id for j in view.pending} == {4, 5, 6, 7, 8, 9}
+
+
+def test_snapshot_partition_filter_and_text_source() -> None:
+    run = recorded_runner()
+    view = cli.SlurmCliBackend(run=run, partitions=["other"], read_site_factors=False).snapshot()
+    assert view.jobs == () and view.nodes == ()
+    view = cli.SlurmCliBackend(run=run, job_source="text", read_site_factors=False).snapshot()
+    assert run.calls[-2:] == [cli.SCONTROL_JOBS_ARGV, cli.NODES_ARGV] and len(view.jobs) == 9
+
+
+def test_snapshot_falls_back_to_text_once() -> None:
+    run = recorded_runner()
+    run.answers[tuple(cli.SQUEUE_JSON_ARGV)] = BackendError("squeue --json failed (exit 1): "
+                                                            "squeue: unrecognized option '--json'")
+    backend = cli.SlurmCliBackend(run=run, read_site_factors=False)
+    assert len(backend.snapshot().jobs) == 9 and len(backend.snapshot().jobs) == 9
+    assert run.calls.count(cli.SQUEUE_JSON_ARGV) == 1
+
+
+def test_snapshot_controller_down_is_backend_error() -> None:
+    run = recorded_runner("squeue-22.05-ctld-down.json")
+    with pytest.raises(BackendError) as info:
+        cli.SlurmCliBackend(run=run).snapshot()
+    assert not isinstance(info.value, JobGone)
+
+
+def test_snapshot_sprio_failure_is_tolerated() -> None:
+    run = recorded_runner()
+    run.answers[tuple(cli.SPRIO_ARGV)] = BackendError("sprio failed (exit 1): priority/basic")
+    assert cli.SlurmCliBackend(run=run).snapshot().job(5).site_factor == 0
+
+
+@pytest.mark.parametrize("file_name, gone", [
+    ("err-invalid-job-22.05.txt", True), ("err-finished-job-22.05.txt", True),
+    ("err-ctld-down-22.05.txt", False), ("err-typed-untyped-22.05.txt", False)])
+def test_apply_maps_scontrol_errors(file_name: str, gone: bool) -> None:
+    message = "scontrol update failed (exit 1): " + read(file_name).splitlines()[0]
+    run = FakeRunner({("scontrol", "update"): BackendError(message)})
+    with pytest.raises(BackendError) as info:
+        cli.SlurmCliBackend(run=run, clock=lambda: NOW).apply(Decision(42, site_factor=1), pending())
+    assert isinstance(info.value, JobGone) is gone
+
+
+def test_apply_runs_requeue_then_update_and_skips_unmanaged() -> None:
+    run = FakeRunner({})
+    backend = cli.SlurmCliBackend(run=run, clock=lambda: NOW)
+    running = Job(job_id=3, state="RUNNING", submit_time=0.0, opted_in=True)
+    backend.apply(Decision(3, config=CFG, requeue=True), running)
+    assert [c[:2] for c in run.calls] == [["scontrol", "requeue"], ["scontrol", "update"]]
+    with pytest.raises(JobGone):
+        backend.apply(Decision(3, config=CFG), running)
+    backend.apply(Decision(8, site_factor=10), Job(job_id=8, state="PENDING", submit_time=0.0))
+    assert len(run.calls) == 2
+
+
+def test_subprocess_runner_errors() -> None:
+    runner = cli.SubprocessRunner(timeout_s=5)
+    assert runner([sys.executable, "-c", "print('ok')"]) == "ok\n"
+    with pytest.raises(BackendError, match=r"exit 3\): boom"):
+        runner([sys.executable, "-c", "import sys; sys.stderr.write('boom\\nmore\\n'); sys.exit(3)"])
+    with pytest.raises(BackendError, match="command not found"):
+        runner(["/nonexistent/squeue"])
+    with pytest.raises(BackendError, match="timed out"):
+        cli.SubprocessRunner(timeout_s=0.2)([sys.executable, "-c", "import time; time.sleep(5)"])
+
+
+# ------------------------------------------------------------------ detection
+def test_detect_prefers_matching_pyslurm() -> None:
+    def probe(pyslurm: str | None, slurm: str | None, conf: bool = True, imports: bool = True,
+              squeue: bool = True) -> str:
+        return detect.detect_backend(lambda: pyslurm, lambda: slurm, lambda: conf, lambda: imports,
+                                     lambda name: "/usr/bin/squeue" if squeue else None)
+
+    assert probe("25.11.2", "slurm 25.11.7") == "pyslurm"
+    assert probe("25.11.2", "slurm 22.05.8") == "cli"
+    assert probe("25.11.2", "slurm 25.11.7", conf=False) == "cli"
+    assert probe("25.11.2", "slurm 25.11.7", imports=False) == "cli"
+    assert probe(None, "slurm 22.05.8") == "cli"
+    with pytest.raises(BackendError, match="no Slurm found"):
+        probe(None, None, squeue=False)
+
+
+def test_detect_helpers(tmp_path: Path) -> None:
+    assert detect.major_minor("slurm 22.05.8") == "22.05" == detect.major_minor("22.5.1")
+    assert detect.major_minor("slurm-wlm 24.11.5") == "24.11" and detect.major_minor("") is None
+    conf = tmp_path / "slurm.conf"
+    assert not detect.slurm_conf_reachable({"SLURM_CONF": str(conf)})
+    conf.write_text("ClusterName=x\n")
+    assert detect.slurm_conf_reachable({"SLURM_CONF": str(conf)})
+
+
+def test_detect_never_imports_pyslurm() -> None:
+    code = ("import sys; from pipeswift_slurm.backends import detect, slurm_cli, pyslurm_; "
+            "detect.slurm_conf_reachable(); assert 'pyslurm' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
