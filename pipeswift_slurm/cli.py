@@ -32,7 +32,7 @@ class Obj:
         try:
             return get_gpu_type(name, self.hardware)
         except HardwareError as exc:
-            fail(str(exc))
+            fail("--gpu-type: %s" % exc)
 
 
 pass_obj = click.make_pass_decorator(Obj)
@@ -210,7 +210,16 @@ def _print_plan(result: Any, rows: list[dict[str, Any]], gpu: GpuType, explain: 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Console-script entry point."""
-    pipeswift.main(args=list(argv) if argv is not None else None, prog_name="pipeswift")
+    try:
+        pipeswift.main(args=list(argv) if argv is not None else None, prog_name="pipeswift",
+                       standalone_mode=False)
+    except click.UsageError as exc:
+        hint = " (see '%s --help')" % exc.ctx.command_path if exc.ctx is not None else ""
+        fail("%s%s" % (exc.format_message(), hint))
+    except click.ClickException as exc:
+        fail(exc.format_message(), exc.exit_code)
+    except click.Abort:
+        fail("aborted", 1)
 
 
 if __name__ == "__main__":

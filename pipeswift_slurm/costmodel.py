@@ -132,8 +132,8 @@ class CostModel:
     def _logits_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
         """Output layer on the last stage: 6*b*s*h*V_pad FLOPs (fwd + bwd), split over tp*cp."""
         shape = profile.shape
-        flops = 6 * cfg.micro_batch_size * shape.seq_length * shape.hidden_size * shape.padded_vocab_size(cfg.tp)
-        flops /= cfg.tp * cfg.cp
+        flops = (6.0 * cfg.micro_batch_size * shape.seq_length * shape.hidden_size
+                 * shape.padded_vocab_size(cfg.tp) / (cfg.tp * cfg.cp))
         peak = self.gpu.fp32_tflops if profile.plan.precision == "fp32" else self.gpu.peak_tflops
         return flops / (peak * 1e12 * self.gpu.efficiency(flops / 3e9))
 

@@ -307,10 +307,12 @@ def stage_layers(num_layers: int, config: ExecConfig) -> Optional[list[int]]:
         return [num_layers // pp] * pp if num_layers % pp == 0 else None
     if pp < 2:
         return None
+    if (first is not None and first < 1) or (last is not None and last < 1):
+        return None
     middle_layers = num_layers - (first or 0) - (last or 0)
     middle_stages = pp - (first is not None) - (last is not None)
     if middle_layers < 0 or (middle_stages == 0 and middle_layers) or (
-            middle_stages and middle_layers % middle_stages):
+            middle_stages and (middle_layers < middle_stages or middle_layers % middle_stages)):
         return None
     per = middle_layers // middle_stages if middle_stages else 0
     layers = [per] * pp
@@ -355,9 +357,9 @@ def _batch_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
     ramp = profile.plan.rampup_batch_size
     if ramp is not None:
         start, inc, samples = ramp
-        if start < 1 or inc < 1 or samples < 0 or (gbs - start) % inc:
-            out.append(Problem("--rampup-batch-size", "start %d, increment %d must be positive and"
-                               " (global %d - start) divisible by increment" % (start, inc, gbs)))
+        if start < 1 or inc < 1 or samples < 0 or start > gbs or (gbs - start) % inc:
+            out.append(Problem("--rampup-batch-size", "start %d, increment %d must be positive, start at"
+                               " most global %d, and (global - start) divisible by increment" % (start, inc, gbs)))
         elif any(b % step for b in range(start, gbs + 1, inc)):
             out.append(Problem("--rampup-batch-size", "an intermediate batch size is not divisible by"
                                " micro batch size %d times dp %d" % (cfg.micro_batch_size, cfg.dp)))

@@ -372,7 +372,7 @@ def _record_assignment(words: list[str], env: dict[str, list[str]]) -> bool:
             items[-1] = items[-1][:-1]
         env[name] = _expand([w for w in items if w], env)
     elif len(words) == 1:
-        env[name] = _expand(_split_words(first), env)
+        env[name] = _expand(first.split(), env)
     else:
         return False  # X=1 cmd ...: an assignment for one command
     return True
@@ -384,7 +384,7 @@ def find_commands(lines: Sequence[str], environ: Optional[dict[str, str]] = None
     Variables come from the script's own plain assignments and from ``environ`` (the
     submit environment, which the job inherits); others stay as written. Nothing runs.
     """
-    env = {k: [v] for k, v in (environ or {}).items()}
+    env = {k: v.split() for k, v in (environ or {}).items()}  # unquoted $X splits on blanks
     out: list[Command] = []
     for first, text in logical_lines(lines):
         _, starts, _ = _scan_shell(text)
@@ -605,7 +605,7 @@ def find_sbatch(environ: dict[str, str]) -> Optional[str]:
     wanted = environ.get("PIPESWIFT_SBATCH") or "sbatch"
     me = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     if os.sep in wanted:
-        return wanted
+        return wanted if os.path.isfile(wanted) and os.access(wanted, os.X_OK) else None
     for folder in environ.get("PATH", os.defpath).split(os.pathsep):
         path = os.path.join(folder or ".", wanted)
         if os.path.isfile(path) and os.access(path, os.X_OK) and os.path.realpath(path) != me:
@@ -621,7 +621,7 @@ def _warn(message: str) -> None:
 def _run(sbatch: str, argv: list[str], stdin: Optional[bytes], script: Optional[tuple[int, str, str]]) -> int:
     """Run sbatch with stdout/stderr passed through; exec it when nothing needs cleanup."""
     if stdin is None and script is None:
-        os.execv(sbatch, [sbatch] + argv)
+        os.execv(sbatch, ["sbatch"] + argv)  # argv[0] as typed: sbatch's messages name it
     import subprocess
     import tempfile
 
@@ -634,7 +634,7 @@ def _run(sbatch: str, argv: list[str], stdin: Optional[bytes], script: Optional[
             with open(path, "wb") as fh:
                 fh.write(text.encode("utf-8", "surrogateescape"))
             argv = argv[:index] + [path] + argv[index + 1:]
-        return subprocess.run([sbatch] + argv, input=stdin, check=False).returncode
+        return subprocess.run(["sbatch"] + argv, executable=sbatch, input=stdin, check=False).returncode
     finally:
         if folder:
             for entry in os.listdir(folder):

@@ -20,6 +20,8 @@ Each tick (pure; only ``view.now`` as the clock):
    scaled by the predicted run-time ratio. Running jobs are never touched unless
    ``reshape_running`` is on, and then only when the predicted gain exceeds the switch
    cost (a restart) by ``reshape_margin``.
+Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chosen);
+``reconfigure=False`` also keeps the user's config (order and waiting only).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class PipeSwiftPolicy:
 
     def __init__(self, wait_bound_s: float = 48 * 3600.0, promote_fraction: float = 0.5, aging: float = 0.5,
                  start_margin: float = 0.1, plan_depth: int = 64, site_factor_max: int = 100_000_000,
-                 reshape_running: bool = False, reshape_margin: float = 0.2):
+                 reshape_running: bool = False, reshape_margin: float = 0.2, resize: bool = True,
+                 reconfigure: bool = True):
         self.wait_bound_s = wait_bound_s
         self.promote_fraction = promote_fraction
         self.aging = aging
@@ -55,6 +58,8 @@ class PipeSwiftPolicy:
         self.site_factor_max = site_factor_max
         self.reshape_running = reshape_running
         self.reshape_margin = reshape_margin
+        self.resize = resize
+        self.reconfigure = reconfigure
         self._options: dict[int, tuple[JobProfile, int, tuple[Option, ...]]] = {}
 
     # ------------------------------------------------------------ options and order
@@ -62,9 +67,19 @@ class PipeSwiftPolicy:
         """Cached per job (the profile object and cluster size must match)."""
         hit = self._options.get(job.job_id)
         if hit is None or hit[0] is not profile or hit[1] != total_gpus:
-            hit = (profile, total_gpus, job_options(profile, estimator, total_gpus))
+            hit = (profile, total_gpus, self._job_options(profile, estimator, total_gpus))
             self._options[job.job_id] = hit
         return hit[2]
+
+    def _job_options(self, profile: JobProfile, estimator: Any, total_gpus: int) -> tuple[Option, ...]:
+        """All counts and best configs; ablations keep the user's count (no resize) or
+        the user's config (no reconfigure)."""
+        user = profile.requested
+        if not self.reconfigure:
+            return (Option(user.gpus, user, estimator.run_time_s(profile, user)),)
+        if not self.resize:
+            profile = profile.with_range(user.gpus, user.gpus)
+        return job_options(profile, estimator, total_gpus)
 
     def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float) -> list[Job]:
         promote_s = self.promote_fraction * self.wait_bound_s
@@ -134,4 +149,33 @@ class PipeSwiftPolicy:
             if option is not None and option.config == current_config(job, profile) and job.config is not None:
                 option = None
             out.append(decision_for(job, profile, option, factors[job.job_id], plan.reason, estimator, plan.start_s))
+        if self.reshape_running and not any(d.config is not None and d.predicted_start_s == now for d in out):
+            out += self._reshapes(view, profiles, estimator, sum(free))
+        return out
+
+    def _reshapes(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
+                  idle_gpus: int) -> list[Decision]:
+        """Requeue a running flexible job when restarting it on its GPUs plus the idle ones
+        is predicted to finish sooner than continuing, by more than the switch cost (the
+        restart's startup is inside the new run time) times (1 + reshape_margin)."""
+        now, out = view.now, []
+        for job in sorted(view.running, key=lambda j: j.job_id):
+            profile = profiles.get(job.job_id)
+            if profile is None or not profile.flexible or idle_gpus <= 0 or job.start_time is None:
+                continue
+            config = current_config(job, profile)
+            iter_s = estimator.run_time_s(profile, config, 1) - estimator.run_time_s(profile, config, 0)
+            elapsed_iters = max(0.0, (now - job.start_time - estimator.startup_s(profile)) / max(iter_s, 1e-9))
+            remaining = max(0, profile.plan.iterations - int(elapsed_iters))
+            left_s = remaining * iter_s
+            target = min(profile.gpu_range[1], job.gpus + idle_gpus)
+            best = estimator.best(profile, target)
+            if best is None or best.config.gpus <= job.gpus:
+                continue
+            new_s = estimator.run_time_s(profile, best.config, remaining)
+            if new_s * (1 + self.reshape_margin) < left_s:
+                out.append(Decision(job.job_id, requeue=True, site_factor=self.site_factor_max,
+                                    reason="reshape to %d GPUs: %.0f s instead of %.0f s left"
+                                    % (best.config.gpus, new_s, left_s)))
+                idle_gpus -= best.config.gpus - job.gpus
         return out

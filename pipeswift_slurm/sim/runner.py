@@ -1,0 +1,136 @@
+"""Run several policies on one workload and cluster, side by side: what ``pipeswift
+simulate``, ``pipeswift demo`` and the benches call. Builds the workload, one estimator
+and truth model per run, the Simulation per policy, and the metrics. No formatting."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, Sequence
+
+from ..costmodel import CostModel
+from ..estimator import Estimator
+from ..hardware import GpuType
+from ..policy import get_policy
+from .engine import SimResult, SimSettings, Simulation
+from .metrics import lower_bound_s, summarize
+from .workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
+                       read_trace, rescale_load, select_window, synthetic_trace)
+
+log = logging.getLogger(__name__)
+
+ALL_POLICIES = ("fifo", "slurm", "sjf", "tiresias", "pipeswift")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that defines a comparison (CLI options map one to one).
+
+    ``workload`` None means the synthetic LLM-cluster generator with ``synthetic_jobs``
+    jobs. ``load`` None keeps the trace's own arrival times. ``class_bias`` is
+    ((job_class prefix, true/predicted ratio), ...) for the truth; ``noise_sigma`` the
+    log-normal per-job noise of the truth.
+    """
+
+    gpus: int = 64
+    gpus_per_node: int = 8
+    gpu: Optional[GpuType] = None
+    workload: Optional[str] = None
+    synthetic_jobs: int = 400
+    load: Optional[float] = 0.9
+    policies: Sequence[str] = ALL_POLICIES
+    seed: int = 1
+    start_day: float = 0.0
+    window_days: Optional[float] = None
+    flex: float = 1.0
+    tick_interval_s: float = 60.0
+    wait_bound_s: float = 48 * 3600.0
+    drop_oversized: bool = False
+    class_bias: tuple[tuple[str, float], ...] = ()
+    noise_sigma: float = 0.0
+    cluster_filter: Optional[str] = None
+    policy_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Comparison:
+    """Per-policy metrics (in the order run), the workload facts and the raw results."""
+
+    spec: RunSpec
+    workload: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    results: list[SimResult]
+    jobs: list[WorkloadJob]
+
+
+def trace_rows(spec: RunSpec) -> list[TraceRow]:
+    """The trace rows of the spec: a file slice (optionally re-loaded) or the generator.
+
+    Raises:
+        WorkloadError: unreadable/malformed file or an empty window.
+    """
+    if spec.workload is None:
+        return synthetic_trace(spec.synthetic_jobs, spec.gpus, spec.load or 0.9, spec.seed)
+    rows = read_trace(spec.workload)
+    if spec.cluster_filter:
+        rows = [r for r in rows if r.category == spec.cluster_filter]
+    rows = select_window(rows, spec.start_day, spec.window_days)
+    if not rows:
+        raise WorkloadError("%s: no job in the selected window (start day %g, %s days)"
+                            % (spec.workload, spec.start_day, spec.window_days or "all"))
+    return rescale_load(rows, spec.gpus, spec.load) if spec.load else rows
+
+
+def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[str, Any]]:
+    """Workload jobs plus a description (counts, offered load) for the report."""
+    if spec.gpus % spec.gpus_per_node:
+        raise WorkloadError("--gpus %d is not a multiple of --gpus-per-node %d" % (spec.gpus, spec.gpus_per_node))
+    rows = trace_rows(spec)
+    conv = Conversion(cost, spec.gpus, spec.gpus_per_node, flex=spec.flex, seed=spec.seed,
+                      class_bias=spec.class_bias, noise_sigma=spec.noise_sigma)
+    jobs = build_workload(rows, conv, drop_oversized=spec.drop_oversized)
+    facts = {"source": spec.workload or "synthetic", "jobs": len(jobs), "dropped_oversized": len(rows) - len(jobs),
+             "offered_load": offered_load(rows, spec.gpus),
+             "span_days": (max(r.submit_s for r in rows) - min(r.submit_s for r in rows)) / 86400.0 if rows else 0.0,
+             "flexible_jobs": sum(1 for j in jobs if j.profile.flexible)}
+    return jobs, facts
+
+
+def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = None,
+                   on_tick: Optional[Callable[[str, float, Any], None]] = None) -> Comparison:
+    """Simulate every policy of ``spec`` on the same workload, cluster and seed.
+
+    Args:
+        spec: the run.
+        store_for: policy name -> Store to record that run's ticks into (or None).
+        on_tick: progress callback (policy name, simulated time, tick report).
+    """
+    from ..hardware import DEFAULT_GPU_TYPE, get_gpu_type
+
+    gpu = spec.gpu or get_gpu_type(DEFAULT_GPU_TYPE)
+    truth = CostModel(gpu)
+    jobs, facts = build_jobs(spec, truth)
+    estimator = Estimator(CostModel(gpu), spec.gpus_per_node)
+    settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s)
+    metrics, results = [], []
+    for name in spec.policies:
+        base = name.split(":")[0]
+        knobs = dict(spec.policy_knobs.get(name, {}))
+        if base == "pipeswift":
+            knobs.setdefault("wait_bound_s", spec.wait_bound_s)
+        policy = get_policy(base, **knobs)
+        store = store_for(name) if store_for else None
+        tick_cb = (lambda now, rep, _n=name: on_tick(_n, now, rep)) if on_tick else None
+        t0 = time.perf_counter()
+        result = Simulation(jobs, policy, estimator, truth, settings, store=store, on_tick=tick_cb).run()
+        result.policy = name
+        log.info("%s: %d jobs simulated in %.1f s", name, len(jobs), time.perf_counter() - t0)
+        results.append(result)
+        metrics.append(summarize(result, jobs, spec.wait_bound_s))
+    facts["lower_bound_mean_jct_s"] = lower_bound_s(jobs, estimator, truth, spec.gpus)
+    return Comparison(spec, facts, metrics, results, jobs)
+
+
+def with_policies(spec: RunSpec, policies: Sequence[str]) -> RunSpec:
+    return replace(spec, policies=tuple(policies))

@@ -1,0 +1,159 @@
+"""The ``estimate`` and ``plan`` commands: text and JSON output, and bad input (one error
+line naming the flag, exit code 2, never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from pipeswift_slurm.cli import pipeswift
+
+ESTIMATE_KEYS = {"gpus", "config", "iter_time_s", "tflops_per_gpu", "mem_gib", "fits", "bubble_fraction",
+                 "num_micro_batches", "data_parallel_size", "job_time_s", "gpu_type"}
+PLAN_KEYS = {"gpu_type", "gpus", "valid_configs", "configs", "excluded"}
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def invoke(runner: CliRunner, *args: str) -> Result:
+    return runner.invoke(pipeswift, list(args), catch_exceptions=False)
+
+
+def layout_argv(gpt_argv: list[str]) -> list[str]:
+    return gpt_argv + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+
+
+def test_estimate_text(runner: CliRunner, gpt_argv: list[str]) -> None:
+    result = invoke(runner, "estimate", "--num-gpus", "8", "--", *layout_argv(gpt_argv))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for label in ("config", "gpu type", "iteration time", "model TFLOP/s per GPU", "memory per GPU",
+                  "bubble fraction", "micro-batches (M)", "data-parallel size", "job time"):
+        assert label in out, label
+    assert "tp2 pp2 dp2" in out and "A100-80GB" in out
+    assert "1000 iterations" in out
+    assert result.stderr == ""
+
+
+def test_estimate_json(runner: CliRunner, gpt_argv: list[str]) -> None:
+    result = invoke(runner, "estimate", "--num-gpus", "8", "--gpu-type", "h100-80gb", "--json", "--",
+                    *layout_argv(gpt_argv))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) == ESTIMATE_KEYS
+    assert data["gpus"] == 8 and data["gpu_type"] == "H100-80GB"
+    assert (data["config"]["tp"], data["config"]["pp"], data["config"]["dp"]) == (2, 2, 2)
+    assert data["data_parallel_size"] == 2 and data["num_micro_batches"] == 256
+    assert data["fits"] is True and 0 < data["mem_gib"] < 80
+    assert 0 < data["bubble_fraction"] < 1 and data["iter_time_s"] > 0 and data["tflops_per_gpu"] > 0
+    assert data["job_time_s"] > 1000 * data["iter_time_s"]  # plus the startup
+
+
+def test_estimate_reports_a_config_that_does_not_fit(runner: CliRunner) -> None:
+    big = ["--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64", "--seq-length", "2048",
+           "--global-batch-size", "512", "--bf16", "--train-iters", "10"]
+    text = invoke(runner, "estimate", "--", *big)
+    assert text.exit_code == 1 and "DOES NOT FIT" in text.stdout
+    data = json.loads(invoke(runner, "estimate", "--json", "--", *big).stdout)
+    assert data["fits"] is False and data["mem_gib"] > 80
+
+
+def test_plan_json_top_3(runner: CliRunner, gpt_argv: list[str]) -> None:
+    result = invoke(runner, "plan", "--gpus", "4-16", "--json", "--top", "3", "--", *gpt_argv)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) == PLAN_KEYS
+    assert data["gpu_type"] == "A100-80GB" and data["gpus"] == [4, 16]
+    assert len(data["configs"]) == 3 and data["valid_configs"] > 3
+    assert data["excluded"] == []
+    times = [row["iter_time_s"] for row in data["configs"]]
+    assert times == sorted(times)
+    for row in data["configs"]:
+        assert set(row) == ESTIMATE_KEYS - {"gpu_type"}
+        assert 4 <= row["gpus"] <= 16 and row["fits"] is True
+        cfg = row["config"]
+        assert cfg["tp"] * cfg["pp"] * cfg["cp"] * cfg["dp"] == row["gpus"]
+        assert 24 % cfg["pp"] == 0
+
+
+def test_plan_text_and_explain(runner: CliRunner, gpt_argv: list[str]) -> None:
+    result = invoke(runner, "plan", "--gpus", "5-6", "--explain", "--top", "2", "--", *gpt_argv)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "valid configs on A100-80GB" in out
+    assert "excluded (" in out
+    assert "gpus=5" in out and "cannot be split over 5 pipeline stages" in out
+
+
+def test_plan_explain_json_lists_reasons(runner: CliRunner, gpt_argv: list[str]) -> None:
+    data = json.loads(invoke(runner, "plan", "--gpus", "5", "--json", "--explain", "--", *gpt_argv).stdout)
+    assert data["valid_configs"] == 0 and data["configs"] == []
+    assert data["excluded"] and all(x["reason"] and x["gpus"] == 5 for x in data["excluded"])
+
+
+def test_plan_with_no_valid_config_fails_politely(runner: CliRunner, gpt_argv: list[str]) -> None:
+    result = invoke(runner, "plan", "--gpus", "5", "--", *gpt_argv)
+    assert result.exit_code == 1
+    assert "no valid config" in result.stderr and "Traceback" not in result.output
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    i = argv.index(flag)
+    return argv[:i] + argv[i + 2:]
+
+
+BAD_INPUT = {
+    "unknown gpu type": (["estimate", "--gpu-type", "X100-1TB", "--"], None, "--gpu-type"),
+    "non-integer layers": (["estimate", "--"], ("--num-layers", "abc"), "--num-layers"),
+    "heads not divisible by tp": (["estimate", "--"], ("--tensor-model-parallel-size", "3"),
+                                  "--tensor-model-parallel-size"),
+    "missing shape flag": (["estimate", "--"], ("drop", "--hidden-size"), "--hidden-size"),
+    "plan with non-integer layers": (["plan", "--gpus", "8", "--"], ("--num-layers", "abc"), "--num-layers"),
+    "plan with bad gpu range": (["plan", "--gpus", "16-4", "--"], None, "--gpus"),
+    "plan with unknown gpu type": (["plan", "--gpus", "8", "--gpu-type", "nope", "--"], None, "--gpu-type"),
+}
+
+
+def bad_argv(case: str, gpt_argv: list[str]) -> tuple[list[str], str]:
+    head, change, flag = BAD_INPUT[case]
+    megatron = list(gpt_argv)
+    if change and change[0] == "drop":
+        megatron = _without(megatron, change[1])
+    elif change and change[0] in megatron:
+        megatron[megatron.index(change[0]) + 1] = change[1]
+    elif change:
+        megatron += list(change)
+    return head + megatron, flag
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_is_one_line_naming_the_flag(runner: CliRunner, gpt_argv: list[str], case: str) -> None:
+    args, flag = bad_argv(case, gpt_argv)
+    result = runner.invoke(pipeswift, args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert flag in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+def test_bad_input_through_a_real_process(gpt_argv: list[str]) -> None:
+    args, flag = bad_argv("non-integer layers", gpt_argv)
+    proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "abc" in lines[0], proc.stderr
+    assert proc.stdout == ""

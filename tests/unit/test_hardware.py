@@ -1,0 +1,106 @@
+"""GPU table: built-ins, TOML overrides and new types, and the errors a user sees."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from pipeswift_slurm import hardware
+from pipeswift_slurm.hardware import HardwareError, get_gpu_type, load_gpu_types
+
+BUILTIN_NAMES = {"V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hardware.toml"
+    path.write_text(text)
+    return path
+
+
+def test_builtins_present() -> None:
+    types = load_gpu_types()
+    assert set(types) == BUILTIN_NAMES
+    assert hardware.DEFAULT_GPU_TYPE in types
+    for name, gpu in types.items():
+        assert gpu.name == name
+        assert gpu.peak_tflops > 0 and gpu.mem_gib > 0 and 0 < gpu.eff_max <= 1
+
+
+def test_builtin_numbers_are_ordered_sensibly() -> None:
+    types = load_gpu_types()
+    assert types["H100-80GB"].peak_tflops > types["A100-80GB"].peak_tflops > types["V100-32GB"].peak_tflops
+    assert types["A100-80GB"].mem_gib == 2 * types["A100-40GB"].mem_gib
+
+
+def test_lookup_is_case_insensitive() -> None:
+    assert get_gpu_type("a100-80gb") == get_gpu_type("A100-80GB")
+
+
+def test_efficiency_rises_with_work_towards_eff_max(a100: hardware.GpuType) -> None:
+    effs = [a100.efficiency(w) for w in (1, 15, 100, 10000)]
+    assert all(a < b for a, b in itertools.pairwise(effs))
+    assert a100.efficiency(a100.work_half_gflop) == pytest.approx(a100.eff_max / 2)
+    assert effs[-1] < a100.eff_max
+
+
+def test_toml_overrides_one_key_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = write(tmp_path, '[gpu."A100-80GB"]\nmem_gib = 40\n')
+    before = get_gpu_type("A100-80GB")
+    after = get_gpu_type("A100-80GB", path)
+    assert after.mem_gib == 40
+    assert after.peak_tflops == before.peak_tflops and after.nvlink_gbps == before.nvlink_gbps
+    assert get_gpu_type("A100-80GB") == before  # the built-in table itself is untouched
+
+
+def test_toml_adds_a_new_gpu_type(tmp_path: Path) -> None:
+    path = write(tmp_path, '[gpu."MI300X"]\npeak_tflops = 1307\nfp32_tflops = 163\nmem_gib = 192\n'
+                           'hbm_gbps = 5300\nnvlink_gbps = 448\ninter_node_gbps = 50\nstartup_s = 100\n')
+    types = load_gpu_types(path)
+    assert set(types) == BUILTIN_NAMES | {"MI300X"}
+    new = get_gpu_type("MI300X", path)
+    assert (new.peak_tflops, new.mem_gib, new.startup_s) == (1307, 192, 100)
+    assert new.eff_max == hardware.GpuType.__dataclass_fields__["eff_max"].default
+
+
+def test_toml_unknown_key_names_file_and_key(tmp_path: Path) -> None:
+    path = write(tmp_path, '[gpu."A100-80GB"]\nmemory_gb = 80\n')
+    with pytest.raises(HardwareError) as err:
+        load_gpu_types(path)
+    assert str(path) in str(err.value)
+    assert "memory_gb" in str(err.value)
+    assert "mem_gib" in str(err.value)  # the known keys are listed
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('[gpu."A100-80GB"]\nmem_gib = "lots"\n', "mem_gib"),
+    ('[gpu."A100-80GB"]\nmem_gib = -1\n', "mem_gib"),
+    ('[gpu."NEW"]\nmem_gib = 10\n', "NEW"),  # a new type must give the required numbers
+    ('[gpu."A100-80GB"\n', "cannot read"),
+])
+def test_toml_bad_values_are_clear(tmp_path: Path, text: str, fragment: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(HardwareError) as err:
+        load_gpu_types(path)
+    assert str(path) in str(err.value) and fragment in str(err.value)
+
+
+def test_missing_hardware_file_is_a_hardware_error(tmp_path: Path) -> None:
+    with pytest.raises(HardwareError, match="cannot read"):
+        load_gpu_types(tmp_path / "nope.toml")
+
+
+def test_unknown_type_lists_known_ones() -> None:
+    with pytest.raises(HardwareError) as err:
+        get_gpu_type("X100-1TB")
+    message = str(err.value)
+    assert "X100-1TB" in message
+    assert all(name in message for name in BUILTIN_NAMES)
+
+
+def test_unknown_type_lists_types_from_the_file_too(tmp_path: Path) -> None:
+    path = write(tmp_path, '[gpu."L40S"]\npeak_tflops = 362\nfp32_tflops = 91\nmem_gib = 48\n'
+                           'hbm_gbps = 864\nnvlink_gbps = 32\ninter_node_gbps = 25\n')
+    with pytest.raises(HardwareError, match="L40S"):
+        get_gpu_type("X100-1TB", path)

@@ -1,0 +1,143 @@
+"""Planner and Estimator: ranked configs are valid, fit and sorted; job limits are honoured;
+explain says why configs were left out; the calibration bias scales run times."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeswift_slurm import hardware
+from pipeswift_slurm.costmodel import CostModel
+from pipeswift_slurm.estimator import Estimator
+from pipeswift_slurm.megatron import check_config, profile_from_argv
+from pipeswift_slurm.model import JobProfile
+from pipeswift_slurm.planner import Planner
+
+# the conftest ``gpt_argv`` shape, for module-scoped fixtures shared across hypothesis examples
+GPT_ARGV = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+            "--global-batch-size", "512", "--bf16", "--train-iters", "1000"]
+
+
+@pytest.fixture
+def planner(cost: CostModel) -> Planner:
+    return Planner(cost, gpus_per_node=8)
+
+
+def test_every_ranked_config_is_valid_fits_and_is_sorted(profile: JobProfile, planner: Planner,
+                                                         cost: CostModel) -> None:
+    prof = profile.with_range(1, 16)
+    result = planner.plan(prof, 1, 16)
+    assert len(result.ranked) > 10
+    for est in result.ranked:
+        assert check_config(prof, est.config) == [], est.config
+        assert est.fits and est.mem_gib <= cost.gpu.mem_gib
+        assert 1 <= est.config.gpus <= 16
+    times = [e.iter_time_s for e in result.ranked]
+    assert times == sorted(times)
+    assert result.excluded == []  # only with explain
+
+
+def test_ranked_per_gpu_count_is_sorted_and_exact(profile: JobProfile, planner: Planner) -> None:
+    prof = profile.with_range(1, 64)
+    ranked = planner.ranked(prof, 8)
+    assert ranked and all(e.config.gpus == 8 for e in ranked)
+    assert [e.iter_time_s for e in ranked] == sorted(e.iter_time_s for e in ranked)
+    assert planner.best(prof, 8) == ranked[0]
+
+
+def test_allowed_pp_restricts_pipeline_sizes(profile: JobProfile, planner: Planner) -> None:
+    prof = replace(profile.with_range(1, 16), allowed_pp=(2,))
+    result = planner.plan(prof, 1, 16)
+    assert result.ranked
+    assert {e.config.pp for e in result.ranked} == {2}
+
+
+def test_min_micro_batch_is_honoured(profile: JobProfile, planner: Planner) -> None:
+    prof = replace(profile.with_range(8, 8), min_micro_batch_size=4)
+    ranked = planner.ranked(prof, 8)
+    assert ranked and min(e.config.micro_batch_size for e in ranked) == 4
+
+
+def test_three_gpu_fragment_gets_a_valid_layout(profile: JobProfile, planner: Planner) -> None:
+    prof = profile.with_range(1, 16)
+    best = planner.best(prof, 3)
+    assert best is not None
+    cfg = best.config
+    assert cfg.gpus == 3 and (cfg.num_nodes, cfg.gpus_per_node) == (1, 3)
+    assert cfg.pp == 3 or (cfg.tp * cfg.dp == 3 and cfg.pp == 1)
+    assert check_config(prof, cfg) == []
+    assert [e.config.pp for e in planner.ranked(prof, 3)] == [3] * len(planner.ranked(prof, 3))
+
+
+def test_explain_lists_excluded_configs_with_reasons(profile: JobProfile, planner: Planner) -> None:
+    prof = profile.with_range(1, 16)
+    result = planner.plan(prof, 5, 5, explain=True)
+    assert result.ranked == []  # 5 GPUs: pp=5 does not split 24 layers, dp=5 does not divide 512
+    assert result.excluded
+    assert all(x.reason for x in result.excluded)
+    by_pp = {x.config.pp: x.reason for x in result.excluded if x.config is not None and x.config.tp == 1}
+    assert "--pipeline-model-parallel-size" in by_pp[5]
+    assert "--global-batch-size" in by_pp[1]
+
+
+def test_explain_reports_memory_exclusions(cost: CostModel) -> None:
+    big = profile_from_argv(["--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64",
+                             "--seq-length", "2048", "--global-batch-size", "64", "--bf16", "--train-iters", "10"])
+    excluded = Planner(cost, 8).explain_exclusions(big.with_range(1, 8), 1)
+    assert any(x.config is not None and "GiB" in x.reason and "A100-80GB" in x.reason for x in excluded)
+
+
+def test_explain_out_of_range_gpu_count_says_so(profile: JobProfile, planner: Planner) -> None:
+    prof = profile.with_range(4, 8)
+    excluded = planner.explain_exclusions(prof, 16)
+    assert excluded[0].config is None
+    assert "outside" in excluded[0].reason and "4-8" in excluded[0].reason
+    assert planner.ranked(prof, 16) == []
+    result = planner.plan(prof, 2, 16, explain=True)
+    assert all(4 <= e.config.gpus <= 8 for e in result.ranked)
+    whole_counts = {x.gpus for x in result.excluded if x.config is None and "outside" in x.reason}
+    assert whole_counts == {2, 3} | set(range(9, 17))
+
+
+def test_estimator_bias_multiplies_run_time(profile: JobProfile, cost: CostModel) -> None:
+    cfg = Planner(cost, 8).best(profile.with_range(8, 8), 8).config  # type: ignore[union-attr]
+    plain = Estimator(cost, 8)
+    biased = plain.with_bias({profile.job_class: 1.5})
+    assert plain.run_time_s(profile, cfg) == pytest.approx(cost.job_time_s(profile, cfg))
+    assert biased.run_time_s(profile, cfg) == pytest.approx(1.5 * cost.job_time_s(profile, cfg))
+    other_class = replace(profile, job_class="something-else")
+    assert biased.run_time_s(other_class, cfg) == pytest.approx(cost.job_time_s(other_class, cfg))
+    prof8 = profile.with_range(8, 8)
+    best_plain, best_biased = plain.best_run_time_s(prof8, 8), biased.best_run_time_s(prof8, 8)
+    assert best_plain is not None and best_biased is not None
+    assert best_biased[0] == best_plain[0]  # bias changes the time, not the choice
+    assert best_biased[1] == pytest.approx(1.5 * best_plain[1])
+
+
+@pytest.fixture(scope="module")
+def shared_planner() -> Planner:
+    return Planner(CostModel(hardware.get_gpu_type("A100-80GB")), gpus_per_node=8)
+
+
+@pytest.fixture(scope="module")
+def wide_profile() -> JobProfile:
+    return profile_from_argv(GPT_ARGV).with_range(1, 64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(gpus=st.integers(1, 64))
+def test_best_config_uses_all_gpus_and_splits_layers_evenly(shared_planner: Planner, wide_profile: JobProfile,
+                                                             gpus: int) -> None:
+    best = shared_planner.best(wide_profile, gpus)
+    if gpus & (gpus - 1) == 0:  # powers of two always have a layout for 512 samples and 16 heads
+        assert best is not None
+    if best is None:
+        return
+    cfg = best.config
+    assert cfg.world_size == gpus == cfg.num_nodes * cfg.gpus_per_node
+    assert wide_profile.shape.num_layers % cfg.pp == 0
+    assert cfg.decoder_first_pipeline_num_layers is None and cfg.decoder_last_pipeline_num_layers is None
+    assert check_config(wide_profile, cfg) == []
