@@ -222,5 +222,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         fail("aborted", 1)
 
 
+# Commands living in their own modules register themselves on the group when imported.
+from . import cli_sim  # noqa: E402,F401
+
 if __name__ == "__main__":
-    main()
+    # Run through the package module so every command is registered on one group.
+    from pipeswift_slurm.cli import main as _main
+
+    _main()

@@ -127,7 +127,13 @@ class Controller:
         return ""
 
     def tick(self) -> TickReport:
-        """One tick. Raises BackendError when the cluster cannot be observed."""
+        """One tick.
+
+        Raises:
+            BackendError: the cluster could not be observed (nothing is recorded), or it
+                stopped answering while acting (acting stops; what was applied, and the
+                failure, are recorded so the database matches Slurm).
+        """
         started = self.clock()
         view = self.backend.snapshot()
         report = TickReport(view=view)
@@ -147,10 +153,13 @@ class Controller:
             if not todo.changes_anything:
                 continue
             report.decisions.append(todo)
-            self._act(todo, job, report)
+            if report.failed is None:
+                self._act(todo, job, report)
         report.duration_s = self.clock() - started
         if self.store is not None:
             self._record(report, profiles)
+        if report.failed is not None:
+            raise BackendError(report.failed)
         return report
 
     def _act(self, decision: Decision, job: Job, report: TickReport) -> None:
@@ -165,7 +174,6 @@ class Controller:
         except BackendError as exc:
             report.errors.append((decision.job_id, str(exc)))
             report.failed = str(exc)
-            raise
 
     def _record(self, report: TickReport, profiles: dict[int, JobProfile]) -> None:
         from .recording import record_tick

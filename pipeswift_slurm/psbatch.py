@@ -683,7 +683,7 @@ def submit(raw: Sequence[str], environ: dict[str, str], stdin: object = None) ->
             plan = plan_job(argv, pairs, source.text, environ)
         elif pairs:
             warning = "cannot read the job script"
-    except Exception as exc:  # noqa: BLE001 - a submission is never lost to psbatch's own bugs
+    except Exception as exc:  # a submission is never lost to psbatch's own bugs
         log.debug("psbatch could not enrich the job", exc_info=True)
         warning = _describe(exc)
         plan = None

@@ -45,6 +45,7 @@ class SimJob:
     attained_gpu_s: float = 0.0
     restarts: int = 0
     version: int = 0
+    seen_version: int = -1
     view: Optional[Job] = field(default=None, repr=False)
 
     @property
@@ -83,6 +84,7 @@ class SimBackend:
         self.running: dict[int, SimJob] = {}
         self.now = 0.0
         self.updates = 0
+        self._finished: list[SimJob] = []
 
     # ------------------------------------------------------------ engine side
     def submit(self, job: SimJob) -> None:
@@ -97,26 +99,30 @@ class SimBackend:
         job.state, job.end_s = "COMPLETED", now
         job.attained_gpu_s += (now - (job.start_s or now)) * job.gpus
         job.version += 1
+        self._finished.append(job)
         return job
 
     # ------------------------------------------------------------ Backend seam
     def snapshot(self) -> ClusterView:
         nodes = tuple(Node("node%d" % (i + 1), self.gpus_per_node, self.gpus_per_node - f, "IDLE" if
                            f == self.gpus_per_node else "MIXED", self.gpu_type) for i, f in enumerate(self.free))
-        jobs = tuple(self._view(j) for j in (*self.running.values(), *self.pending.values()))
+        # Like Slurm's MinJobAge, a finished job stays visible until the next snapshot.
+        jobs = tuple(self._view(j) for j in (*self._finished, *self.running.values(), *self.pending.values()))
+        self._finished = []
         return ClusterView(now=self.now, nodes=nodes, jobs=jobs)
 
     def _view(self, job: SimJob) -> Job:
-        if job.view is None or job.view.restarts != job.restarts or getattr(job, "_seen", -1) != job.version:
+        if job.view is None or job.seen_version != job.version:
             job.view = Job(job_id=job.job_id, state=job.state, submit_time=job.submit_s, num_nodes=job.num_nodes,
                            gpus=job.gpus, priority=job.site_factor, user=job.user, name=job.name,
-                           start_time=job.start_s if job.state == RUNNING else None, time_limit_s=job.time_limit_s,
+                           start_time=job.start_s if job.state != PENDING else None, end_time=job.end_s,
+                           time_limit_s=job.time_limit_s,
                            site_factor=job.site_factor, opted_in=True, comment=job.comment,
                            admin_comment=job.admin_comment, config=job.config,
                            node_list=tuple("node%d" % (n + 1) for n in job.placement),
                            gpu_request=GpuRequest("tres_per_node", job.gpus_per_node),
                            attained_gpu_s=job.attained_gpu_s, restarts=job.restarts)
-            job._seen = job.version  # type: ignore[attr-defined]
+            job.seen_version = job.version
         return job.view
 
     def apply(self, decision: Decision, job: Job) -> None:

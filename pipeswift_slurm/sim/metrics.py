@@ -1,8 +1,8 @@
 """Metrics of a simulation run: JCT statistics, per size class, queue-time ratio, waits,
 utilisation, reconfigurations, decision cost, and the isolated-run lower bound.
 
-Size classes by the job's GPU-time as submitted (requested GPUs x recorded duration):
-small < 8 GPU-hours <= medium < 256 GPU-hours <= large. Pure: no I/O.
+Size classes (``sizeclass.size_class``, the same rule as the store and reports) use the
+job's GPU-time as submitted: requested GPUs x recorded duration. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -10,20 +10,9 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Optional, Sequence
 
+from ..sizeclass import size_class
 from .engine import SimResult
 from .workload import WorkloadJob
-
-SMALL_MAX_GPU_H = 8.0
-MEDIUM_MAX_GPU_H = 256.0
-
-
-def size_class(gpus: int, run_s: float) -> str:
-    """'small', 'medium' or 'large' by GPU-hours (thresholds in the module docstring)."""
-    gpu_h = gpus * run_s / 3600.0
-    if gpu_h < SMALL_MAX_GPU_H:
-        return "small"
-    return "medium" if gpu_h < MEDIUM_MAX_GPU_H else "large"
-
 
 def percentile(values: Sequence[float], q: float) -> Optional[float]:
     """Nearest-rank percentile (q in 0..100) of ``values``; None when empty."""
@@ -62,7 +51,7 @@ def summarize(result: SimResult, jobs: Sequence[WorkloadJob], wait_bound_s: floa
     jct = [r.jct_s for r in recs]
     classes: dict[str, list[float]] = {"small": [], "medium": [], "large": []}
     for r in recs:
-        classes[size_class(r.requested_gpus, by_id[r.job_id].recorded_duration_s)].append(r.jct_s)
+        classes[size_class(r.requested_gpus, by_id[r.job_id].recorded_duration_s) or "small"].append(r.jct_s)
     waits = [r.queue_s for r in recs]
     busy = sum(r.busy_gpu_s for r in recs)
     return {

@@ -1,0 +1,23 @@
+-- Queue-time ratio per hour: is the bottleneck the queue or the pipeline?
+--
+-- For jobs submitted in each hour (UTC) that have started and ended:
+--   queue_ratio    = total queue time / total (queue + run) time of those jobs
+--   mean_job_ratio = average over jobs of queue_s / (queue_s + run_s)
+-- queue_s counts from eligibility (or submission) to start, run_s from start to end,
+-- so queue_s + run_s is the job completion time (JCT) as the scheduler can influence it.
+-- A ratio near 1 means jobs mostly wait; near 0, they mostly run.
+--
+-- Run: sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite < sql/queue_ratio_by_hour.sql
+SELECT
+    strftime('%Y-%m-%d %H:00', submit_time, 'unixepoch')         AS hour_utc,
+    COUNT(*)                                                      AS n_jobs,
+    ROUND(SUM(queue_s) / 3600.0, 3)                               AS queue_h,
+    ROUND(SUM(run_s) / 3600.0, 3)                                 AS run_h,
+    ROUND(SUM(queue_s) / NULLIF(SUM(queue_s + run_s), 0), 4)      AS queue_ratio,
+    ROUND(AVG(queue_s / NULLIF(queue_s + run_s, 0)), 4)           AS mean_job_ratio
+FROM jobs
+WHERE queue_s IS NOT NULL
+  AND run_s IS NOT NULL
+  AND submit_time IS NOT NULL
+GROUP BY hour_utc
+ORDER BY hour_utc;

@@ -1,0 +1,161 @@
+-- pipeswift-slurm: reference DDL of the controller's history database (SQLite).
+--
+-- The tables are created by the controller itself (pipeswift_slurm/schema.py, SQLAlchemy)
+-- the first time it opens the database; this file says the same thing in plain SQL so an
+-- admin can read it, query it with sqlite3, or create an empty database by hand:
+--
+--     sqlite3 /var/lib/pipeswift/pipeswift.sqlite < sql/schema.sql
+--
+-- tests/unit/test_schema_ddl.py checks that this file and schema.py create identical
+-- tables (columns, types, NOT NULL, defaults, primary keys, foreign keys, indexes).
+--
+-- Conventions
+--   * Times (*_time, *_at, at) are epoch seconds as REAL: whole seconds from Slurm,
+--     fractions from the simulator. Convert with datetime(x, 'unixepoch').
+--   * Durations (*_s) are seconds, REAL (time_limit_s: INTEGER, as Slurm gives it).
+--   * BOOLEAN columns hold 0 or 1.
+--   * NULL means "not known (yet)", never zero: a pending job has start_time NULL.
+
+PRAGMA foreign_keys = ON;
+
+-- One row per Slurm job the controller has seen, as last observed.
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id          INTEGER NOT NULL PRIMARY KEY,  -- Slurm JobId
+    cluster         TEXT    NOT NULL DEFAULT '',   -- Slurm cluster name ('' = the only one)
+    user            TEXT,
+    name            TEXT,
+    partition       TEXT,
+    submit_time     REAL,
+    eligible_time   REAL,                          -- when it could start (deps, holds, begin)
+    start_time      REAL,                          -- NULL while pending
+    end_time        REAL,                          -- NULL while active; estimated if state ends in '?'
+    state           TEXT    NOT NULL,              -- last seen: PENDING, RUNNING, COMPLETED, ...
+                                                   -- 'COMPLETED?'/'CANCELLED?': vanished from the
+                                                   -- queue unseen; end_time = first tick it was gone
+    state_reason    TEXT,                          -- Slurm's Reason (Priority, Resources, ...)
+    num_nodes       INTEGER,
+    gpus            INTEGER,                       -- current request (pending) or allocation
+    requested_gpus  INTEGER,                       -- gpus when first seen (before any resize)
+    opted_in        BOOLEAN NOT NULL DEFAULT 0,    -- carries the psbatch opt-in tag
+    job_class       TEXT,                          -- calibration key, from the profile
+    size_class      TEXT,                          -- small (< 4 GPU-h), medium (< 32), large;
+                                                   -- from actual run_s, else predicted_run_s
+    queue_s         REAL,                          -- start_time - coalesce(eligible, submit)
+    run_s           REAL,                          -- end_time - start_time
+    predicted_run_s REAL,                          -- latest estimate for the config it runs with
+    first_seen_tick INTEGER,
+    last_seen_tick  INTEGER,
+    restarts        INTEGER NOT NULL DEFAULT 0     -- requeues seen (or reported by Slurm)
+);
+CREATE INDEX IF NOT EXISTS ix_jobs_state ON jobs (state);
+CREATE INDEX IF NOT EXISTS ix_jobs_end_time ON jobs (end_time);
+
+-- The psbatch profile token found in a job's Comment. User-editable text: a request,
+-- never a fact. Parsed fields are NULL when parsing failed (parse_error says why).
+CREATE TABLE IF NOT EXISTS profiles (
+    job_id            INTEGER NOT NULL PRIMARY KEY REFERENCES jobs (job_id),
+    raw_text          TEXT    NOT NULL,
+    job_class         TEXT,
+    num_layers        INTEGER,
+    hidden_size       INTEGER,
+    seq_length        INTEGER,
+    global_batch_size INTEGER,
+    train_iters       INTEGER,
+    min_gpus          INTEGER,
+    max_gpus          INTEGER,
+    requested_config  TEXT,                        -- the user's own config, ExecConfig.short()
+    parse_error       TEXT,
+    created_at        REAL    NOT NULL,
+    updated_at        REAL    NOT NULL
+);
+
+-- One row per controller tick (one transaction each). A tick whose transaction rolled
+-- back leaves no row, unless the controller recorded it afterwards with status 'failed'.
+CREATE TABLE IF NOT EXISTS ticks (
+    tick_id     INTEGER NOT NULL PRIMARY KEY,
+    started_at  REAL    NOT NULL,                  -- the tick's clock (epoch or simulated)
+    finished_at REAL,                              -- started_at + duration_s
+    duration_s  REAL,                              -- wall seconds the tick took
+    policy      TEXT    NOT NULL,
+    dry_run     BOOLEAN NOT NULL,
+    n_pending   INTEGER NOT NULL DEFAULT 0,
+    n_running   INTEGER NOT NULL DEFAULT 0,
+    n_decisions INTEGER NOT NULL DEFAULT 0,
+    n_applied   INTEGER NOT NULL DEFAULT 0,
+    n_errors    INTEGER NOT NULL DEFAULT 0,
+    status      TEXT    NOT NULL,                  -- 'ok' | 'failed'
+    error       TEXT
+);
+
+-- Every state change the controller saw; the first sighting has from_state NULL.
+-- "at" is the job's own time for the new state where Slurm reports one (submit, start,
+-- end), else the tick's time.
+CREATE TABLE IF NOT EXISTS state_transitions (
+    id         INTEGER NOT NULL PRIMARY KEY,
+    job_id     INTEGER NOT NULL REFERENCES jobs (job_id),
+    tick_id    INTEGER NOT NULL REFERENCES ticks (tick_id),
+    at         REAL    NOT NULL,
+    from_state TEXT,
+    to_state   TEXT    NOT NULL,
+    reason     TEXT                                -- Slurm's Reason, or 'vanished'
+);
+CREATE INDEX IF NOT EXISTS ix_state_transitions_job_id ON state_transitions (job_id);
+
+-- Every decision the policy made, whether applied or not. The config columns are the
+-- ExecConfig fields (tp = tensor_model_parallel_size, pp = pipeline_model_parallel_size,
+-- dp = data-parallel size, cp = context_parallel_size, vp = virtual pipeline stages).
+CREATE TABLE IF NOT EXISTS decisions (
+    id                                INTEGER NOT NULL PRIMARY KEY,
+    tick_id                           INTEGER NOT NULL REFERENCES ticks (tick_id),
+    job_id                            INTEGER NOT NULL REFERENCES jobs (job_id),
+    at                                REAL    NOT NULL,
+    kind                              TEXT    NOT NULL,  -- e.g. 'resize+site_factor', 'none'
+    config                            TEXT,              -- e.g. '8gpu=1x8 tp1 pp4 dp2 mbs1 M16'
+    tp                                INTEGER,
+    pp                                INTEGER,
+    dp                                INTEGER,
+    cp                                INTEGER,
+    vp                                INTEGER,
+    micro_batch_size                  INTEGER,
+    num_micro_batches                 INTEGER,
+    num_nodes                         INTEGER,
+    gpus_per_node                     INTEGER,
+    decoder_first_pipeline_num_layers INTEGER,
+    decoder_last_pipeline_num_layers  INTEGER,
+    gpus                              INTEGER,
+    site_factor                       INTEGER,
+    time_limit_s                      INTEGER,
+    requeue                           BOOLEAN NOT NULL,
+    reason                            TEXT,
+    predicted_start_s                 REAL,
+    predicted_end_s                   REAL,
+    intended                          BOOLEAN NOT NULL,  -- moves any lever
+    applied                           BOOLEAN,           -- 1 applied, 0 failed, NULL not attempted
+    error                             TEXT
+);
+CREATE INDEX IF NOT EXISTS ix_decisions_job_id ON decisions (job_id);
+CREATE INDEX IF NOT EXISTS ix_decisions_tick_id ON decisions (tick_id);
+
+-- Estimator bias per job class: ratio = exp(log_ratio), log_ratio = robust mean of
+-- ln(actual run_s / predicted run_s) over n_jobs finished jobs.
+CREATE TABLE IF NOT EXISTS calibration (
+    job_class  TEXT    NOT NULL PRIMARY KEY,
+    n_jobs     INTEGER NOT NULL,
+    log_ratio  REAL    NOT NULL,
+    ratio      REAL    NOT NULL,
+    updated_at REAL    NOT NULL
+);
+
+-- Cluster occupancy seen by each tick (utilisation over time). total_gpus counts usable
+-- nodes only; busy_gpus = total_gpus - free_gpus; pending_gpus = GPUs pending jobs ask for.
+CREATE TABLE IF NOT EXISTS tick_snapshots (
+    tick_id      INTEGER NOT NULL PRIMARY KEY REFERENCES ticks (tick_id),
+    at           REAL    NOT NULL,
+    n_nodes      INTEGER NOT NULL,
+    total_gpus   INTEGER NOT NULL,
+    free_gpus    INTEGER NOT NULL,
+    busy_gpus    INTEGER NOT NULL,
+    pending_gpus INTEGER NOT NULL,
+    n_pending    INTEGER NOT NULL,
+    n_running    INTEGER NOT NULL
+);

@@ -1,0 +1,103 @@
+"""sql/schema.sql (hand-written reference DDL) and schema.py (SQLAlchemy) create the
+same tables: columns with types, NOT NULL, defaults and primary keys, foreign keys and
+indexes, compared through PRAGMA on two in-memory SQLite databases."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.pool import StaticPool
+
+from pipeswift_slurm.schema import Base, size_class
+
+SCHEMA_SQL = Path(__file__).resolve().parents[2] / "sql" / "schema.sql"
+
+
+def _describe(conn: sqlite3.Connection) -> dict[str, dict[str, object]]:
+    """Map from table name to its columns, foreign keys and (named) indexes."""
+    tables = [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+    out: dict[str, dict[str, object]] = {}
+    for table in tables:
+        columns = [(name, ctype.upper(), notnull, default, pk) for _cid, name, ctype, notnull,
+                   default, pk in conn.execute("PRAGMA table_info(%s)" % table)]
+        fks = sorted((r[2], r[3], r[4]) for r in conn.execute("PRAGMA foreign_key_list(%s)" % table))
+        indexes = {}
+        for _seq, name, unique, origin, _partial in conn.execute("PRAGMA index_list(%s)" % table):
+            if origin == "c":  # created by CREATE INDEX, not implied by PK/UNIQUE
+                cols = [r[2] for r in conn.execute("PRAGMA index_info(%s)" % name)]
+                indexes[name] = (unique, cols)
+        out[table] = {"columns": columns, "foreign_keys": fks, "indexes": indexes}
+    return out
+
+
+@pytest.fixture(scope="module")
+def from_orm() -> dict[str, dict[str, object]]:
+    engine = create_engine("sqlite://", poolclass=StaticPool)
+    Base.metadata.create_all(engine)
+    raw = engine.raw_connection()
+    try:
+        return _describe(raw.driver_connection)
+    finally:
+        raw.close()
+
+
+@pytest.fixture(scope="module")
+def from_ddl() -> dict[str, dict[str, object]]:
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(SCHEMA_SQL.read_text())
+    return _describe(conn)
+
+
+def test_same_tables(from_orm, from_ddl):
+    assert sorted(from_ddl) == sorted(from_orm)
+    assert {"jobs", "profiles", "state_transitions", "ticks", "decisions", "calibration",
+            "tick_snapshots"} <= set(from_orm)
+
+
+@pytest.mark.parametrize("table", sorted(t.name for t in Base.metadata.sorted_tables))
+def test_same_columns(table, from_orm, from_ddl):
+    # (name, type, notnull, default, pk) in declaration order
+    assert from_ddl[table]["columns"] == from_orm[table]["columns"]
+
+
+@pytest.mark.parametrize("table", sorted(t.name for t in Base.metadata.sorted_tables))
+def test_same_keys_and_indexes(table, from_orm, from_ddl):
+    assert from_ddl[table]["foreign_keys"] == from_orm[table]["foreign_keys"]
+    assert from_ddl[table]["indexes"] == from_orm[table]["indexes"]
+
+
+def test_ddl_is_idempotent():
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(SCHEMA_SQL.read_text())
+    conn.executescript(SCHEMA_SQL.read_text())  # IF NOT EXISTS everywhere
+
+
+def test_store_opens_a_database_made_from_the_ddl(tmp_path):
+    from pipeswift_slurm.store import Store
+
+    path = tmp_path / "admin.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA_SQL.read_text())
+    conn.close()
+    store = Store.from_url(str(path))
+    with store.tick(10.0, "fifo"):
+        pass
+    assert store.tick_count() == 1
+
+
+@pytest.mark.parametrize("gpus, run_s, expected", [
+    (2, 3600.0, "small"),        # 2 GPU-h
+    (4, 3599.0, "small"),        # just under 4 GPU-h
+    (4, 3600.0, "medium"),       # 4 GPU-h
+    (8, 2 * 3600.0, "medium"),   # 16 GPU-h
+    (8, 4 * 3600.0, "large"),    # 32 GPU-h
+    (64, 1800.0, "large"),       # 32 GPU-h
+    (None, 3600.0, None),
+    (8, None, None),
+])
+def test_size_class_thresholds(gpus, run_s, expected):
+    assert size_class(gpus, run_s) == expected

@@ -1,0 +1,219 @@
+"""The admin queries in sql/*.sql, run on a small hand-built history, agree with the same
+figures computed independently in Python (and run under the sqlite3 command line)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sqlite3
+import statistics
+import subprocess
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from pipeswift_slurm.schema import size_class
+from pipeswift_slurm.store import Store
+
+SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+QUERIES = ("queue_ratio_by_hour", "jct_by_size_class", "waits", "estimator_bias", "decisions")
+T0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+NOW = T0 + 4 * 3600.0  # the last tick
+FINISHED = ("COMPLETED", "COMPLETED?")
+
+
+def _make_jobs(rng: random.Random) -> list[dict]:
+    jobs = []
+    for job_id in range(1, 81):
+        submit = T0 + rng.uniform(0, 3 * 3600)
+        eligible = submit + rng.choice([0.0, 0.0, rng.uniform(1, 600)])
+        gpus = rng.choice([1, 2, 4, 8, 16, 32])
+        queue = rng.uniform(0, 5 * 3600) if job_id % 9 else 30 * 3600.0 + job_id  # a few starve
+        run = rng.uniform(60, 6 * 3600)
+        state = rng.choice(["COMPLETED"] * 6 + ["COMPLETED?", "FAILED", "RUNNING", "PENDING"])
+        job = {"job_id": job_id, "user": "u%d" % (job_id % 4), "state": state, "gpus": gpus,
+               "submit_time": submit, "eligible_time": eligible if eligible > submit else None,
+               "job_class": rng.choice(["gpt-1b", "gpt-7b", ""]),
+               "predicted_run_s": run * rng.uniform(0.5, 1.6) if job_id % 5 else None}
+        if state != "PENDING":
+            job.update(start_time=eligible + queue, queue_s=queue)
+        if state not in ("PENDING", "RUNNING"):
+            job.update(end_time=eligible + queue + run, run_s=run)
+        job["size_class"] = size_class(gpus, job.get("run_s", job["predicted_run_s"]))
+        jobs.append(job)
+    return jobs
+
+
+def _make_decisions(rng: random.Random, n_jobs: int) -> list[dict]:
+    out = []
+    for i in range(1, 71):
+        intended = rng.random() < 0.8
+        applied = rng.choice([True, False, None]) if intended else None
+        out.append({"id": i, "tick_id": 1 + i % 3, "job_id": rng.randint(1, n_jobs),
+                    "at": T0 + 60 * i, "kind": "site_factor" if intended else "none",
+                    "site_factor": i if intended else None, "requeue": False,
+                    "intended": intended, "applied": applied,
+                    "error": "refused" if applied is False else None, "reason": "r%d" % i})
+    return out
+
+
+def _insert(conn: sqlite3.Connection, table: str, rows: list[dict]) -> None:
+    for row in rows:
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        conn.execute("INSERT INTO %s (%s) VALUES (%s)" % (table, cols, marks), list(row.values()))
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """(database path, jobs, decisions): a file made by Store, filled by plain INSERTs."""
+    path = tmp_path_factory.mktemp("sql") / "pipeswift.sqlite"
+    Store.from_url(str(path))  # creates the tables
+    rng = random.Random(20240607)
+    jobs = _make_jobs(rng)
+    decisions = _make_decisions(rng, len(jobs))
+    conn = sqlite3.connect(path)
+    ticks = [{"tick_id": i, "started_at": T0 + i * 3600.0, "policy": "pipeswift",
+              "dry_run": False, "status": "ok"} for i in range(1, 5)]
+    _insert(conn, "ticks", ticks)
+    _insert(conn, "jobs", jobs)
+    _insert(conn, "decisions", decisions)
+    _insert(conn, "calibration", [{"job_class": "gpt-7b", "n_jobs": 9, "log_ratio": 0.1,
+                                   "ratio": 1.10517, "updated_at": T0}])
+    conn.commit()
+    conn.close()
+    return path, jobs, decisions
+
+
+def run_query(path: Path, name: str) -> list[dict]:
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    return [dict(r) for r in conn.execute((SQL_DIR / (name + ".sql")).read_text())]
+
+
+def _hours(x: float) -> float:
+    return x / 3600.0
+
+
+def _nearest_rank(values: list[float], pct: int) -> float:
+    ordered = sorted(values)
+    return ordered[-(-pct * len(ordered) // 100) - 1]
+
+
+def test_queue_ratio_by_hour(history):
+    path, jobs, _ = history
+    groups = defaultdict(list)
+    for j in jobs:
+        if j.get("queue_s") is not None and j.get("run_s") is not None:
+            hour = datetime.fromtimestamp(j["submit_time"], tz=timezone.utc).strftime("%Y-%m-%d %H:00")
+            groups[hour].append(j)
+    got = run_query(path, "queue_ratio_by_hour")
+    assert [r["hour_utc"] for r in got] == sorted(groups)
+    for row in got:
+        js = groups[row["hour_utc"]]
+        queue, run = sum(j["queue_s"] for j in js), sum(j["run_s"] for j in js)
+        assert row["n_jobs"] == len(js)
+        assert row["queue_h"] == pytest.approx(_hours(queue), abs=1e-3)
+        assert row["run_h"] == pytest.approx(_hours(run), abs=1e-3)
+        assert row["queue_ratio"] == pytest.approx(queue / (queue + run), abs=1e-4)
+        per_job = statistics.mean(j["queue_s"] / (j["queue_s"] + j["run_s"]) for j in js)
+        assert row["mean_job_ratio"] == pytest.approx(per_job, abs=1e-4)
+
+
+def test_jct_by_size_class(history):
+    path, jobs, _ = history
+    jct = defaultdict(list)
+    queue = defaultdict(list)
+    for j in jobs:
+        if j["state"] in FINISHED:
+            jct[j["size_class"] or "unknown"].append(j["end_time"] - j["submit_time"])
+            queue[j["size_class"] or "unknown"].append(j["queue_s"])
+    got = run_query(path, "jct_by_size_class")
+    order = [c for c in ("small", "medium", "large", "unknown") if c in jct]
+    assert [r["size_class"] for r in got] == order
+    for row in got:
+        values = jct[row["size_class"]]
+        assert row["n_jobs"] == len(values)
+        assert row["mean_jct_h"] == pytest.approx(_hours(statistics.mean(values)), abs=1e-3)
+        assert row["p50_jct_h"] == pytest.approx(_hours(_nearest_rank(values, 50)), abs=1e-3)
+        assert row["p99_jct_h"] == pytest.approx(_hours(_nearest_rank(values, 99)), abs=1e-3)
+        assert row["max_jct_h"] == pytest.approx(_hours(max(values)), abs=1e-3)
+        assert row["mean_queue_h"] == pytest.approx(
+            _hours(statistics.mean(queue[row["size_class"]])), abs=1e-3)
+
+
+def test_nearest_rank_percentiles_on_a_known_list():
+    values = [float(v) for v in range(1, 101)]
+    assert (_nearest_rank(values, 50), _nearest_rank(values, 99)) == (50.0, 99.0)
+    assert _nearest_rank([3.0], 99) == 3.0
+
+
+def test_waits(history):
+    path, jobs, _ = history
+    waits = defaultdict(list)
+    for j in jobs:
+        if j.get("start_time") is not None:
+            waits[j["size_class"] or "unknown"].append((j["queue_s"], j["job_id"], False))
+        elif j["state"] == "PENDING":
+            began = j["eligible_time"] or j["submit_time"]
+            waits[j["size_class"] or "unknown"].append((NOW - began, j["job_id"], True))
+    got = run_query(path, "waits")
+    assert {r["size_class"] for r in got} == set(waits)
+    assert [r["max_wait_h"] for r in got] == sorted((r["max_wait_h"] for r in got), reverse=True)
+    for row in got:
+        entries = waits[row["size_class"]]
+        longest = max(entries)
+        assert row["n_jobs"] == len(entries)
+        assert row["n_pending"] == sum(1 for e in entries if e[2])
+        assert row["mean_wait_h"] == pytest.approx(_hours(statistics.mean(e[0] for e in entries)),
+                                                   abs=1e-3)
+        assert row["max_wait_h"] == pytest.approx(_hours(longest[0]), abs=1e-3)
+        assert row["max_wait_job_id"] == longest[1]
+        assert row["n_over_24h"] == sum(1 for e in entries if e[0] > 86400)
+    assert sum(r["n_over_24h"] for r in got) > 0  # the data has starved jobs
+
+
+def test_estimator_bias(history):
+    path, jobs, _ = history
+    ratios = defaultdict(list)
+    for j in jobs:
+        if j["state"] in FINISHED and j["predicted_run_s"]:
+            ratios[j["job_class"] or "(none)"].append(j["run_s"] / j["predicted_run_s"])
+    got = run_query(path, "estimator_bias")
+    assert [r["job_class"] for r in got] == sorted(ratios)
+    for row in got:
+        values = ratios[row["job_class"]]
+        assert row["n_jobs"] == len(values)
+        assert row["mean_ratio"] == pytest.approx(statistics.mean(values), abs=1e-4)
+        assert row["median_ratio"] == pytest.approx(statistics.median_low(values), abs=1e-4)
+        assert row["min_ratio"] == pytest.approx(min(values), abs=1e-4)
+        assert row["max_ratio"] == pytest.approx(max(values), abs=1e-4)
+        if row["job_class"] == "gpt-7b":
+            assert (row["calibrated_ratio"], row["calibrated_on"]) == (pytest.approx(1.1052), 9)
+        else:
+            assert (row["calibrated_ratio"], row["calibrated_on"]) == (None, None)
+
+
+def test_decisions(history):
+    path, jobs, decisions = history
+    users = {j["job_id"]: j["user"] for j in jobs}
+    outcome = {True: "applied", False: "FAILED", None: "not applied"}
+    expected = [(d["id"], d["job_id"], users[d["job_id"]], outcome[d["applied"]], d["error"])
+                for d in sorted(decisions, key=lambda d: -d["id"]) if d["intended"]][:50]
+    got = run_query(path, "decisions")
+    assert [(r["id"], r["job_id"], r["user"], r["outcome"], r["error"]) for r in got] == expected
+    assert got[0]["at_utc"] == datetime.fromtimestamp(
+        T0 + 60 * got[0]["id"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="no sqlite3 command line")
+@pytest.mark.parametrize("name", QUERIES)
+def test_runs_under_the_sqlite3_command_line(history, name):
+    path, _, _ = history
+    with open(SQL_DIR / (name + ".sql")) as sql:
+        done = subprocess.run(["sqlite3", "-bail", "-csv", "-header", str(path)], stdin=sql,
+                              capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1 + len(run_query(path, name))
