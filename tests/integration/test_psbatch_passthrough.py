@@ -1,0 +1,181 @@
+"""psbatch is a drop-in for sbatch: for ordinary invocations both make the same job (as
+Slurm sees it), print the same thing (modulo job ids) and return the same exit code; a
+Megatron job reaches Slurm enriched; and random argument lists and scripts never make
+psbatch crash (fake sbatch for most examples, the real one for a handful)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeswift_slurm import psbatch
+
+PSBATCH = [sys.executable, "-m", "pipeswift_slurm.psbatch"]
+VOLATILE = {"JobId", "ArrayJobId", "HetJobId", "SubmitTime", "EligibleTime", "AccrueTime", "StartTime",
+            "EndTime", "LastSchedEval", "AllocNode:Sid", "Command", "StdErr", "StdOut", "StdIn", "Priority",
+            "Dependency", "RunTime", "Reason", "JobState", "NodeList", "BatchHost", "SecsPreSuspend"}
+
+
+def _slurm_answers() -> bool:
+    if not shutil.which("squeue"):
+        return False
+    try:
+        return subprocess.run(["squeue", "-h"], capture_output=True, timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+needs_slurm = pytest.mark.skipif(not _slurm_answers(), reason="no Slurm controller answers squeue "
+                                 "(start one with tests/slurm/testbed.sh up and source its env.sh)")
+
+
+def _fields(job_id: str) -> dict[str, str]:
+    line = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=False).stdout
+    pairs = re.findall(r"(?:^| )([A-Za-z][A-Za-z0-9:/_]*)=(\S*)", line)
+    return {k: v for k, v in pairs if k not in VOLATILE}
+
+
+@pytest.fixture
+def submitted():
+    ids: list[str] = []
+    yield ids
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, check=False)
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\d+", "N", text)
+
+
+def _submit(tool: list[str], args: list[str], cwd: Path, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    return subprocess.run(tool + args, input=stdin, capture_output=True, cwd=cwd, timeout=60, check=False)
+
+
+def _job_ids(out: bytes) -> list[str]:
+    return re.findall(r"(?:^|job )(\d+)", out.decode())
+
+
+SCRIPT = b"#!/bin/bash\n#SBATCH --time=5\n#SBATCH -J scripted\n#SBATCH --gpus-per-node=2\nsleep 60\n"
+CASES = {
+    "options": (["-H", "-N", "2", "--gpus-per-node=1", "--time=3", "-J", "opts", "job.sh"], b""),
+    "sbatch_lines": (["-H", "job.sh"], b""),
+    "wrap": (["-H", "--wrap", "sleep 60", "--mem=100"], b""),
+    "stdin": (["-H", "--comment=hi there"], SCRIPT),
+    "array": (["-H", "--array=0-2", "job.sh"], b""),
+    "parsable": (["-H", "--parsable", "--gpus=3", "job.sh"], b""),
+    "test_only": (["--test-only", "job.sh"], b""),
+    "bad_partition": (["-p", "nosuchpartition", "job.sh"], b""),
+    "bad_gpus": (["--gpus=abc", "job.sh"], b""),
+    "bad_option": (["--no-such-option", "job.sh"], b""),
+    "script_args": (["-H", "job.sh", "--num-layers", "2"], b""),
+}
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_same_job_output_and_exit_code(case, tmp_path, submitted):
+    args, stdin = CASES[case]
+    (tmp_path / "job.sh").write_bytes(SCRIPT)
+    want = _submit(["sbatch"], args, tmp_path, stdin)
+    got = _submit(PSBATCH, args, tmp_path, stdin)
+    submitted.extend(_job_ids(want.stdout) + _job_ids(got.stdout))
+    assert got.returncode == want.returncode
+    assert _norm(got.stdout.decode()) == _norm(want.stdout.decode())
+    assert _norm(got.stderr.decode()) == _norm(want.stderr.decode())
+    if "--test-only" not in args and want.returncode == 0:
+        assert _fields(_job_ids(got.stdout)[0]) == _fields(_job_ids(want.stdout)[0])
+
+
+@needs_slurm
+@pytest.mark.slurm
+def test_dependency_same_job(tmp_path, submitted):
+    base = subprocess.run(["sbatch", "--parsable", "-H", "--wrap", "true"], capture_output=True, text=True, check=False)
+    submitted.append(base.stdout.strip())
+    args = ["--parsable", "--dependency=afterok:%s" % base.stdout.strip(), "--wrap", "sleep 1"]
+    want, got = _submit(["sbatch"], args, tmp_path), _submit(PSBATCH, args, tmp_path)
+    submitted.extend([want.stdout.decode().strip(), got.stdout.decode().strip()])
+    assert got.returncode == want.returncode == 0
+    assert _fields(got.stdout.decode().strip()) == _fields(want.stdout.decode().strip())
+
+
+@needs_slurm
+@pytest.mark.slurm
+def test_megatron_job_reaches_slurm_enriched(tmp_path, submitted):
+    text = ("#!/bin/bash\n#SBATCH --gpus=4\n#SBATCH --comment=mine\n"
+            "torchrun --nproc-per-node 4 pretrain_gpt.py --num-layers 8 --hidden-size 256"
+            " --num-attention-heads 8 --seq-length 256 --global-batch-size 16 --train-iters 10\n")
+    (tmp_path / "train.sh").write_text(text)
+    got = _submit(PSBATCH, ["-H", "--parsable", "--pipeswift-gpus=2-8", "train.sh"], tmp_path)
+    assert got.returncode == 0 and got.stderr == b"", got.stderr
+    job_id = got.stdout.decode().strip()
+    submitted.append(job_id)
+    fields = _fields(job_id)
+    assert fields["JobName"] == "train.sh" and fields["WorkDir"] == str(tmp_path)
+    batch = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False).stdout
+    assert batch == text.replace("torchrun", "pipeswift-launch -- torchrun", 1)
+    comment = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%k"], capture_output=True, text=True, check=False).stdout
+    assert comment.startswith("mine pswift1;args=") and "gpus=2-8" in comment
+
+
+# ---------------------------------------------------------------- fuzz
+
+_OPTION_WORDS = ["-H", "-N", "2", "-n", "3", "--gpus=2", "--gpus-per-node", "4", "--gres=gpu:1", "-J", "x",
+                 "--wrap", "--comment", "a b", "--parsable", "--test-only", "-p", "gpu", ":", "--", "-vQ",
+                 "--pipeswift-gpus=2-8", "--pipeswift-pp", "1,2", "--pipeswift=off", "--pipeswift-bogus=1",
+                 "--array=0-1", "--time=1", "--exclusive", "--nice=5", "job.sh", "--", "=", "-", "--mem"]
+_SCRIPT_LINES = ["#!/bin/bash", "#SBATCH --gpus=2", "#SBATCH hetjob", "#PSWIFT gpus=2-4", "#PSWIFT off",
+                 "A='--num-layers 4'", "torchrun pretrain_gpt.py $A --hidden-size 64 --num-attention-heads 4",
+                 " --seq-length 64 \\", "echo 'unterminated", "cat <<EOF", "EOF", "X=(", ")", "srun true && ls |",
+                 "python pretrain_gpt.py --num-layers x", "\xff", "#SBATCH --comment='q"]
+_args = st.lists(st.sampled_from(_OPTION_WORDS) | st.text(max_size=6), max_size=10)
+_script = st.lists(st.sampled_from(_SCRIPT_LINES) | st.text(max_size=20), max_size=10).map("\n".join)
+
+
+def _check_outcome(raw: list[str], sent_argv: list[str]) -> None:
+    """Submitted as written (own options removed) or enriched (comment in front)."""
+    stripped = psbatch.strip_own_options(raw)[0]
+    if sent_argv != stripped and sent_argv != raw:
+        assert sent_argv[0].startswith("--comment=") and "pswift1;" in sent_argv[0]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=_args, text=_script)
+def test_fuzz_never_crashes_fake_sbatch(raw, text, monkeypatch, tmp_path):
+    (tmp_path / "job.sh").write_text(text, errors="surrogateescape")
+    monkeypatch.chdir(tmp_path)
+    sent = []
+    monkeypatch.setattr(psbatch, "_run", lambda sbatch, argv, stdin, script: sent.append(argv) or 0)
+
+    class Stdin:
+        buffer = __import__("io").BytesIO(text.encode("utf-8", "surrogateescape"))
+
+        @staticmethod
+        def isatty():
+            return False
+    assert psbatch.submit(raw, {"PIPESWIFT_SBATCH": sys.executable, "PATH": os.defpath}, Stdin()) == 0
+    _check_outcome(raw, sent[0])
+
+
+@needs_slurm
+@pytest.mark.slurm
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=_args, text=_script)
+def test_fuzz_real_sbatch_submits_or_refuses_like_sbatch(raw, text, tmp_path):
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n" + text.replace("\x00", ""), errors="surrogateescape")
+    args = ["-H"] + [a for a in raw if "\x00" not in a]
+    got = _submit(PSBATCH, args, tmp_path)
+    ids = _job_ids(got.stdout)
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, check=False)
+    assert b"Traceback" not in got.stderr
+    if got.returncode != 0:
+        assert b"sbatch: " in got.stderr or got.stderr == b"", got.stderr

@@ -1,0 +1,160 @@
+"""pipeswift-launch: allocation from Slurm's environment, decisions (valid, stale, forged in
+the user Comment, missing, malformed) always ending in a config Megatron accepts for the
+allocation, torchrun rewriting, and the emulation mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeswift_slurm import launcher
+from pipeswift_slurm.launcher import Allocation
+from pipeswift_slurm.megatron import check_config, enumerate_configs, parse_argv
+from pipeswift_slurm.token import ProfileRequest, encode_decision, encode_profile
+
+MEGATRON = ["pretrain_gpt.py", "--num-layers", "8", "--hidden-size", "512", "--num-attention-heads", "8",
+            "--seq-length", "1024", "--micro-batch-size", "2", "--global-batch-size", "32",
+            "--pipeline-model-parallel-size", "2", "--train-iters", "100"]
+TORCHRUN = ["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--node_rank", "0"] + MEGATRON
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0"}, (2, 4, "SLURM_GPUS_ON_NODE")),
+    ({"SLURM_NNODES": "1", "SLURM_JOB_GPUS": "0,1,2"}, (1, 3, "SLURM_JOB_GPUS")),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, (1, 2, "CUDA_VISIBLE_DEVICES")),
+    ({"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_PER_NODE": "a100:8"}, (2, 8, "SLURM_GPUS_PER_NODE")),
+    ({"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS": "8"}, (2, 4, "SLURM_GPUS")),
+    ({"SLURM_TRES_PER_TASK": "gres/gpu:2", "SLURM_NTASKS_PER_NODE": "2"}, (1, 4, "SLURM_TRES_PER_TASK")),
+])
+def test_allocation_from_env(env, expected):
+    alloc = launcher.allocation_from_env(env)
+    assert (alloc.num_nodes, alloc.gpus_per_node, alloc.source) == expected
+
+
+def test_allocation_without_gpus_is_an_error():
+    with pytest.raises(launcher.LaunchError, match="--local-gpus"):
+        launcher.allocation_from_env({"SLURM_JOB_ID": "3", "CUDA_VISIBLE_DEVICES": "NoDevFiles"})
+
+
+def _runner(admin: str = "", comment: str = "", job_id: int = 7):
+    """A fake squeue --json (22.05 lists every job, ours among them)."""
+    payload = {"jobs": [{"job_id": 1, "admin_comment": "pswift-decision1;tp=8", "comment": ""},
+                        {"job_id": job_id, "admin_comment": admin, "comment": comment}]}
+    calls = []
+
+    def run(argv):
+        calls.append(list(argv))
+        return json.dumps(payload)
+    run.calls = calls  # type: ignore[attr-defined]
+    return run
+
+
+def _profile(alloc: Allocation):
+    return launcher.job_profile(TORCHRUN, ProfileRequest(()), alloc)
+
+
+def _valid_other(alloc: Allocation):
+    """A valid config for the allocation, not the first one enumerated."""
+    return list(enumerate_configs(_profile(alloc), alloc.gpus, alloc.gpus_per_node))[-1]
+
+
+ALLOCS = [Allocation(1, 4, 7), Allocation(2, 4, 7), Allocation(1, 2, 7), Allocation(1, 8, 7)]
+
+
+def _decisions(alloc: Allocation):
+    good = _valid_other(alloc)
+    wrong = Allocation(alloc.num_nodes, alloc.gpus_per_node * 2, 7)
+    stale = next(enumerate_configs(_profile(wrong), wrong.gpus, wrong.gpus_per_node))
+    forged = encode_decision(good, 1700000000)
+    return {
+        "valid": (encode_decision(good, 1700000000), "", good),
+        "stale": (encode_decision(stale, 1700000000), "", None),
+        "forged_in_comment": ("", "note " + forged, None),
+        "missing": ("", "", None),
+        "malformed": ("pswift-decision1;tp=x;pp=2", "", None),
+        "invalid_for_job": (encode_decision(good.__class__(**{**good.__dict__, "micro_batch_size": 3}), 1), "", None),
+    }
+
+
+@pytest.mark.parametrize("alloc", ALLOCS, ids=lambda a: "%dx%d" % (a.num_nodes, a.gpus_per_node))
+@pytest.mark.parametrize("case", ["valid", "stale", "forged_in_comment", "missing", "malformed", "invalid_for_job"])
+def test_decisions_always_end_in_a_valid_config(alloc, case):
+    admin, comment, expected = _decisions(alloc)[case]
+    cfg, profile, why = launcher.choose(TORCHRUN, alloc, {}, _runner(admin, comment))
+    assert cfg is not None and profile is not None
+    assert check_config(profile, cfg, alloc.gpus_per_node) == []
+    assert (cfg.num_nodes, cfg.gpus_per_node) == (alloc.num_nodes, alloc.gpus_per_node)
+    if expected is not None:
+        assert cfg == expected and why.startswith("decision from controller at 2023-11-14T22:13:20Z")
+    else:
+        assert "best for the allocation" in why
+
+
+def test_comment_request_limits_the_search_but_never_decides():
+    alloc = Allocation(1, 4, 7)
+    request = encode_profile(ProfileRequest((), allowed_pp=(4,), min_micro_batch_size=2))
+    cfg, _, _ = launcher.choose(TORCHRUN, alloc, {}, _runner("", request))
+    assert cfg is not None and cfg.pp == 4 and cfg.micro_batch_size >= 2
+    cfg, _, _ = launcher.choose(TORCHRUN, alloc, {}, _runner("", request.replace("pp=4", "pp=1")))
+    assert cfg is not None and cfg.pp == 1
+
+
+def test_torchrun_counts_rewritten_node_rank_untouched():
+    alloc = Allocation(2, 4, 7)
+    out = launcher.rewrite_torchrun(TORCHRUN, alloc)
+    assert out[:7] == ["torchrun", "--nnodes", "2", "--nproc_per_node", "4", "--node_rank", "0"]
+    out = launcher.rewrite_torchrun(["python3", "-m", "torch.distributed.run", "--nproc-per-node=1", "x.py"], alloc)
+    assert out == ["python3", "-m", "torch.distributed.run", "--nproc-per-node=4", "x.py"]
+    out = launcher.rewrite_torchrun(["srun", "torchrun", "--rdzv-backend=c10d", "x.py", "--nnodes", "9"], alloc)
+    assert out == ["srun", "torchrun", "--nproc-per-node=4", "--rdzv-backend=c10d", "x.py", "--nnodes", "9"]
+    assert launcher.rewrite_torchrun(["python", "pretrain_gpt.py", "--nnodes", "3"], alloc) == \
+        ["python", "pretrain_gpt.py", "--nnodes", "3"]
+
+
+def test_launch_execs_rewritten_argv(capsys):
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_ON_NODE": "4"}
+    alloc = Allocation(1, 4, 7)
+    good = _valid_other(alloc)
+    run = _runner(encode_decision(good, 1700000000))
+    seen = []
+    rc = launcher.launch(["--"] + TORCHRUN, env, run=run, execvp=lambda f, a: seen.append((f, a)))
+    assert rc == 0 and run.calls == [["squeue", "--json", "-j", "7"]]
+    file, argv = seen[0]
+    assert file == "torchrun" and argv[:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "4"]
+    values = parse_argv(argv).values
+    assert values["--pipeline-model-parallel-size"] == good.pp
+    assert values["--micro-batch-size"] == good.micro_batch_size
+    assert values["--global-batch-size"] == 32
+    err = capsys.readouterr().err
+    assert err == "pipeswift-launch: running %s (decision from controller at 2023-11-14T22:13:20Z)\n" % good.short()
+
+
+def test_local_mode_and_emulation(capsys):
+    slept = []
+    rc = launcher.launch(["--emulate", "--local-gpus", "2", "--"] + MEGATRON, {"PIPESWIFT_EMULATE_SCALE": "1e-6"},
+                         run=_runner(), execvp=lambda f, a: pytest.fail("emulation must not exec"),
+                         sleep=slept.append)
+    assert rc == 0 and len(slept) == 1 and 0 < slept[0] < 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("pipeswift-launch: running 2gpu=1x2 ") and "(no decision: best for the allocation)" in err[0]
+    assert err[1].startswith("pipeswift-launch: emulating: predicted ")
+
+
+def test_non_megatron_command_runs_unchanged(capsys):
+    seen = []
+    launcher.launch(["--local-gpus=2", "--", "python", "train.py", "--lr", "1"], {}, execvp=lambda f, a: seen.append(a))
+    assert seen == [["python", "train.py", "--lr", "1"]]
+    assert "running the command unchanged" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [[], ["--"], ["--bogus", "--", "x"], ["--local-gpus", "0", "--", "x"]])
+def test_usage_errors(argv):
+    with pytest.raises(launcher.LaunchError):
+        launcher.parse_options(argv, {})
+
+
+def test_read_job_comments_ignores_other_jobs_and_bad_json():
+    assert launcher.read_job_comments(7, _runner("A", "C")) == ("A", "C")
+    assert launcher.read_job_comments(99, _runner("A", "C")) == ("", "")
+    assert launcher.read_job_comments(7, lambda argv: "not json") == ("", "")

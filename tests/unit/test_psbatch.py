@@ -1,0 +1,278 @@
+"""psbatch: sbatch argv and #SBATCH parsing, Megatron job recognition, script rewriting
+(golden files), own-option stripping, and submission through a fake sbatch that records
+its argv and stdin (including the fallback on internal errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeswift_slurm import psbatch
+from pipeswift_slurm.megatron import MegatronArgError
+from pipeswift_slurm.token import decode_profile
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "psbatch"
+FAKE = DATA / "fake_sbatch.py"
+SCRIPTS = sorted((DATA / "scripts").glob("*.sh"))
+ACCEPT = "PSBATCH_ACCEPT"
+
+
+# ---------------------------------------------------------------- argv
+
+
+@pytest.mark.parametrize("argv, names, script", [
+    (["-N2", "-p", "gpu", "job.sh", "-N", "3"], ["nodes", "partition"], 3),
+    (["-HQ", "--time", "10", "job.sh"], ["hold", "quiet", "time"], 3),
+    (["--part=gpu", "--gpus-per-n", "4", "x"], ["partition", "gpus-per-node"], 3),
+    (["--wrap", "echo hi", "--parsable"], ["wrap", "parsable"], None),
+    (["-n", "2", ":", "-n", "1", "job.sh"], ["ntasks", "ntasks"], 5),
+    (["--exclusive", "job.sh"], ["exclusive"], 1),
+    (["-J", "name", "--", "job.sh"], ["job-name"], 3),
+])
+def test_scan_argv_finds_options_and_script(argv, names, script):
+    scan = psbatch.scan_argv(argv)
+    assert [o.name for o in scan.opts] == names
+    assert scan.script_index == script
+
+
+def test_scan_argv_counts_het_components_and_unknown_options():
+    scan = psbatch.scan_argv(["-n1", ":", "-n2", "--frobnicate", "job.sh"])
+    assert scan.components == 2
+    assert scan.unknown == ["--frobnicate"]
+
+
+@pytest.mark.parametrize("argv, kept, own", [
+    (["--pipeswift-gpus=4-16", "-p", "gpu", "job.sh"], ["-p", "gpu", "job.sh"], [("gpus", "4-16")]),
+    (["--pipeswift-pp", "1,2", "job.sh"], ["job.sh"], [("pp", "1,2")]),
+    (["--pipeswift=off", "--wrap", "true"], ["--wrap", "true"], [("", "off")]),
+    (["job.sh", "--pipeswift-gpus=4"], ["job.sh", "--pipeswift-gpus=4"], []),  # a script argument
+    (["-p", "gpu", "job.sh"], ["-p", "gpu", "job.sh"], []),
+])
+def test_strip_own_options(argv, kept, own):
+    assert psbatch.strip_own_options(argv) == (kept, own)
+
+
+def test_own_options_values_and_errors():
+    own = psbatch.own_options([("gpus", "4-16"), ("min-micro-batch", "2"), ("pp", "1,2,4"), ("class", "x")])
+    assert own.gpus == (4, 16) and own.min_micro_batch_size == 2 and own.allowed_pp == (1, 2, 4)
+    assert own.job_class == "x" and own.declared and not own.off
+    assert psbatch.own_options([("", "off")]).off
+    assert psbatch.own_options([("gpus", "8")]).gpus == (8, 8)
+    for bad in ([("gpus", "x")], [("gpus", "9-3")], [("colour", "red")], [("", "maybe")]):
+        with pytest.raises(psbatch.PsbatchError):
+            psbatch.own_options(bad)
+
+
+# ---------------------------------------------------------------- script text
+
+
+def test_read_header_stops_at_first_command_and_splits_hetjob():
+    lines = ["#!/bin/bash", "#SBATCH -N 2 # two nodes", "# note", "#SBATCH --comment='a b'",
+             "#SBATCH hetjob", "#SBATCH -n 1", "", "echo hi", "#SBATCH -p late", "#PSWIFT gpus=2-4 off"]
+    script = psbatch.read_header(lines)
+    assert script.header == [["-N", "2", "--comment=a b"], ["-n", "1"]]
+    assert script.own == [("gpus", "2-4"), ("", "off")]
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({}, (None, None)),
+    ({"nodes": "2", "gpus-per-node": "4"}, (8, 4)),
+    ({"nodes": "2-4", "gpus-per-node": "a100:4"}, (8, 4)),
+    ({"gres": "gpu:2"}, (2, 2)),
+    ({"nodes": "3", "gres": "shard:1,gpu:h100:8"}, (24, 8)),
+    ({"gpus": "6", "nodes": "2"}, (6, 3)),
+    ({"gpus": "5", "nodes": "2"}, (5, None)),
+    ({"gpus-per-task": "1", "ntasks": "4"}, (4, 4)),
+    ({"gpus-per-task": "2", "ntasks-per-node": "2", "nodes": "2"}, (8, 4)),
+])
+def test_requested_world(values, expected):
+    assert psbatch.requested_world(values) == expected
+
+
+def test_effective_options_precedence():
+    cmdline = psbatch.scan_argv(["--gpus=8", "job.sh"]).opts
+    values = psbatch.effective_options(cmdline, ["--gpus=2", "-N", "2"], {"SBATCH_GPUS": "4"})
+    assert values["gpus"] == "8" and values["nodes"] == "2"
+    assert psbatch.effective_options([], ["--gpus=2"], {"SBATCH_GPUS": "4"})["gpus"] == "4"
+
+
+@pytest.mark.parametrize("text, found", [
+    ("torchrun pretrain_gpt.py $ARGS", True),
+    ("python train.py --num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8", True),
+    ("torchrun --nproc-per-node 2 x.py --num-layers 2", True),
+    ("echo pretrain_gpt.py --num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8", False),
+    ("python train.py --num-layers 2", False),
+    ("ls -l", False),
+])
+def test_is_training_command(text, found):
+    assert psbatch.find_training_command(text.split("\n")) is not None if found else \
+        psbatch.find_training_command(text.split("\n")) is None
+
+
+def test_variables_expand_from_script_and_environment():
+    lines = ["L=12", "torchrun pretrain_gpt.py --num-layers $L --hidden-size ${H} $REST"]
+    cmd = psbatch.find_training_command(lines, {"H": "64", "REST": "--seq-length 128"})
+    assert cmd is not None
+    assert cmd.words[-6:] == ("--num-layers", "12", "--hidden-size", "64", "--seq-length", "128")
+
+
+def test_unknown_variables_stay_and_make_the_job_invalid(tmp_path):
+    text = "#!/bin/bash\ntorchrun pretrain_gpt.py --num-layers $NL --hidden-size 8 " \
+           "--num-attention-heads 2 --seq-length 8\n"
+    with pytest.raises(MegatronArgError, match="--num-layers"):
+        psbatch.plan_job([], [], text, {})
+
+
+def _golden_text(script: Path) -> str:
+    argv = ["-p", "gpu", script.name, "arg1"]
+    try:
+        plan = psbatch.plan_job(argv, [("class", "golden")], script.read_text(), {"HOME": "/home/u"})
+    except (psbatch.PsbatchError, MegatronArgError) as exc:
+        return "NOT OPTED IN (warning, submitted unchanged): %s\n" % exc
+    comment = next(a for a in plan.argv if a.startswith("--comment="))
+    request = decode_profile(comment)
+    return "argv: %s\nprofile: %s\n---\n%s" % (
+        json.dumps([a if not a.startswith("--comment=") else "--comment=<see profile>" for a in plan.argv]),
+        json.dumps({"user_comment": comment[len("--comment="):comment.find("pswift1;")].strip(),
+                    "argv": list(request.argv), "gpus": request.gpus,
+                    "min_micro_batch_size": request.min_micro_batch_size, "allowed_pp": request.allowed_pp,
+                    "job_class": request.job_class}),
+        plan.text)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
+def test_rewrite_golden(script):
+    expected_path = DATA / "expected" / (script.stem + ".txt")
+    got = _golden_text(script)
+    if os.environ.get(ACCEPT):
+        expected_path.parent.mkdir(exist_ok=True)
+        expected_path.write_text(got)
+    assert expected_path.exists(), "no golden file %s; run %s=1 pytest %s to create it" % (
+        expected_path, ACCEPT, __file__)
+    assert got == expected_path.read_text(), (
+        "psbatch's rewrite of %s changed; if the change is intended, accept it with\n"
+        "    %s=1 python -m pytest tests/unit/test_psbatch.py -k test_rewrite_golden\n"
+        "and review the diff of %s" % (script.name, ACCEPT, expected_path))
+
+
+def test_rewrite_preserves_every_other_byte():
+    text = (DATA / "scripts" / "torchrun_vars.sh").read_text()
+    plan = psbatch.plan_job(["x.sh"], [], text, {})
+    assert plan is not None and plan.text is not None
+    assert plan.text.replace("pipeswift-launch -- ", "", 1) == text
+
+
+# ---------------------------------------------------------------- submission (fake sbatch)
+
+
+def _psbatch(args, tmp_path, stdin=b"", rc=0, extra_env=None, sbatch=str(FAKE),
+             entry=(sys.executable, "-m", "pipeswift_slurm.psbatch")):
+    log_file = tmp_path / "calls.jsonl"
+    if log_file.exists():
+        log_file.unlink()
+    env = dict(os.environ, PIPESWIFT_SBATCH=sbatch, FAKE_SBATCH_LOG=str(log_file), FAKE_SBATCH_RC=str(rc))
+    env.update(extra_env or {})
+    done = subprocess.run([*entry, *args], input=stdin,
+                          capture_output=True, cwd=tmp_path, env=env, timeout=60, check=False)
+    calls = [json.loads(line) for line in log_file.read_text().splitlines()] if log_file.exists() else []
+    return done, calls
+
+
+def test_plain_job_is_byte_identical(tmp_path):
+    script = tmp_path / "plain.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -N 1\necho hello\n")
+    done, calls = _psbatch(["-p", "gpu", "--parsable", "plain.sh", "a b"], tmp_path)
+    assert done.returncode == 0 and done.stdout == b"42\n" and done.stderr == b""
+    assert calls == [{"argv": ["-p", "gpu", "--parsable", "plain.sh", "a b"], "stdin": None,
+                      "script": script.read_text(), "script_name": "plain.sh"}]
+
+
+def test_plain_stdin_job_passes_same_bytes(tmp_path):
+    data = b"#!/bin/bash\n#SBATCH -n1\necho \xff\xfe odd bytes\n"
+    done, calls = _psbatch(["-J", "x"], tmp_path, stdin=data)
+    assert done.returncode == 0
+    assert calls[0]["argv"] == ["-J", "x"]
+    assert calls[0]["stdin"].encode("utf-8", "surrogateescape") == data
+
+
+def test_exit_code_and_stderr_pass_through(tmp_path):
+    done, calls = _psbatch(["--wrap", "true", "-p", "nope"], tmp_path, rc=1)
+    assert done.returncode == 1 and b"sbatch: error: fake failure" in done.stderr
+    assert calls[0]["argv"] == ["--wrap", "true", "-p", "nope"]
+
+
+def test_megatron_script_file_is_enriched(tmp_path):
+    src = DATA / "scripts" / "torchrun_vars.sh"
+    (tmp_path / "train.sh").write_bytes(src.read_bytes())
+    done, calls = _psbatch(["--pipeswift-pp=1,2,4", "-p", "gpu", "train.sh", "x"], tmp_path)
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
+    argv = calls[0]["argv"]
+    assert argv[0].startswith("--comment=my note pswift1;") and argv[1:3] == ["-p", "gpu"] and argv[-1] == "x"
+    assert calls[0]["script_name"] == "train.sh" and not os.path.exists(argv[-2])  # temp file cleaned up
+    assert "pipeswift-launch -- torchrun" in calls[0]["script"]
+    request = decode_profile(argv[0])
+    assert request.allowed_pp == (1, 2, 4) and request.gpus == (4, 16) and "--num-layers" in request.argv
+
+
+def test_megatron_wrap_and_stdin_are_enriched(tmp_path):
+    cmd = ("torchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4 "
+           "--seq-length 64 --global-batch-size 8")
+    done, calls = _psbatch(["--gpus=2", "--comment", "mine", "--wrap", cmd], tmp_path)
+    assert done.returncode == 0, done.stderr
+    argv = calls[0]["argv"]
+    assert argv[0].startswith("--comment=mine pswift1;") and argv[1] == "--wrap=pipeswift-launch -- " + cmd
+    assert argv[2:] == ["--gpus=2"]
+    done, calls = _psbatch(["--gpus=2"], tmp_path, stdin=("#!/bin/sh\n" + cmd + "\n").encode())
+    assert calls[-1]["stdin"] == "#!/bin/sh\npipeswift-launch -- " + cmd + "\n"
+
+
+def test_invalid_megatron_job_submitted_unchanged_with_one_warning(tmp_path):
+    text = ("#!/bin/bash\ntorchrun pretrain_gpt.py --num-layers 5 --hidden-size 64 --num-attention-heads 4"
+            " --seq-length 64 --pipeline-model-parallel-size 2\n")
+    (tmp_path / "bad.sh").write_text(text)
+    done, calls = _psbatch(["--pipeswift-gpus=2-4", "--gpus=2", "bad.sh"], tmp_path)
+    assert done.returncode == 0
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("psbatch: warning: ") and lines[0].endswith("; submitted unchanged")
+    assert calls[0]["argv"] == ["--gpus=2", "bad.sh"] and calls[0]["script"] == text
+
+
+def test_internal_error_falls_back_to_unchanged_submission(tmp_path):
+    (tmp_path / "t.sh").write_text("#!/bin/bash\npython pretrain_gpt.py\n")
+    boom = tmp_path / "boom.py"
+    boom.write_text("import sys\nimport pipeswift_slurm.psbatch as p\n"
+                    "def bad(*a, **k):\n    raise RuntimeError('boom')\n"
+                    "p.plan_job = bad\nsys.exit(p.main())\n")
+    done, calls = _psbatch(["--pipeswift-gpus=2", "t.sh"], tmp_path, entry=(sys.executable, str(boom)))
+    assert done.returncode == 0
+    assert done.stderr.decode() == "psbatch: warning: psbatch internal error (RuntimeError: boom); submitted unchanged\n"
+    assert calls[0]["argv"] == ["t.sh"]
+
+
+def test_opt_out_and_sbatch_missing(tmp_path):
+    cmd = "python pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64"
+    done, calls = _psbatch(["--pipeswift=off", "--wrap", cmd], tmp_path)
+    assert calls[0]["argv"] == ["--wrap", cmd] and done.stderr == b""
+    done, calls = _psbatch(["--wrap", "true"], tmp_path, sbatch="/nonexistent/sbatch")
+    assert done.returncode != 0 and calls == []
+
+
+def test_find_sbatch_skips_itself(tmp_path, monkeypatch):
+    (tmp_path / "sbatch").write_text("#!/bin/sh\n")
+    (tmp_path / "sbatch").chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "sbatch")])
+    assert psbatch.find_sbatch({"PATH": str(tmp_path)}) is None
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/psbatch"])
+    assert psbatch.find_sbatch({"PATH": str(tmp_path)}) == str(tmp_path / "sbatch")
+
+
+def test_import_is_light():
+    code = "import sys, pipeswift_slurm.psbatch; print(sorted(m for m in sys.modules if 'sqlalchemy' in m " \
+           "or m.startswith('pipeswift_slurm.')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['pipeswift_slurm.psbatch']"
