@@ -19,6 +19,7 @@ from typing import Any, Optional
 from .backends import Backend, BackendError, JobGone
 from .megatron import MegatronArgError, profile_from_argv
 from .model import ClusterView, Decision, Job, JobProfile
+from .policy.common import stable_factors
 from .token import TokenError, decode_profile
 
 log = logging.getLogger(__name__)
@@ -99,14 +100,15 @@ class Controller:
         profiles: dict[int, JobProfile] = {}
         live = set()
         for job in view.jobs:
-            if not job.opted_in or (self.settings.partitions and job.partition not in self.settings.partitions):
+            if not job.opted_in or not (job.pending or job.running) or (
+                    self.settings.partitions and job.partition not in self.settings.partitions):
                 continue
             live.add(job.job_id)
             cached = self._profiles.get(job.job_id)
             if cached is None or cached[0] != job.comment:
                 profile, why = parse_profile(job, gpn, total)
                 if profile is None:
-                    log.warning("job %d: profile ignored: %s", job.job_id, why)
+                    log.warning("job %d: profile request ignored (job left as submitted): %s", job.job_id, why)
                 cached = self._profiles[job.job_id] = (job.comment, profile, why)
             if cached[1] is not None:
                 profiles[job.job_id] = cached[1]
@@ -142,6 +144,7 @@ class Controller:
         decisions = self.policy.decide(view, profiles, self.estimator)
         report.decide_s = self.clock() - t0
         by_id = {j.job_id: j for j in view.jobs}
+        decisions = self._stable_order(decisions, by_id)
         for decision in decisions:
             job = by_id.get(decision.job_id)
             why = self._allowed(decision, job, profiles)
@@ -161,6 +164,22 @@ class Controller:
         if report.failed is not None:
             raise BackendError(report.failed)
         return report
+
+    def _stable_order(self, decisions: list[Decision], by_id: dict[int, Job]) -> list[Decision]:
+        """Keep the order the policy's SiteFactors express, with as few changes to the
+        pending jobs' current factors as possible (each change is an update in Slurm)."""
+        ranked = [(i, d) for i, d in enumerate(decisions) if d.site_factor is not None and not d.requeue
+                  and d.job_id in by_id and by_id[d.job_id].pending]
+        if not ranked:
+            return decisions
+        order = [d.job_id for _, d in sorted(ranked, key=lambda x: (-(x[1].site_factor or 0), x[0]))]
+        current = {j: by_id[j].site_factor for j in order if by_id[j].site_factor > 0}
+        top = getattr(self.policy, "site_factor_max", max(d.site_factor or 0 for _, d in ranked))
+        factors = stable_factors(order, current, top)
+        out = list(decisions)
+        for i, d in ranked:
+            out[i] = replace(d, site_factor=factors[d.job_id])
+        return out
 
     def _act(self, decision: Decision, job: Job, report: TickReport) -> None:
         if self.settings.dry_run:

@@ -63,8 +63,10 @@ def rank_factors(ordered: Sequence[int], max_factor: int) -> dict[int, int]:
 
 
 def scaled_time_limit_s(job: Job, old_run_s: float, new_run_s: float) -> Optional[int]:
-    """The job's limit scaled by the predicted run-time ratio, in whole minutes (Slurm's unit)."""
-    if not job.time_limit_s or old_run_s <= 0:
+    """The job's limit scaled up by the predicted run-time ratio, in whole minutes (Slurm's
+    unit), when the new config is predicted to be slower; None otherwise. A limit is never
+    lowered: a wrong prediction must not get a job killed."""
+    if not job.time_limit_s or old_run_s <= 0 or new_run_s <= old_run_s:
         return None
     return int(math.ceil(job.time_limit_s * new_run_s / old_run_s / 60.0)) * 60
 
@@ -147,3 +149,69 @@ def decision_for(job: Job, profile: JobProfile, option: Optional[Option], site_f
     end = None if start_s is None else start_s + option.run_s
     return Decision(job.job_id, config=option.config, site_factor=site_factor, time_limit_s=limit,
                     reason=reason, predicted_start_s=start_s, predicted_end_s=end)
+
+
+MIN_FACTOR_GAP = 2_000  # > 2x PriorityWeightAge's default reach, so age cannot swap neighbours
+
+
+def _longest_descending(order: Sequence[int], current: Mapping[int, int]) -> set[int]:
+    """Job ids of a longest chain along ``order`` whose current factors strictly decrease
+    by at least MIN_FACTOR_GAP (patience sorting on negated factors, O(n log n))."""
+    tails: list[int] = []  # tails[k] = smallest negated factor ending a chain of length k+1
+    tail_ids: list[int] = []
+    parent: dict[int, Optional[int]] = {}
+    for job_id in order:
+        if job_id not in current:
+            continue
+        value = -current[job_id]
+        k = bisect.bisect_left(tails, value - MIN_FACTOR_GAP + 1)
+        while k > 0 and tails[k - 1] > value - MIN_FACTOR_GAP:
+            k -= 1
+        parent[job_id] = tail_ids[k - 1] if k > 0 else None
+        if k == len(tails):
+            tails.append(value)
+            tail_ids.append(job_id)
+        elif value < tails[k]:
+            tails[k], tail_ids[k] = value, job_id
+    chain: set[int] = set()
+    node = tail_ids[-1] if tail_ids else None
+    while node is not None:
+        chain.add(node)
+        node = parent[node]
+    return chain
+
+
+def stable_factors(order: Sequence[int], current: Mapping[int, int], top: int) -> dict[int, int]:
+    """SiteFactors that realise ``order`` (first = highest) while changing as few jobs as
+    possible: jobs whose current factors are already in order keep them, the others are
+    spread into the gaps; when a gap is too narrow, every job gets fresh rank factors.
+    Fewer changes mean fewer ``scontrol update`` calls per tick."""
+    keep = _longest_descending(order, current)
+    out: dict[int, int] = {}
+    upper, pending_ids = top + MIN_FACTOR_GAP, []
+    for job_id in list(order) + [None]:  # type: ignore[list-item]
+        if job_id is not None and job_id not in keep:
+            pending_ids.append(job_id)
+            continue
+        lower = current[job_id] if job_id is not None else -MIN_FACTOR_GAP
+        if pending_ids:
+            gap = (upper - lower) // (len(pending_ids) + 1)
+            if gap < MIN_FACTOR_GAP:
+                return centred_factors(order, top)
+            for i, pid in enumerate(pending_ids):
+                out[pid] = upper - gap * (i + 1)
+            pending_ids = []
+        if job_id is not None:
+            out[job_id] = current[job_id]
+            upper = current[job_id]
+    if any(v < 0 or v > top for v in out.values()):
+        return centred_factors(order, top)
+    return out
+
+
+def centred_factors(order: Sequence[int], top: int) -> dict[int, int]:
+    """Fresh factors RANK_STEP apart, centred in [0, top] so later insertions above and
+    below the block fit without renumbering it."""
+    step = min(RANK_STEP, max(1, top // (len(order) + 1)))
+    first = min(top, top // 2 + step * len(order) // 2)
+    return {job_id: max(0, first - i * step) for i, job_id in enumerate(order)}
