@@ -1,0 +1,28 @@
+#!/bin/bash
+# Install everything the tests need on a fresh Debian 12/13 machine (as root, or with
+# sudo), bring up the Slurm test cluster, and run every test. This is the README's test
+# command and what CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+PY=${PYTHON:-python3}
+
+echo "== packages (Slurm, munge, sqlite3) from the distribution"
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+  munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins sqlite3 >/dev/null
+
+echo "== python packages (project + dev tools + the megatron extra: CPU torch, megatron-core)"
+$PY -m pip install -q --disable-pip-version-check -e '.[dev,megatron]'
+
+echo "== Slurm test cluster"
+export SLURM_TESTBED_DIR=${SLURM_TESTBED_DIR:-/tmp/pipeswift-testbed-ci}
+FRESH=1 bash tests/slurm/testbed.sh up
+trap 'bash tests/slurm/testbed.sh down >/dev/null 2>&1 || true' EXIT
+# shellcheck disable=SC1091
+source "$SLURM_TESTBED_DIR/env.sh"
+
+echo "== tests"
+$PY -m pytest -q -p no:cacheprovider tests "$@"
