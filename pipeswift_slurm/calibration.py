@@ -105,7 +105,7 @@ def decay_weight(age_s: float, half_life_s: float) -> float:
     """w = 2 ** (-max(age_s, 0) / half_life_s); 1 for every age when half_life_s is inf."""
     if math.isinf(half_life_s):
         return 1.0
-    return 0.5 ** (max(age_s, 0.0) / half_life_s)
+    return float(0.5 ** (max(age_s, 0.0) / half_life_s))
 
 
 def trimmed_mean(values: Sequence[float], weights: Sequence[float], trim: float) -> float:
@@ -349,9 +349,17 @@ class OnlineCalibrator:
         """Make a Simulation learn online: chain into its ``on_tick`` and swap
         ``sim.controller.estimator`` after each refit."""
         previous = sim.on_tick
+        unfinished: dict[int, Any] = {}  # scan only records not yet finished, not all of them
+        known = [0]
 
         def on_tick(now: float, report: Any) -> None:
-            if self.update(sim.records.values(), now):
+            if len(sim.records) != known[0]:
+                unfinished.update((k, r) for k, r in sim.records.items() if k not in self._seen)
+                known[0] = len(sim.records)
+            done = [r for r in unfinished.values() if r.end_s is not None and r.end_s <= now]
+            for record in done:
+                del unfinished[record.job_id]
+            if self.update(done, now):
                 sim.controller.estimator = self.estimator()
             if previous is not None:
                 previous(now, report)

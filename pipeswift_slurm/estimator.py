@@ -37,7 +37,10 @@ class Estimator:
         return Estimator(self.cost, self.gpus_per_node, bias, self.planner)
 
     def bias(self, job_class: str) -> float:
-        return self.bias_by_class.get(job_class, 1.0)
+        """actual/predicted ratio for the class, else its model family's, else 1."""
+        from .calibration import lookup_bias
+
+        return lookup_bias(self.bias_by_class, job_class)
 
     def startup_s(self, profile: JobProfile) -> float:
         return self.cost.startup_s(profile)
