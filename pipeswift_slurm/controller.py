@@ -133,8 +133,9 @@ class Controller:
 
         Raises:
             BackendError: the cluster could not be observed (nothing is recorded), or it
-                stopped answering while acting (acting stops; what was applied, and the
-                failure, are recorded so the database matches Slurm).
+                stopped answering while acting (acting stops, or with a batching backend
+                the rest of the batch fails; what was applied, and the failures, are
+                recorded so the database matches Slurm).
         """
         started = self.clock()
         view = self.backend.snapshot()
@@ -145,6 +146,7 @@ class Controller:
         report.decide_s = self.clock() - t0
         by_id = {j.job_id: j for j in view.jobs}
         decisions = self._stable_order(decisions, by_id)
+        todo_items: list[tuple[Decision, Job]] = []
         for decision in decisions:
             job = by_id.get(decision.job_id)
             why = self._allowed(decision, job, profiles)
@@ -156,8 +158,8 @@ class Controller:
             if not todo.changes_anything:
                 continue
             report.decisions.append(todo)
-            if report.failed is None:
-                self._act(todo, job, report)
+            todo_items.append((todo, job))
+        self._act(todo_items, report)
         report.duration_s = self.clock() - started
         if self.store is not None:
             self._record(report, profiles)
@@ -181,18 +183,39 @@ class Controller:
             out[i] = replace(d, site_factor=factors[d.job_id])
         return out
 
-    def _act(self, decision: Decision, job: Job, report: TickReport) -> None:
-        if self.settings.dry_run:
+    def _act(self, items: list[tuple[Decision, Job]], report: TickReport) -> None:
+        """Apply the decisions: all in one ``apply_many`` call when the backend batches,
+        else one ``apply`` each, stopping at the first failure (slurmctld gone)."""
+        if self.settings.dry_run or not items:
             return
-        try:
-            self.backend.apply(decision, job)
-            report.applied.append(decision.job_id)
-        except JobGone as exc:
-            log.info("job %d skipped: %s", decision.job_id, exc)
-            report.skipped.append((decision.job_id, str(exc)))
-        except BackendError as exc:
-            report.errors.append((decision.job_id, str(exc)))
-            report.failed = str(exc)
+        apply_many = getattr(self.backend, "apply_many", None)
+        if apply_many is not None:
+            for (decision, _), outcome in zip(items, apply_many(items), strict=True):
+                self._outcome(decision.job_id, outcome, report)
+            return
+        for decision, job in items:
+            if report.failed is not None:
+                break
+            try:
+                self.backend.apply(decision, job)
+                outcome: Optional[BackendError] = None
+            except BackendError as exc:
+                outcome = exc
+            self._outcome(decision.job_id, outcome, report)
+
+    @staticmethod
+    def _outcome(job_id: int, outcome: Optional[BackendError], report: TickReport) -> None:
+        """None: applied; JobGone: skipped (logged); any other BackendError: an error, and
+        the first one fails the tick."""
+        if outcome is None:
+            report.applied.append(job_id)
+        elif isinstance(outcome, JobGone):
+            log.info("job %d skipped: %s", job_id, outcome)
+            report.skipped.append((job_id, str(outcome)))
+        else:
+            report.errors.append((job_id, str(outcome)))
+            if report.failed is None:
+                report.failed = str(outcome)
 
     def _record(self, report: TickReport, profiles: dict[int, JobProfile]) -> None:
         from .recording import record_tick

@@ -18,8 +18,9 @@ Each tick (pure; only ``view.now`` as the clock):
 4. Levers: each pending job gets its SiteFactor from its rank, and when its chosen size
    or config differs, a resize (nodes x GPUs), the decision token and a time limit
    scaled by the predicted run-time ratio. Running jobs are never touched unless
-   ``reshape_running`` is on, and then only when the predicted gain exceeds the switch
-   cost (a restart) by ``reshape_margin``.
+   ``reshape_running`` is on, and then only when no pending job waits, into GPUs left
+   idle beyond ``expand_reserve_fraction`` of the cluster, and when the predicted gain
+   exceeds the switch cost (a restart) by ``reshape_margin``.
 Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chosen);
 ``reconfigure=False`` also keeps the user's config (order and waiting only).
 """
@@ -49,7 +50,8 @@ class PipeSwiftPolicy:
     def __init__(self, wait_bound_s: float = 48 * 3600.0, promote_fraction: float = 0.5, aging: float = 0.5,
                  start_margin: float = 0.1, plan_depth: int = 64, site_factor_max: int = 100_000_000,
                  reshape_running: bool = False, reshape_margin: float = 0.2, resize: bool = True,
-                 reconfigure: bool = True):
+                 reconfigure: bool = True, expand_reserve_fraction: float = 0.0, reservations: int = 64,
+                 short_lane_fraction: float = 0.0, short_lane_max_s: float = 2 * 3600.0):
         self.wait_bound_s = wait_bound_s
         self.promote_fraction = promote_fraction
         self.aging = aging
@@ -60,6 +62,10 @@ class PipeSwiftPolicy:
         self.reshape_margin = reshape_margin
         self.resize = resize
         self.reconfigure = reconfigure
+        self.expand_reserve_fraction = expand_reserve_fraction
+        self.reservations = reservations
+        self.short_lane_fraction = short_lane_fraction
+        self.short_lane_max_s = short_lane_max_s
         self._options: dict[int, tuple[JobProfile, int, tuple[Option, ...]]] = {}
 
     # ------------------------------------------------------------ options and order
@@ -94,12 +100,18 @@ class PipeSwiftPolicy:
 
     # ------------------------------------------------------------ planning
     def _plan(self, job: Job, options: tuple[Option, ...], free: list[int], timeline: Timeline,
-              now: float, starving: bool) -> _Plan:
+              now: float, starving: bool, user_gpus: int) -> _Plan:
         best_now: Optional[Option] = None
         best_wait: Optional[tuple[float, Option]] = None
+        reserve = self.expand_reserve_fraction * self._total
         for opt in options:
+            long_job = opt.run_s > self.short_lane_max_s
+            lane_full = long_job and self._long_busy + opt.gpus > self._long_cap
+            if lane_full and opt.gpus > user_gpus:
+                continue  # a long job grows only while the short-job lane stays free
             start = timeline.earliest(opt.gpus, opt.run_s)
-            if start == now and fits_now(free, opt.config) is not None:
+            expands = opt.gpus > job.gpus and sum(free) - opt.gpus < reserve
+            if start == now and not expands and not lane_full and fits_now(free, opt.config) is not None:
                 if best_now is None or opt.run_s < best_now.run_s:
                     best_now = opt
             elif start < float("inf"):
@@ -114,12 +126,16 @@ class PipeSwiftPolicy:
                 for node in nodes:
                     free[node] -= best_now.config.gpus_per_node
                 timeline.take(now, now + best_now.run_s, best_now.gpus)
+                if best_now.run_s > self.short_lane_max_s:
+                    self._long_busy += best_now.gpus
                 return _Plan(best_now, now, "start now on %d GPUs" % best_now.gpus)
         if best_wait is None:
             return _Plan(None, None, "no GPU count fits in the predicted future")
         opt = best_wait[1]
         start = best_wait[0] - (0 if starving else opt.run_s)
-        timeline.take(start, start + opt.run_s, opt.gpus)
+        if self._reserved < self.reservations:
+            timeline.take(start, start + opt.run_s, opt.gpus)
+            self._reserved += 1
         return _Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
 
     def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any) -> list[Decision]:
@@ -129,28 +145,45 @@ class PipeSwiftPolicy:
         for gone in [k for k in self._options if k not in live]:
             del self._options[gone]
         if not pending:
-            return []
-        total = view.total_gpus
+            return self._reshapes(view, profiles, estimator, view.free_gpus - int(
+                self.expand_reserve_fraction * view.total_gpus)) if self.reshape_running else []
+        total = self._total = view.total_gpus
         opts = {j.job_id: self.options(j, profiles[j.job_id], estimator, total) for j in pending}
         ordered = self.order(pending, opts, now)
-        factors = rank_factors([j.job_id for j in ordered], self.site_factor_max)
         free = free_by_node(view)
         timeline = Timeline(now, sum(free), [(predicted_end_s(r, profiles, estimator, now), r.gpus)
                                              for r in view.running])
         promote_s = self.promote_fraction * self.wait_bound_s
+        self._reserved = 0
+        self._long_cap = (1.0 - self.short_lane_fraction) * total
+        self._long_busy = sum(r.gpus for r in view.running
+                              if predicted_end_s(r, profiles, estimator, now) - (r.start_time or now)
+                              > self.short_lane_max_s)
+        plans: dict[int, _Plan] = {}
+        for job in ordered[:self.plan_depth]:
+            plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.wait_s(now) >= promote_s,
+                                           profiles[job.job_id].requested.gpus)
+        # Jobs planned to start now go first: they fit, so Slurm starts them before it
+        # reserves for the first job that waits (the timeline already checked that they
+        # do not delay the planned reservations).
+        starting = [j for j in ordered if j.job_id in plans and plans[j.job_id].start_s == now]
+        final = starting + [j for j in ordered if j not in starting]
+        factors = rank_factors([j.job_id for j in final], self.site_factor_max)
         out = []
-        for rank, job in enumerate(ordered):
-            profile = profiles[job.job_id]
-            if rank >= self.plan_depth:
+        for rank, job in enumerate(final):
+            plan = plans.get(job.job_id)
+            if plan is None:
                 out.append(Decision(job.job_id, site_factor=factors[job.job_id], reason="queued (rank %d)" % rank))
                 continue
-            plan = self._plan(job, opts[job.job_id], free, timeline, now, job.wait_s(now) >= promote_s)
+            profile = profiles[job.job_id]
             option = plan.option
             if option is not None and option.config == current_config(job, profile) and job.config is not None:
                 option = None
             out.append(decision_for(job, profile, option, factors[job.job_id], plan.reason, estimator, plan.start_s))
-        if self.reshape_running and not any(d.config is not None and d.predicted_start_s == now for d in out):
-            out += self._reshapes(view, profiles, estimator, sum(free))
+        nobody_waits = len(plans) == len(ordered) and all(p.start_s == now for p in plans.values())
+        if self.reshape_running and nobody_waits:
+            idle = sum(free) - int(self.expand_reserve_fraction * total)
+            out += self._reshapes(view, profiles, estimator, idle)
         return out
 
     def _reshapes(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,

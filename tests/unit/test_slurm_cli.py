@@ -14,7 +14,8 @@ from pipeswift_slurm import token
 from pipeswift_slurm.backends import BackendError, JobGone
 from pipeswift_slurm.backends import detect
 from pipeswift_slurm.backends import slurm_cli as cli
-from pipeswift_slurm.model import Decision, ExecConfig, GpuRequest, Job
+from pipeswift_slurm.controller import Controller
+from pipeswift_slurm.model import ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 NOW = 1_800_000_000.0
@@ -320,3 +321,224 @@ def test_detect_never_imports_pyslurm() -> None:
     code = ("import sys; from pipeswift_slurm.backends import detect, slurm_cli, pyslurm_; "
             "detect.slurm_conf_reachable(); assert 'pyslurm' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------ batched updates (apply_many)
+# stderr of one 22.05 scontrol fed five updates on stdin (exit 1): server-side errors name
+# their job, client-side parse errors do not.
+BATCH_STDERR_2205 = ("Invalid job id specified for job 999999\n"
+                     "Job is no longer pending execution for job 1\n"
+                     "Invalid GRES specification (with and without type identification) for job 3\n"
+                     "scontrol: error: Invalid TimeLimit value\n"
+                     "Request aborted\n")
+
+
+class FakeFeed:
+    """Stands in for ``SubprocessRunner.feed``: records each stdin, answers per job line.
+
+    ``errors`` maps job_id to a stderr line for that job's command ("" = no line); a job in
+    ``loose`` makes the whole process exit 1 with an error that names no job.
+    """
+
+    def __init__(self, errors: dict[int, str] | None = None, loose: frozenset[int] = frozenset(),
+                 raises: BackendError | None = None) -> None:
+        self.errors = errors or {}
+        self.loose = loose
+        self.raises = raises
+        self.inputs: list[list[str]] = []
+
+    def __call__(self, argv: list[str], stdin_text: str) -> cli.CommandResult:
+        assert argv == ["scontrol"]
+        lines = stdin_text.splitlines()
+        self.inputs.append(lines)
+        if self.raises is not None:
+            raise self.raises
+        stderr = []
+        for line in lines:
+            job_id = int(line.split()[1].removeprefix("JobId="))
+            if self.errors.get(job_id):
+                stderr.append("%s for job %d" % (self.errors[job_id], job_id))
+            if job_id in self.loose:
+                stderr.append("scontrol: error: Invalid TimeLimit value")
+        return cli.CommandResult(1 if stderr else 0, "scontrol: \n" * len(lines), "\n".join(stderr))
+
+
+def batch_backend(feed: FakeFeed, run: FakeRunner | None = None) -> cli.SlurmCliBackend:
+    return cli.SlurmCliBackend(run=run or FakeRunner({}), clock=lambda: NOW, feed=feed)
+
+
+def test_batch_text_is_one_command_a_line() -> None:
+    argvs = [cli.update_argv(Decision(5, site_factor=7), pending(5), NOW),
+             cli.update_argv(Decision(6, config=CFG, site_factor=8), pending(6), NOW)]
+    assert cli.batch_text([a for a in argvs if a]) == (
+        "update JobId=5 SiteFactor=7\n"
+        "update JobId=6 NumNodes=2-2 TresPerNode=gres:gpu:2 SiteFactor=8 AdminComment=%s\n"
+        % token.encode_decision(CFG, int(NOW)))
+    with pytest.raises(BackendError, match="cannot batch"):
+        cli.batch_text([["scontrol", "update", "JobId=1", "Comment=a b"]])
+    with pytest.raises(BackendError, match="cannot batch"):
+        cli.batch_text([["sbatch", "x"]])
+
+
+def test_parse_batch_errors_recorded_2205() -> None:
+    by_job, loose = cli.parse_batch_errors(BATCH_STDERR_2205 + "Unable to contact slurm controller for job 7_3\n")
+    assert by_job == {999999: "Invalid job id specified", 1: "Job is no longer pending execution",
+                      3: "Invalid GRES specification (with and without type identification)",
+                      7: "Unable to contact slurm controller"}
+    assert loose == ["scontrol: error: Invalid TimeLimit value", "Request aborted"]
+    assert cli.parse_batch_errors("") == ({}, [])
+
+
+def test_apply_many_feeds_one_process() -> None:
+    feed, run = FakeFeed(), FakeRunner({})
+    items = [(Decision(j, config=CFG, site_factor=j), pending(j)) for j in range(10, 15)]
+    items.append((Decision(15), pending(15)))  # nothing to change: no line
+    backend = cli.SlurmCliBackend(run=run, clock=lambda: NOW, feed=feed, batch_processes=1)
+    assert backend.apply_many(items) == [None] * 6
+    assert run.calls == [] and len(feed.inputs) == 1
+    assert [line.split()[1] for line in feed.inputs[0]] == ["JobId=%d" % j for j in range(10, 15)]
+    assert all(line.split()[2:] == cli.update_argv(d, j, NOW)[3:]  # type: ignore[index]
+               for line, (d, j) in zip(feed.inputs[0], items))
+
+
+def test_apply_many_splits_long_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "BATCH_MAX_LINES", 4)
+    items = [(Decision(j, site_factor=1), pending(j)) for j in range(10)]
+    feed = FakeFeed()
+    cli.SlurmCliBackend(run=FakeRunner({}), clock=lambda: NOW, feed=feed, batch_processes=1).apply_many(items)
+    assert [len(lines) for lines in feed.inputs] == [4, 4, 2]
+    feed = FakeFeed(errors={7: "Invalid job id specified"})
+    out = batch_backend(feed).apply_many(items)  # 4 processes side by side: 3 + 3 + 3 + 1 lines
+    assert sorted(len(lines) for lines in feed.inputs) == [1, 3, 3, 3]
+    assert sorted(line for lines in feed.inputs for line in lines) == sorted(
+        "update JobId=%d SiteFactor=1" % j for j in range(10))
+    assert [i for i, r in enumerate(out) if r is not None] == [7] and isinstance(out[7], JobGone)
+
+
+def test_apply_many_attributes_job_errors() -> None:
+    feed = FakeFeed(errors={11: "Invalid job id specified", 12: "Job is no longer pending execution",
+                            13: "Invalid GRES specification (with and without type identification)"})
+    items = [(Decision(j, site_factor=1), pending(j)) for j in range(10, 15)]
+    out = cli.SlurmCliBackend(run=FakeRunner({}), clock=lambda: NOW, feed=feed, batch_processes=1).apply_many(items)
+    assert out[0] is None and out[4] is None
+    assert isinstance(out[1], JobGone) and isinstance(out[2], JobGone)
+    assert isinstance(out[3], BackendError) and not isinstance(out[3], JobGone)
+    assert "with and without type" in str(out[3])
+    assert len(feed.inputs) == 1  # every error named its job: no re-run
+
+
+def test_apply_many_bisects_errors_naming_no_job() -> None:
+    feed = FakeFeed(errors={3: "Invalid job id specified"}, loose=frozenset({6}))
+    items = [(Decision(j, site_factor=1), pending(j)) for j in range(16)]
+    out = cli.SlurmCliBackend(run=FakeRunner({}), clock=lambda: NOW, feed=feed, batch_processes=1).apply_many(items)
+    assert [i for i, r in enumerate(out) if r is not None] == [3, 6]
+    assert isinstance(out[3], JobGone)
+    assert isinstance(out[6], BackendError) and not isinstance(out[6], JobGone)
+    assert "Invalid TimeLimit value" in str(out[6])
+    assert len(feed.inputs) <= 1 + 2 * 4  # halves down to the one job, not one run per job
+    assert all("JobId=3 " not in line for lines in feed.inputs[1:] for line in lines)
+
+
+def test_apply_many_failed_process_fails_its_batch() -> None:
+    feed = FakeFeed(raises=BackendError("scontrol (3 commands on stdin) timed out after 60 s"))
+    out = batch_backend(feed).apply_many([(Decision(j, site_factor=1), pending(j)) for j in range(3)])
+    assert all(isinstance(r, BackendError) and not isinstance(r, JobGone) and "timed out" in str(r)
+               for r in out)
+
+
+def test_apply_many_keeps_apply_rules() -> None:
+    feed, run = FakeFeed(), FakeRunner({})
+    running = Job(job_id=3, state="RUNNING", submit_time=0.0, opted_in=True)
+    unmanaged = Job(job_id=8, state="PENDING", submit_time=0.0)
+    odd = ExecConfig(tp=1, pp=3, dp=1, micro_batch_size=1, num_micro_batches=3, num_nodes=2)
+    out = batch_backend(feed, run).apply_many([
+        (Decision(3, config=CFG, requeue=True), running),  # requeue: its own commands, in order
+        (Decision(3, config=CFG), running),                # resize of a running job: gone
+        (Decision(8, site_factor=10), unmanaged),          # not opted in: never touched
+        (Decision(9, config=odd), pending(9)),             # cannot be expressed: error
+        (Decision(10, site_factor=5), pending(10))])
+    assert out[0] is None and isinstance(out[1], JobGone) and out[2] is None
+    assert isinstance(out[3], BackendError) and "whole GPU count" in str(out[3]) and out[4] is None
+    assert [c[:2] for c in run.calls] == [["scontrol", "requeue"], ["scontrol", "update"]]
+    assert feed.inputs == [["update JobId=10 SiteFactor=5"]]
+
+
+def test_apply_many_without_feed_runs_one_command_per_job() -> None:
+    run = FakeRunner({("scontrol", "update"): BackendError("scontrol update failed (exit 1): "
+                                                           + read("err-invalid-job-22.05.txt").splitlines()[0])})
+    backend = cli.SlurmCliBackend(run=run, clock=lambda: NOW)
+    out = backend.apply_many([(Decision(j, site_factor=1), pending(j)) for j in (1, 2)])
+    assert all(isinstance(r, JobGone) for r in out) and len(run.calls) == 2
+    assert cli.SlurmCliBackend()._feed == cli.subprocess_runner.feed
+
+
+def test_subprocess_runner_feed(tmp_path: Path) -> None:
+    runner = cli.SubprocessRunner(timeout_s=5, env={"PATH": "/usr/bin:/bin", "TERM": "xterm"})
+    code = "import os, sys; d = sys.stdin.read(); print(d.upper(), os.environ['TERM']); sys.exit(len(d))"
+    done = runner.feed([sys.executable, "-c", code], "ab\n")
+    assert done == cli.CommandResult(3, "AB\n dumb\n", "")
+    with pytest.raises(BackendError, match="timed out"):
+        cli.SubprocessRunner(timeout_s=0.2).feed([sys.executable, "-c", "import time; time.sleep(5)"], "")
+    with pytest.raises(BackendError, match="command not found"):
+        runner.feed([str(tmp_path / "scontrol")], "")
+
+
+# ------------------------------------------------------------------ controller on a batching backend
+ARGV = ["--num-layers", "8", "--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "512",
+        "--max-position-embeddings", "512", "--micro-batch-size", "1", "--global-batch-size", "16",
+        "--train-iters", "100"]
+
+
+class ListPolicy:
+    name = "list"
+
+    def __init__(self, decisions: list[Decision]) -> None:
+        self.decisions = decisions
+
+    def decide(self, view: object, profiles: object, estimator: object) -> list[Decision]:
+        return list(self.decisions)
+
+
+class BatchingBackend:
+    """A backend with ``apply_many`` whose outcomes are given per job id."""
+
+    name = "batching"
+
+    def __init__(self, jobs: list[Job], outcomes: dict[int, BackendError]) -> None:
+        self.jobs, self.outcomes = jobs, outcomes
+        self.batches: list[list[int]] = []
+
+    def snapshot(self) -> ClusterView:
+        return ClusterView(now=NOW, nodes=(Node("n1", gpus=8),), jobs=tuple(self.jobs))
+
+    def apply(self, decision: Decision, job: Job) -> None:
+        raise AssertionError("apply_many should have been used")
+
+    def apply_many(self, items: list[tuple[Decision, Job]]) -> list[BackendError | None]:
+        self.batches.append([d.job_id for d, _ in items])
+        return [self.outcomes.get(d.job_id) for d, _ in items]
+
+
+def test_controller_acts_through_one_apply_many() -> None:
+    comment = token.encode_profile(token.ProfileRequest(tuple(ARGV), gpus=(1, 8)))
+    jobs = [pending(j, comment=comment, gpus=1) for j in (1, 2, 3, 4)]
+    backend = BatchingBackend(jobs, {2: JobGone("job 2 is gone"), 3: BackendError("slurmctld went away")})
+    decisions = [Decision(j, time_limit_s=600 * j) for j in (1, 2, 3, 4)]
+    controller = Controller(backend, ListPolicy(decisions), estimator=None)
+    with pytest.raises(BackendError, match="went away"):
+        controller.tick()
+    assert backend.batches == [[1, 2, 3, 4]]
+    controller.backend = BatchingBackend(jobs, {2: JobGone("job 2 is gone")})
+    report = controller.tick()
+    assert report.applied == [1, 3, 4] and report.skipped == [(2, "job 2 is gone")] and report.errors == []
+    assert report.failed is None and [d.job_id for d in report.decisions] == [1, 2, 3, 4]
+
+
+def test_snapshot_controller_down_says_so_after_a_ping() -> None:
+    run = recorded_runner("squeue-22.05-ctld-down.json")
+    run.answers[tuple(cli.PING_ARGV)] = BackendError("scontrol ping failed (exit 1): Slurmctld(primary) at vm is DOWN")
+    with pytest.raises(BackendError) as info:
+        cli.SlurmCliBackend(run=run).snapshot()
+    assert str(info.value) == ("slurmctld is not answering: Slurmctld(primary) at vm is DOWN "
+                               "(squeue --json reported: Failed while looking for jobs)")
+    assert run.calls == [cli.SQUEUE_JSON_ARGV, cli.PING_ARGV]

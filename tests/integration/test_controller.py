@@ -1,0 +1,415 @@
+"""The controller against the real test cluster (tests/slurm/testbed.sh up), driven through
+``pipeswift controller tick`` as cron runs it (a subprocess with a TOML config) and through
+the Python API where a test must reach inside a tick: a pending opted-in job is resized and
+starts at its new size; jobs not opted in and running jobs are never modified; a job that
+leaves between observe and act is skipped; overlapping and killed ticks leave one
+consistent history; history rows carry Slurm's own queue and run seconds; a tick with
+nothing new issues no update; and with slurmctld stopped a tick fails with one line and
+leaves the database as it was (last in the module: it stops and restarts slurmctld)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+
+from pipeswift_slurm import token
+from pipeswift_slurm.backends.slurm_cli import SlurmCliBackend, SubprocessRunner, parse_kv_line, parse_sprio
+from pipeswift_slurm.controller import Controller
+from pipeswift_slurm.costmodel import CostModel
+from pipeswift_slurm.estimator import Estimator
+from pipeswift_slurm.hardware import get_gpu_type
+from pipeswift_slurm.model import ClusterView, Decision, Job
+from pipeswift_slurm.policy import get_policy
+from pipeswift_slurm.store import Store
+
+pytestmark = pytest.mark.slurm
+
+MEGATRON = ["--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16",
+            "--seq-length", "1024", "--max-position-embeddings", "1024", "--micro-batch-size", "4",
+            "--global-batch-size", "64", "--train-iters", "1000"]
+PROFILE = token.encode_profile(token.ProfileRequest(tuple(MEGATRON), gpus=(1, 8)))
+# Fields that change by themselves between two looks at an untouched job.
+VOLATILE = {"RunTime", "LastSchedEval", "StartTime", "EndTime", "Priority", "Reason", "AccrueTime",
+            "EligibleTime", "Scheduler", "SecsPreSuspend", "SchedNodeList"}  # the last: backfill plan
+TICK_TIMEOUT_S = 90
+
+
+# ------------------------------------------------------------------ helpers and fixtures
+class Site:
+    """A controller site in tmp_path: config file, database, lock, and the Slurm env."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+        self.dir = tmp_path
+        self.db = tmp_path / "ps.sqlite"
+        self.lock = tmp_path / "lock"
+        self.config = tmp_path / "config.toml"
+        self.config.write_text('[store]\nurl = "%s"\n[slurm]\nbackend = "cli"\n[controller]\nlock_file = "%s"\n'
+                               % (self.db, self.lock))
+        self.env = dict(env)
+        self.env.pop("PIPESWIFT_CONFIG", None)
+        self.env.pop("PIPESWIFT_DB", None)
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "pipeswift_slurm.cli", "controller", "tick", "--config", str(self.config)]
+
+    def tick(self, env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+        """One cron-style tick; returns the finished process (not checked)."""
+        return subprocess.run(self.argv(), env=env or self.env, capture_output=True, text=True,
+                              timeout=TICK_TIMEOUT_S, check=False)
+
+    def tick_ok(self) -> str:
+        done = self.tick()
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    def rows(self, sql: str, *args: Any) -> list[sqlite3.Row]:
+        with sqlite3.connect(self.db) as conn:
+            conn.row_factory = sqlite3.Row
+            return list(conn.execute(sql, args))
+
+    def count(self, table: str) -> int:
+        return int(self.rows("SELECT count(*) FROM %s" % table)[0][0])
+
+    def fake_scontrol(self, body: str) -> dict[str, str]:
+        """An env whose ``scontrol`` runs ``body`` (sh) and then the real one."""
+        real = shutil.which("scontrol", path=self.env.get("PATH"))
+        assert real, "scontrol not on PATH"
+        bindir = self.dir / "bin"
+        bindir.mkdir(exist_ok=True)
+        wrapper = bindir / "scontrol"
+        wrapper.write_text("#!/bin/sh\n%s\nexec %s \"$@\"\n" % (body, real))
+        wrapper.chmod(0o755)
+        return dict(self.env, PATH="%s:%s" % (bindir, self.env.get("PATH", "")))
+
+
+@pytest.fixture
+def site(tmp_path: Path, slurm_env: dict[str, str]) -> Site:
+    return Site(tmp_path, slurm_env)
+
+
+@pytest.fixture
+def cancel_later(slurm: SubprocessRunner) -> Iterator[list[int]]:
+    """Job ids submitted without ``submit_job`` (psbatch); cancelled at teardown."""
+    ids: list[int] = []
+    yield ids
+    if ids:
+        subprocess.run(["scancel", *map(str, ids)], env=slurm.env, capture_output=True, timeout=30)
+
+
+def opted_in(submit_job: Callable[..., int], *args: str, wrap: str = "sleep 300") -> int:
+    """A 1 node x 1 GPU job opted in with a profile token (flexible 1-8 GPUs)."""
+    return submit_job("-N1", "--gpus-per-node=1", "--comment", PROFILE, *args, wrap=wrap)
+
+
+def stable_fields(slurm: SubprocessRunner, job_id: int) -> dict[str, str]:
+    fields = parse_kv_line(slurm(["scontrol", "-o", "show", "job", str(job_id)]).splitlines()[0])
+    return {k: v for k, v in fields.items() if k not in VOLATILE}
+
+
+def site_factors(slurm: SubprocessRunner) -> dict[int, int]:
+    return parse_sprio(slurm(["sprio", "-h", "-o", "%i|%Y|%S"]))
+
+
+def epoch(value: str) -> float:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").timestamp()
+
+
+def decision_row(site: Site, job_id: int) -> sqlite3.Row:
+    rows = site.rows("SELECT * FROM decisions WHERE job_id = ? ORDER BY id", job_id)
+    assert len(rows) == 1, [dict(r) for r in rows]
+    return rows[0]
+
+
+def assert_consistent(site: Site) -> None:
+    """No half-recorded tick: every tick closed, every decision's tick and job exist."""
+    assert site.rows("PRAGMA integrity_check")[0][0] == "ok"
+    assert site.rows("PRAGMA foreign_key_check") == []
+    ticks = site.rows("SELECT * FROM ticks")
+    assert ticks and all(t["status"] in ("ok", "failed") and t["finished_at"] is not None for t in ticks)
+    assert site.rows("SELECT id FROM decisions WHERE tick_id NOT IN (SELECT tick_id FROM ticks)") == []
+    assert site.rows("SELECT tick_id FROM tick_snapshots WHERE tick_id NOT IN (SELECT tick_id FROM ticks)") == []
+
+
+def api_controller(site: Site, backend: Any) -> Controller:
+    """What ``build_controller`` makes from the default config, around ``backend``."""
+    estimator = Estimator(CostModel(get_gpu_type("A100-80GB")), 8)
+    return Controller(backend, get_policy("pipeswift"), estimator, Store.from_url(str(site.db)))
+
+
+# ------------------------------------------------------------------ resize, then start at the new size
+def test_tick_resizes_pending_psbatch_job_which_starts_at_new_size(
+        site: Site, slurm: SubprocessRunner, blocker: int, cancel_later: list[int],
+        wait_state: Callable[..., dict[str, str]], job_fields: Callable[..., dict[str, str]]) -> None:
+    script = site.dir / "train.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -N1\n#SBATCH --gpus-per-node=1\n#SBATCH -o /dev/null\n"
+                      "#PSWIFT gpus=1-8\nsleep 120\npython pretrain_gpt.py %s\n" % " ".join(MEGATRON))
+    out = subprocess.run([sys.executable, "-m", "pipeswift_slurm.psbatch", "--parsable", str(script)],
+                         env=site.env, capture_output=True, text=True, timeout=60, check=True, cwd=site.dir)
+    job_id = int(out.stdout.strip().split(";")[0])
+    cancel_later.append(job_id)
+    before = job_fields(job_id)
+    assert before["JobState"] == "PENDING" and before["Comment"].startswith(token.PROFILE_PREFIX)
+    assert (before["NumNodes"], before["TresPerNode"]) == ("1-1", "gres:gpu:1")
+
+    site.tick_ok()
+    row = decision_row(site, job_id)
+    assert row["applied"] == 1 and row["error"] is None and row["gpus"] > 1, dict(row)
+    after = job_fields(job_id)
+    config, _at = token.decode_decision(after["AdminComment"])
+    assert config.short() == row["config"]
+    assert (config.num_nodes, config.gpus_per_node, config.pp, config.micro_batch_size) == (
+        row["num_nodes"], row["gpus_per_node"], row["pp"], row["micro_batch_size"])
+    assert after["NumNodes"] == "%d-%d" % (row["num_nodes"], row["num_nodes"])
+    assert after["TresPerNode"] == "gres:gpu:%d" % row["gpus_per_node"]
+    assert site_factors(slurm)[job_id] == row["site_factor"] > 0
+
+    slurm(["scancel", str(blocker)])
+    running = wait_state(job_id, "RUNNING", 40)
+    assert running["NumNodes"] == str(row["num_nodes"])
+    detail = slurm(["scontrol", "-d", "-o", "show", "job", str(job_id)])
+    per_node = re.findall(r"\bGRES=gpu:(\d+)\(IDX:[^)]*\)", detail)
+    assert per_node == [str(row["gpus_per_node"])] * row["num_nodes"], detail
+
+
+# ------------------------------------------------------------------ never touch what is not ours
+def test_tick_never_modifies_unmanaged_or_running_jobs(
+        site: Site, slurm: SubprocessRunner, submit_job: Callable[..., int],
+        wait_state: Callable[..., dict[str, str]]) -> None:
+    ours_running = opted_in(submit_job, "--exclusive", "--gpus-per-node=8")
+    plain_running = submit_job("-N3", "--exclusive", "--gpus-per-node=8", "-J", "plain-running")
+    wait_state(ours_running, "RUNNING", 30)
+    wait_state(plain_running, "RUNNING", 30)
+    plain_pending = submit_job("-N1", "--gpus-per-node=1", "-J", "plain-pending")
+    plain_per_job = submit_job("--gpus=2", "--comment", "pswift-like but no token", "-J", "plain-gpus")
+    plain_held = submit_job("-H", "-N2", "--gres=gpu:2", "-J", "plain-held")
+    ours_pending = opted_in(submit_job)
+    untouched = [ours_running, plain_running, plain_pending, plain_per_job, plain_held]
+    before = {j: stable_fields(slurm, j) for j in untouched}
+
+    site.tick_ok()
+    assert decision_row(site, ours_pending)["applied"] == 1  # the tick did act, on its own job
+    after = {j: stable_fields(slurm, j) for j in untouched}
+    for job_id in untouched:
+        changed = {k: (before[job_id].get(k), after[job_id].get(k))
+                   for k in before[job_id].keys() | after[job_id].keys()
+                   if before[job_id].get(k) != after[job_id].get(k)}
+        assert changed == {}, "job %d changed: %s" % (job_id, changed)
+    factors = site_factors(slurm)
+    assert factors.get(plain_pending, 0) == 0 and factors.get(plain_per_job, 0) == 0
+    assert site.rows("SELECT job_id FROM decisions WHERE job_id IN (%s)" % ",".join(map(str, untouched))) == []
+
+
+# ------------------------------------------------------------------ a job leaves between observe and act
+class CancelAfterSnapshot:
+    """The real CLI backend, but ``victim`` is cancelled (real scancel) right after the
+    snapshot that still shows it pending."""
+
+    name = "cli"
+
+    def __init__(self, inner: SlurmCliBackend, slurm: SubprocessRunner, victim: int) -> None:
+        self.inner, self.slurm, self.victim = inner, slurm, victim
+
+    def snapshot(self) -> ClusterView:
+        view = self.inner.snapshot()
+        job = view.job(self.victim)
+        assert job is not None and job.pending
+        self.slurm(["scancel", str(self.victim)])
+        deadline = time.monotonic() + 15
+        while "JobState=CANCELLED" not in self.slurm(["scontrol", "-o", "show", "job", str(self.victim)]):
+            assert time.monotonic() < deadline, "scancel did not take"
+            time.sleep(0.2)
+        return view
+
+    def apply(self, decision: Decision, job: Job) -> None:
+        self.inner.apply(decision, job)
+
+    def apply_many(self, items: list[tuple[Decision, Job]]) -> list[Any]:
+        return self.inner.apply_many(items)
+
+
+def test_job_gone_between_observe_and_act_is_skipped(
+        site: Site, slurm: SubprocessRunner, blocker: int, submit_job: Callable[..., int],
+        caplog: pytest.LogCaptureFixture) -> None:
+    victim = opted_in(submit_job)
+    survivor = opted_in(submit_job)
+    backend = CancelAfterSnapshot(SlurmCliBackend(run=slurm), slurm, victim)
+    with caplog.at_level(logging.INFO, logger="pipeswift_slurm.controller"):
+        report = api_controller(site, backend).tick()
+    assert report.failed is None and report.errors == []
+    skipped = dict(report.skipped)
+    assert victim in skipped and "gone" in skipped[victim], report.skipped
+    assert victim not in report.applied and survivor in report.applied
+    assert any("job %d skipped" % victim in r.getMessage() for r in caplog.records)
+    row = decision_row(site, victim)
+    assert row["applied"] is None and row["error"] is None
+    assert site.rows("SELECT status FROM ticks")[0]["status"] == "ok"
+
+
+# ------------------------------------------------------------------ overlapping and killed ticks
+def test_tick_while_another_holds_the_lock_exits_quietly(site: Site, blocker: int,
+                                                         submit_job: Callable[..., int]) -> None:
+    opted_in(submit_job)
+    site.tick_ok()
+    n_ticks, n_decisions = site.count("ticks"), site.count("decisions")
+    fd = os.open(site.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = site.tick()
+    finally:
+        os.close(fd)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert (site.count("ticks"), site.count("decisions")) == (n_ticks, n_decisions)
+
+
+def test_two_ticks_started_together_one_acts(site: Site, blocker: int, submit_job: Callable[..., int]) -> None:
+    opted_in(submit_job)
+    env = site.fake_scontrol("sleep 2")  # every tick takes > 2 s, so the two overlap
+    procs = [subprocess.Popen(site.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=TICK_TIMEOUT_S) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sorted(bool(err.strip()) for _, err in outs) == [False, True], outs  # one summary line
+    assert site.count("ticks") == 1
+    assert_consistent(site)
+
+
+def _kill_when(proc: subprocess.Popen[str], marker: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "tick never reached the marker"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+_KILL_IN_STORE = """
+import os, signal, sys
+from pipeswift_slurm import store
+from pipeswift_slurm.backends.slurm_cli import SlurmCliBackend
+sys.path.insert(0, {testdir!r})
+from test_controller import Site, api_controller
+from pathlib import Path
+
+def die(self, *args, **kwargs):
+    Path({marker!r}).touch()
+    os.kill(os.getpid(), signal.SIGKILL)  # inside the tick's transaction, rows written
+
+store.TickTx.finish = die
+api_controller(Site(Path({dir!r}), dict(os.environ)), SlurmCliBackend()).tick()
+"""
+
+
+def test_killed_ticks_leave_no_half_recorded_tick(site: Site, blocker: int,
+                                                  submit_job: Callable[..., int]) -> None:
+    job_id = opted_in(submit_job)
+    site.tick_ok()
+    # killed while acting: the batched scontrol hangs
+    marker = site.dir / "acting"
+    env = site.fake_scontrol('[ $# -eq 0 ] && { touch %s; sleep 60; }' % marker)
+    slurm = SubprocessRunner(env=site.env)
+    slurm(["scontrol", "update", "JobId=%d" % job_id, "SiteFactor=0"])  # something to do again
+    proc = subprocess.Popen(site.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _kill_when(proc, marker)
+    # killed inside the store transaction, after the tick's rows were written
+    marker = site.dir / "recording"
+    code = _KILL_IN_STORE.format(testdir=str(Path(__file__).parent), marker=str(marker), dir=str(site.dir))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=site.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _kill_when(proc, marker)
+    assert site.count("ticks") == 1
+    assert_consistent(site)
+
+    slurm(["scontrol", "update", "JobId=%d" % job_id, "SiteFactor=0"])  # the killed tick had applied it
+    site.tick_ok()
+    assert site.count("ticks") == 2
+    assert_consistent(site)
+    last = site.rows("SELECT * FROM ticks ORDER BY tick_id DESC LIMIT 1")[0]
+    assert last["status"] == "ok" and last["n_applied"] >= 1
+
+
+# ------------------------------------------------------------------ history: queue and run seconds
+def test_history_rows_carry_slurms_queue_and_run_seconds(
+        site: Site, submit_job: Callable[..., int], wait_state: Callable[..., dict[str, str]]) -> None:
+    job_id = opted_in(submit_job, wrap="sleep 3")
+    fields = wait_state(job_id, "COMPLETED", 40)
+    site.tick_ok()
+    row = site.rows("SELECT * FROM jobs WHERE job_id = ?", job_id)[0]
+    submit, start, end = (epoch(fields[k]) for k in ("SubmitTime", "StartTime", "EndTime"))
+    assert row["state"] == "COMPLETED" and row["opted_in"] == 1
+    assert abs(row["start_time"] - start) <= 1 and abs(row["end_time"] - end) <= 1
+    assert abs(row["queue_s"] - (start - submit)) <= 1
+    assert abs(row["run_s"] - (end - start)) <= 1 and row["run_s"] >= 2
+
+
+# ------------------------------------------------------------------ idempotency
+def test_second_tick_with_nothing_new_issues_no_update(site: Site, blocker: int,
+                                                       submit_job: Callable[..., int]) -> None:
+    jobs = [opted_in(submit_job) for _ in range(3)]
+    site.tick_ok()
+    assert {r["job_id"] for r in site.rows("SELECT job_id FROM decisions WHERE applied = 1")} == set(jobs)
+    calls = site.dir / "scontrol-calls"
+    env = site.fake_scontrol('echo "[$*]" >> %s' % calls)
+    done = site.tick(env)
+    assert done.returncode == 0, done.stderr
+    second = site.rows("SELECT * FROM ticks ORDER BY tick_id DESC LIMIT 1")[0]
+    assert (second["status"], second["n_decisions"], second["n_applied"]) == ("ok", 0, 0)
+    assert site.rows("SELECT id FROM decisions WHERE tick_id = ?", second["tick_id"]) == []
+    lines = calls.read_text().splitlines()
+    assert lines and all(line.startswith("[-") and "update" not in line for line in lines), lines
+
+
+# ------------------------------------------------------------------ slurmctld stopped (keep last)
+def _ctld_pidfile(env: dict[str, str]) -> Path:
+    conf = Path(env["SLURM_CONF"]).read_text()
+    match = re.search(r"(?m)^SlurmctldPidFile=(\S+)", conf)
+    assert match, "no SlurmctldPidFile in slurm.conf"
+    return Path(match.group(1))
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_slurmctld_stopped_tick_fails_with_one_line_and_db_unchanged(
+        site: Site, slurm: SubprocessRunner, submit_job: Callable[..., int]) -> None:
+    opted_in(submit_job)
+    site.tick_ok()
+    counts = {t: site.count(t) for t in ("jobs", "ticks", "decisions", "state_transitions", "profiles")}
+    digest = _digest(site.db)
+    pidfile = _ctld_pidfile(site.env)
+    pid = int(pidfile.read_text())
+    os.kill(pid, signal.SIGTERM)
+    try:
+        deadline = time.monotonic() + 30
+        while Path("/proc/%d" % pid).exists():
+            assert time.monotonic() < deadline, "slurmctld did not stop"
+            time.sleep(0.1)
+        done = site.tick()
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("pipeswift: error: slurm:"), done.stderr
+        assert "slurmctld is not answering" in lines[0] and "DOWN" in lines[0], lines[0]
+        assert _digest(site.db) == digest
+        assert {t: site.count(t) for t in counts} == counts
+    finally:
+        subprocess.run(["/usr/sbin/slurmctld", "-f", site.env["SLURM_CONF"]], env=site.env, check=True, timeout=30)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["squeue", "-h"], env=site.env, capture_output=True, timeout=15).returncode != 0:
+            assert time.monotonic() < deadline, "slurmctld did not come back"
+            time.sleep(0.3)

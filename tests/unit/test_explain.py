@@ -1,0 +1,235 @@
+"""``pipeswift explain JOBID`` from a history written through Store.tick (the controller's
+shape): pending, running, finished, not-opted-in and unknown jobs. Candidate configs and
+their predicted run times are checked against the planner and estimator called directly."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from pipeswift_slurm.cli import pipeswift
+from pipeswift_slurm.costmodel import CostModel
+from pipeswift_slurm.estimator import Estimator
+from pipeswift_slurm.explain import UnknownJob, explain_job
+from pipeswift_slurm.hardware import get_gpu_type
+from pipeswift_slurm.megatron import profile_from_argv
+from pipeswift_slurm.model import ClusterView, Decision, Job, Node
+from pipeswift_slurm.report_render import explain_text
+from pipeswift_slurm.store import CalibrationEntry, Store
+from pipeswift_slurm.token import ProfileRequest, encode_profile
+
+ARGV = (
+    "--num-layers",
+    "24",
+    "--hidden-size",
+    "2048",
+    "--num-attention-heads",
+    "16",
+    "--seq-length",
+    "2048",
+    "--max-position-embeddings",
+    "2048",
+    "--global-batch-size",
+    "512",
+    "--bf16",
+    "--train-iters",
+    "1000",
+)
+T0 = 1_700_000_000.0
+NODES = tuple(Node("n%d" % i, 8) for i in range(4))  # 32 GPUs, 8 per node
+BIAS = 1.25
+GPU = get_gpu_type("A100-80GB")
+
+
+def _profile():
+    return profile_from_argv(ARGV, world_size=8, gpu_range=(4, 16), job_class="gpt-1b")
+
+
+def _estimator():
+    return Estimator(CostModel(GPU), 8, {"gpt-1b": BIAS})
+
+
+def _comment():
+    return encode_profile(ProfileRequest(ARGV, (4, 16), job_class="gpt-1b", world_size=8))
+
+
+def _job(job_id, state, **kw):
+    base = dict(
+        gpus=8, user="alice", name="train%d" % job_id, partition="gpu", opted_in=True, comment=_comment()
+    )
+    base.update(kw)
+    return Job(job_id, state, T0, **base)
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """Jobs 1 (pending), 2 (running), 3 (finished), 4 (pending, not opted in)."""
+    path = tmp_path_factory.mktemp("explain") / "pipeswift.sqlite"
+    store = Store.from_url(str(path))
+    est = _estimator()
+    chosen = est.best(_profile(), 16).config
+    ticks = [
+        (
+            T0 + 60,
+            [
+                _job(1, "PENDING"),
+                _job(2, "PENDING"),
+                _job(3, "RUNNING", start_time=T0 + 30),
+                _job(4, "PENDING", opted_in=False, comment=""),
+            ],
+        ),
+        (
+            T0 + 600,
+            [
+                _job(1, "PENDING", state_reason="Resources"),
+                _job(2, "RUNNING", start_time=T0 + 500),
+                _job(3, "COMPLETED", start_time=T0 + 30, end_time=T0 + 550),
+                _job(4, "PENDING", opted_in=False, comment=""),
+            ],
+        ),
+    ]
+    for i, (now, jobs) in enumerate(ticks):
+        with store.tick(now, "pipeswift") as tx:
+            tx.save_snapshot(ClusterView(now, NODES, tuple(jobs)))
+            for job in jobs:
+                if job.opted_in and not tx.profile_texts([job.job_id]):
+                    tx.upsert_profile(job.job_id, job.comment, _profile())
+            if i == 0:
+                tx.set_predicted_runs({3: 400.0})
+                tx.record_decisions(
+                    [
+                        Decision(
+                            1,
+                            config=chosen,
+                            site_factor=5000,
+                            reason="wait for 16 GPUs",
+                            predicted_start_s=T0 + 3600,
+                            predicted_end_s=T0 + 9000,
+                        ),
+                        Decision(
+                            2,
+                            config=est.best(_profile(), 8).config,
+                            site_factor=6000,
+                            reason="start now on 8 GPUs",
+                            predicted_start_s=now,
+                        ),
+                    ],
+                    {1: True, 2: True},
+                )
+            else:
+                tx.set_predicted_runs({2: 5000.0})
+                tx.record_decisions(
+                    [
+                        Decision(
+                            1,
+                            site_factor=7000,
+                            reason="queued (rank 1)",
+                            predicted_start_s=T0 + 4000,
+                            predicted_end_s=T0 + 9400,
+                        )
+                    ],
+                    {1: True},
+                )
+    store.save_calibration([CalibrationEntry("gpt-1b", 20, math.log(BIAS), T0)])
+    store.engine.dispose()
+    return str(path), chosen
+
+
+def explain(path, job_id, **kw):
+    return explain_job(Store.from_url(path), job_id, GPU, **kw)
+
+
+def test_pending_job(history):
+    path, chosen = history
+    e = explain(path, 1)
+    assert e.state == "PENDING" and e.state_reason == "Resources"
+    assert e.summary.startswith("pending (Resources), waiting for")
+    assert e.wait_s == pytest.approx(600.0)  # last tick - submit
+    assert (e.predicted_start_s, e.predicted_end_s) == (T0 + 4000, T0 + 9400)  # the latest decision's
+    assert e.chosen_config == chosen.short() and e.chosen_applied is True
+    assert "wait for 16 GPUs" in e.why and "queued (rank 1)" in e.why
+    assert e.n_decisions == 2 and e.gpu_range == (4, 16) and e.gpus_per_node == 8
+
+
+def test_candidates_are_the_planners_best_per_gpu_count(history):
+    path, chosen = history
+    e = explain(path, 1, top=20)
+    profile, est = _profile(), _estimator()
+    best = {}
+    for gpus in range(4, 17):
+        found = est.best_run_time_s(profile, gpus)
+        if found is not None:
+            best[found[0].short()] = (gpus, found[1])
+    listed = {c.config: c for c in e.candidates}
+    for config, (gpus, run_s) in best.items():
+        assert listed[config].gpus == gpus and listed[config].run_s == pytest.approx(run_s, rel=1e-12)
+    assert [c.run_s for c in e.candidates] == sorted(c.run_s for c in e.candidates)
+    assert e.candidates[0].run_s == pytest.approx(min(r for _, r in best.values()))
+    assert [c.config for c in e.candidates if c.chosen] == [chosen.short()]
+    assert [c.config for c in e.candidates if c.requested] == [profile.requested.short()]
+    free_at_last_tick = 32 - 8  # job 2 runs on 8 GPUs
+    assert all(c.fits_free_now == (c.gpus <= free_at_last_tick) for c in e.candidates)
+    short = explain(path, 1, top=2).candidates
+    assert len(short) >= 2 and any(c.chosen for c in short) and any(c.requested for c in short)
+
+
+def test_running_job(history):
+    path, _ = history
+    e = explain(path, 2)
+    assert e.state == "RUNNING" and e.start_s == T0 + 500
+    assert e.predicted_run_s == pytest.approx(5000.0 * BIAS)
+    assert e.predicted_end_s == pytest.approx(T0 + 500 + 5000.0 * BIAS)
+    assert e.summary.startswith("running on 8 GPUs")
+    assert all(c.fits_free_now is None for c in e.candidates)
+
+
+def test_finished_job(history):
+    path, _ = history
+    e = explain(path, 3)
+    assert e.state == "COMPLETED" and e.end_s == T0 + 550 and e.run_s == pytest.approx(520.0)
+    assert e.predicted_end_s == T0 + 550 and e.predicted_run_s == pytest.approx(400.0 * BIAS)
+    assert "ran 8.7m" in e.summary and "JCT 9.2m" in e.summary
+    assert "actual / predicted 1.04" in explain_text(e)
+
+
+def test_job_not_opted_in(history):
+    e = explain(history[0], 4)
+    assert e.candidates == [] and e.chosen_config is None
+    assert e.why.startswith("not opted in")
+    assert "no profile recorded" in e.profile_error
+
+
+def test_unknown_job(history):
+    with pytest.raises(UnknownJob):
+        explain(history[0], 999)
+
+
+def test_cli_explain_text_and_json(history):
+    path, chosen = history
+    runner = CliRunner()
+    result = runner.invoke(pipeswift, ["explain", "1", "--db", path])
+    assert result.exit_code == 0, result.output
+    assert "job 1 (train1, user alice" in result.output and "candidate configs on A100-80GB" in result.output
+    assert chosen.short() in result.output
+    result = runner.invoke(pipeswift, ["explain", "2", "--db", path, "--json", "--top", "3"])
+    data = json.loads(result.output)
+    assert data["state"] == "RUNNING" and data["predicted_end_s"] == pytest.approx(T0 + 500 + 5000.0 * BIAS)
+    assert {"gpus", "config", "run_s", "chosen"} <= set(data["candidates"][0])
+
+
+def test_cli_unknown_job_is_one_line_exit_2(history):
+    result = CliRunner().invoke(pipeswift, ["explain", "424242", "--db", history[0]])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "pipeswift: error: job 424242 is not in the history DB %s (the controller has not seen it yet, "
+        "or wrong "
+        "--db)" % history[0]
+    ]
+
+
+def test_cli_missing_db_exit_2(tmp_path):
+    result = CliRunner().invoke(pipeswift, ["explain", "1", "--db", str(tmp_path / "nope.sqlite")])
+    assert result.exit_code == 2 and "no history database" in result.output
