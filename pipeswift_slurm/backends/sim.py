@@ -53,6 +53,11 @@ class SimJob:
         return self.num_nodes * self.gpus_per_node
 
 
+def _started(job: SimJob, default: float) -> float:
+    """The job's start time (0.0 is a real start time, not a missing one)."""
+    return job.start_s if job.start_s is not None else default
+
+
 class SimBackend:
     """A cluster of ``num_nodes`` x ``gpus_per_node`` GPUs driven by the simulator.
 
@@ -97,7 +102,7 @@ class SimBackend:
         for node in job.placement:
             self.free[node] += job.gpus_per_node
         job.state, job.end_s = "COMPLETED", now
-        job.attained_gpu_s += (now - (job.start_s or now)) * job.gpus
+        job.attained_gpu_s += (now - _started(job, now)) * job.gpus
         job.version += 1
         self._finished.append(job)
         return job
@@ -137,11 +142,13 @@ class SimBackend:
             if sim is None or sim.state != RUNNING or not self.allow_requeue:
                 raise JobGone("job %d is not running (or requeue is disabled)" % decision.job_id)
             self._requeue(sim)
-            if decision.site_factor is not None:
-                sim.site_factor = decision.site_factor
+            self._update_pending(sim, decision)
             return
         if sim is None or sim.state != PENDING:
             raise JobGone("job %d is no longer pending" % decision.job_id)
+        self._update_pending(sim, decision)
+
+    def _update_pending(self, sim: SimJob, decision: Decision) -> None:
         if decision.config is not None:
             from ..token import encode_decision
 
@@ -159,7 +166,7 @@ class SimBackend:
         self.running.pop(job.job_id)
         for node in job.placement:
             self.free[node] += job.gpus_per_node
-        job.attained_gpu_s += (self.now - (job.start_s or self.now)) * job.gpus
+        job.attained_gpu_s += (self.now - _started(job, self.now)) * job.gpus
         job.state, job.start_s, job.placement = PENDING, None, ()
         job.restarts += 1
         job.version += 1
@@ -223,7 +230,7 @@ class SimBackend:
         """Earliest time the blocked ``job`` fits, releasing running jobs by their limits,
         and the spare GPUs on the nodes reserved for it at that time (node -> spare)."""
         free = list(self.free)
-        ends = [((r.start_s or now) + r.time_limit_s, r.job_id, r) for r in self.running.values()]
+        ends = [(_started(r, now) + r.time_limit_s, r.job_id, r) for r in self.running.values()]
         heapq.heapify(ends)
         while ends:
             end_s, _, run = heapq.heappop(ends)

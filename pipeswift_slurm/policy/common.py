@@ -24,13 +24,14 @@ class Option:
     run_s: float
 
 
-def job_options(profile: JobProfile, estimator: Any, max_gpus: int) -> tuple[Option, ...]:
-    """Best config and predicted run time for every GPU count the job allows (<= max_gpus)."""
+def job_options(profile: JobProfile, estimator: Any, max_gpus: int, max_nodes: int) -> tuple[Option, ...]:
+    """Best config and predicted run time for every GPU count the job allows that the
+    cluster can hold (<= max_gpus GPUs on <= max_nodes nodes)."""
     lo, hi = profile.gpu_range
     out = []
     for gpus in range(lo, min(hi, max_gpus) + 1):
         best = estimator.best_run_time_s(profile, gpus)
-        if best is not None:
+        if best is not None and best[0].num_nodes <= max_nodes:
             out.append(Option(gpus, best[0], best[1]))
     return tuple(out)
 

@@ -66,18 +66,18 @@ class PipeSwiftPolicy:
         self.reservations = reservations
         self.short_lane_fraction = short_lane_fraction
         self.short_lane_max_s = short_lane_max_s
-        self._options: dict[int, tuple[JobProfile, int, tuple[Option, ...]]] = {}
+        self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...]]] = {}
 
     # ------------------------------------------------------------ options and order
-    def options(self, job: Job, profile: JobProfile, estimator: Any, total_gpus: int) -> tuple[Option, ...]:
-        """Cached per job (the profile object and cluster size must match)."""
+    def options(self, job: Job, profile: JobProfile, estimator: Any, cluster: tuple[int, int]) -> tuple[Option, ...]:
+        """Cached per job (the profile object and the cluster's (GPUs, nodes) must match)."""
         hit = self._options.get(job.job_id)
-        if hit is None or hit[0] is not profile or hit[1] != total_gpus:
-            hit = (profile, total_gpus, self._job_options(profile, estimator, total_gpus))
+        if hit is None or hit[0] is not profile or hit[1] != cluster:
+            hit = (profile, cluster, self._job_options(profile, estimator, cluster))
             self._options[job.job_id] = hit
         return hit[2]
 
-    def _job_options(self, profile: JobProfile, estimator: Any, total_gpus: int) -> tuple[Option, ...]:
+    def _job_options(self, profile: JobProfile, estimator: Any, cluster: tuple[int, int]) -> tuple[Option, ...]:
         """All counts and best configs; ablations keep the user's count (no resize) or
         the user's config (no reconfigure)."""
         user = profile.requested
@@ -85,7 +85,7 @@ class PipeSwiftPolicy:
             return (Option(user.gpus, user, estimator.run_time_s(profile, user)),)
         if not self.resize:
             profile = profile.with_range(user.gpus, user.gpus)
-        return job_options(profile, estimator, total_gpus)
+        return job_options(profile, estimator, *cluster)
 
     def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float) -> list[Job]:
         promote_s = self.promote_fraction * self.wait_bound_s
@@ -148,7 +148,8 @@ class PipeSwiftPolicy:
             return self._reshapes(view, profiles, estimator, view.free_gpus - int(
                 self.expand_reserve_fraction * view.total_gpus)) if self.reshape_running else []
         total = self._total = view.total_gpus
-        opts = {j.job_id: self.options(j, profiles[j.job_id], estimator, total) for j in pending}
+        cluster = (total, sum(1 for n in view.nodes if n.usable))
+        opts = {j.job_id: self.options(j, profiles[j.job_id], estimator, cluster) for j in pending}
         ordered = self.order(pending, opts, now)
         free = free_by_node(view)
         timeline = Timeline(now, sum(free), [(predicted_end_s(r, profiles, estimator, now), r.gpus)
@@ -157,7 +158,7 @@ class PipeSwiftPolicy:
         self._reserved = 0
         self._long_cap = (1.0 - self.short_lane_fraction) * total
         self._long_busy = sum(r.gpus for r in view.running
-                              if predicted_end_s(r, profiles, estimator, now) - (r.start_time or now)
+                              if predicted_end_s(r, profiles, estimator, now) - (now if r.start_time is None else r.start_time)
                               > self.short_lane_max_s)
         plans: dict[int, _Plan] = {}
         for job in ordered[:self.plan_depth]:
@@ -203,11 +204,11 @@ class PipeSwiftPolicy:
             left_s = remaining * iter_s
             target = min(profile.gpu_range[1], job.gpus + idle_gpus)
             best = estimator.best(profile, target)
-            if best is None or best.config.gpus <= job.gpus:
+            if best is None or best.config.gpus <= job.gpus or best.config.num_nodes > len(view.nodes):
                 continue
             new_s = estimator.run_time_s(profile, best.config, remaining)
             if new_s * (1 + self.reshape_margin) < left_s:
-                out.append(Decision(job.job_id, requeue=True, site_factor=self.site_factor_max,
+                out.append(Decision(job.job_id, requeue=True, config=best.config, site_factor=self.site_factor_max,
                                     reason="reshape to %d GPUs: %.0f s instead of %.0f s left"
                                     % (best.config.gpus, new_s, left_s)))
                 idle_gpus -= best.config.gpus - job.gpus

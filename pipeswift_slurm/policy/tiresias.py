@@ -73,7 +73,7 @@ class TiresiasPolicy:
         index = {n.name: i for i, n in enumerate(view.nodes)}
         victims = sorted((r for r in view.running if r.job_id in profiles and self.service_queue(r, now) > head_queue
                           and r.start_time is not None and now - r.start_time >= self.min_run_s),
-                         key=lambda r: (-(r.start_time or 0.0), -r.job_id))
+                         key=lambda r: (-(r.start_time if r.start_time is not None else 0.0), -r.job_id))
         chosen = []
         for victim in victims:
             per = victim.gpus // max(len(victim.node_list), 1)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from ..costmodel import CostModel
-from ..megatron import profile_from_argv
+from ..megatron import MegatronArgError, node_shape, profile_from_argv
 from ..model import JobProfile
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
@@ -268,9 +268,13 @@ def _fit_model(row: TraceRow, conv: Conversion, rng: random.Random) -> tuple[Zoo
         dp = row.num_gpus // (model.tp * model.pp)
         step = model.micro_batch_size * dp
         gbs = -(-model.global_batch_size // step) * step
-        profile = profile_from_argv(model.argv(row.num_gpus, gbs, 1), world_size=row.num_gpus,
-                                    gpus_per_node=conv.gpus_per_node)
-        if conv.cost.fits(profile, profile.requested):
+        try:
+            profile = profile_from_argv(model.argv(row.num_gpus, gbs, 1), world_size=row.num_gpus,
+                                        gpus_per_node=conv.gpus_per_node)
+        except MegatronArgError:
+            continue  # e.g. its tensor-parallel size does not fit this node size
+        if profile.requested.num_nodes <= conv.cluster_gpus // conv.gpus_per_node and \
+                conv.cost.fits(profile, profile.requested):
             return model, profile
     raise WorkloadError("job %s: no model of the zoo runs on %d GPUs" % (row.name, row.num_gpus))
 
@@ -310,10 +314,13 @@ def build_workload(rows: Iterable[TraceRow], conv: Conversion, drop_oversized: b
         WorkloadError: a job needs more GPUs than the cluster has (names it and how many).
     """
     rows = list(rows)
-    too_big = [r for r in rows if r.num_gpus > conv.cluster_gpus]
+    nodes = conv.cluster_gpus // conv.gpus_per_node
+    too_big = [r for r in rows if r.num_gpus > conv.cluster_gpus
+               or node_shape(r.num_gpus, conv.gpus_per_node)[0] > nodes]
     if too_big and not drop_oversized:
-        raise WorkloadError("%d job(s) need more GPUs than the cluster's %d (first: %s with %d GPUs); use a"
-                            " bigger --gpus or --drop-oversized" % (len(too_big), conv.cluster_gpus,
-                                                                     too_big[0].name, too_big[0].num_gpus))
-    kept = [r for r in rows if r.num_gpus <= conv.cluster_gpus]
+        raise WorkloadError("%d job(s) do not fit the cluster's %d nodes x %d GPUs (first: %s with %d GPUs); use"
+                            " a bigger --gpus or --drop-oversized" % (len(too_big), nodes, conv.gpus_per_node,
+                                                                      too_big[0].name, too_big[0].num_gpus))
+    dropped = {id(r) for r in too_big}
+    kept = [r for r in rows if id(r) not in dropped]
     return [to_megatron_job(i, r, conv) for i, r in enumerate(kept)]

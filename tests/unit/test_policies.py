@@ -1,0 +1,357 @@
+"""Policies and the Slurm-like scheduler they run under: exact small schedules of the
+SimBackend (priority order, EASY backfill, builtin = strict order), exact decisions of
+the policies on hand-built views, and invariants of every policy's decisions on random
+views (hypothesis)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+from pipeswift_slurm import hardware, megatron
+from pipeswift_slurm.backends import JobGone
+from pipeswift_slurm.backends.sim import SimBackend, SimJob
+from pipeswift_slurm.controller import parse_profile
+from pipeswift_slurm.costmodel import CostModel
+from pipeswift_slurm.estimator import Estimator
+from pipeswift_slurm.model import ClusterView, Decision, Job, Node
+from pipeswift_slurm.policy import get_policy, policy_names
+from pipeswift_slurm.policy.common import RANK_STEP
+from pipeswift_slurm.sim.workload import ZOO, Conversion, TraceRow, to_megatron_job
+from pipeswift_slurm.token import ProfileRequest, encode_profile
+
+HOUR = 3600
+GPU = replace(hardware.get_gpu_type("A100-80GB"), name="TEST-A100", startup_s=0.0, load_s_per_bparam=0.0)
+COST = CostModel(GPU)
+
+
+def sim_job(job_id: int, gpus_per_node: int, limit_s: int, submit_s: float = 0.0, nodes: int = 1,
+            site_factor: int = 0) -> SimJob:
+    return SimJob(job_id, "j%d" % job_id, "u", submit_s, "", nodes, gpus_per_node, limit_s, site_factor=site_factor)
+
+
+def started(backend: SimBackend, now: float) -> list[int]:
+    return [j.job_id for j in backend.schedule(now)]
+
+
+# ------------------------------------------------------------------ Slurm-like scheduler
+
+def test_priority_order_site_factor_then_age_then_submit() -> None:
+    be = SimBackend(1, 4, scheduler="builtin", age_weight=1000, max_age_s=1000.0)
+    be.submit(sim_job(1, 2, HOUR, submit_s=0.0))
+    be.submit(sim_job(2, 2, HOUR, submit_s=10.0))
+    be.submit(sim_job(3, 2, HOUR, submit_s=20.0, site_factor=5000))
+    # at t=100: priorities 100, 90, 5080 -> 3 then 1; 2 does not fit and builtin stops there
+    assert started(be, 100.0) == [3, 1]
+    assert set(be.pending) == {2} and be.free == [0]
+    assert be.priority(be.jobs[2], 100.0) == pytest.approx(90.0)
+    be.finish(1, 500.0)
+    assert started(be, 500.0) == [2]
+
+
+def test_equal_priority_breaks_ties_by_submit_then_job_id() -> None:
+    be = SimBackend(1, 2, scheduler="builtin", age_weight=0)
+    for job_id, submit in ((5, 3.0), (4, 3.0), (6, 1.0)):
+        be.submit(sim_job(job_id, 1, HOUR, submit_s=submit))
+    assert started(be, 10.0) == [6, 4]
+
+
+def _blocked_big(scheduler: str, small_limit_s: int) -> SimBackend:
+    """8 GPUs on one node; R (6 GPUs, limit 1 h) runs since t=1; BIG (8 GPUs) waits first
+    in line (reservation at 3601); SMALL (2 GPUs, ``small_limit_s``) is next."""
+    be = SimBackend(1, 8, scheduler=scheduler, age_weight=0)
+    be.submit(sim_job(1, 6, HOUR, submit_s=1.0))
+    assert started(be, 1.0) == [1]
+    be.submit(sim_job(2, 8, 2 * HOUR, submit_s=10.0))
+    be.submit(sim_job(3, 2, small_limit_s, submit_s=20.0))
+    return be
+
+
+def test_easy_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:
+    be = _blocked_big("backfill", HOUR - 99)  # ends at 100 + 3501 = 3601 = R's limit: just in time
+    assert started(be, 100.0) == [3]
+    assert set(be.pending) == {2}
+
+
+def test_easy_backfill_never_delays_the_reservation() -> None:
+    be = _blocked_big("backfill", HOUR)  # would end at 3700, after BIG's reservation at 3601
+    assert started(be, 100.0) == []
+    assert set(be.pending) == {2, 3}
+    be.finish(1, 1800.0)  # R ends early: BIG starts, SMALL waits behind it
+    assert started(be, 1800.0) == [2]
+
+
+def test_reservation_of_a_job_that_started_at_time_zero() -> None:
+    """BUG (reported): SimBackend._reserve uses ``(r.start_s or now) + limit``, so a job
+    that started at t=0.0 counts as started *now*: its reservation slides with the clock
+    and backfill delays the blocked job. Here R (6 of 8 GPUs, limit 1 h) started at 0;
+    at t=100 BIG's shadow must be 3600, so SMALL (limit 1 h, ends 3700) must not start."""
+    be = SimBackend(1, 8, scheduler="backfill", age_weight=0)
+    be.submit(sim_job(1, 6, HOUR))
+    assert started(be, 0.0) == [1]
+    be.submit(sim_job(2, 8, 2 * HOUR, submit_s=10.0))
+    be.submit(sim_job(3, 2, HOUR, submit_s=20.0))
+    assert be._reserve(be.jobs[2], 100.0)[0] == HOUR
+    assert started(be, 100.0) == []
+
+
+def test_attained_service_of_a_job_that_started_at_time_zero() -> None:
+    """BUG (reported): SimBackend.finish and _requeue add ``(now - (start_s or now)) * gpus``,
+    so a job started at t=0.0 gets 0 GPU-seconds of attained service (Tiresias then
+    treats a requeued job as new); JobRecord.busy_gpu_s disagrees with the backend."""
+    be = SimBackend(1, 8, age_weight=0)
+    be.submit(sim_job(1, 4, HOUR))
+    be.submit(sim_job(2, 4, HOUR))
+    assert started(be, 0.0) == [1, 2]
+    be.finish(1, 100.0)
+    be.now = 50.0
+    be.apply(Decision(2, requeue=True), be.snapshot().job(2))
+    assert be.jobs[1].attained_gpu_s == 400.0
+    assert be.jobs[2].attained_gpu_s == 200.0
+
+
+@pytest.mark.parametrize("policy", ["fifo"])
+def test_builtin_never_backfills(policy: str) -> None:
+    scheduler = get_policy(policy).scheduler
+    assert scheduler == "builtin"
+    be = _blocked_big(scheduler, 60)
+    assert started(be, 100.0) == []
+    assert set(be.pending) == {2, 3}
+
+
+def test_backfill_may_use_nodes_the_reservation_does_not_need() -> None:
+    """2 nodes x 4 GPUs: R1 (3 GPUs on node 0, limit 1 h from t=1), R2 (3 GPUs on node 1, limit 5 h).
+    BIG (1 x 4) reserves node 0 at 1 h; LONG (1 GPU, 10 h) may start on node 1 only."""
+    be = SimBackend(2, 4, scheduler="backfill", age_weight=0)
+    be.submit(sim_job(1, 3, HOUR, submit_s=1.0))
+    assert started(be, 1.0) == [1]
+    be.submit(sim_job(2, 3, 5 * HOUR, submit_s=1.5))
+    assert started(be, 2.0) == [2]
+    assert be.jobs[1].placement == (0,) and be.jobs[2].placement == (1,)
+    be.submit(sim_job(3, 4, HOUR, submit_s=3.0))
+    be.submit(sim_job(4, 1, 10 * HOUR, submit_s=4.0))
+    be.submit(sim_job(5, 1, 10 * HOUR, submit_s=5.0))
+    assert started(be, 10.0) == [4]
+    assert be.jobs[4].placement == (1,)
+    assert set(be.pending) == {3, 5}  # 5 would need node 0, which BIG holds from 1 h on
+
+
+def test_best_fit_placement_and_multi_node_jobs() -> None:
+    be = SimBackend(3, 4, scheduler="backfill", age_weight=0)
+    be.submit(sim_job(1, 3, HOUR))
+    assert started(be, 0.0) == [1] and be.jobs[1].placement == (0,)
+    be.submit(sim_job(2, 1, HOUR, submit_s=1.0))
+    assert started(be, 1.0) == [2] and be.jobs[2].placement == (0,)  # fewest free GPUs that still fit
+    be.submit(sim_job(3, 4, HOUR, submit_s=2.0, nodes=2))
+    assert started(be, 2.0) == [3] and be.jobs[3].placement == (1, 2) and be.free == [0, 0, 0]
+
+
+def test_apply_changes_only_pending_jobs() -> None:
+    be = SimBackend(1, 8, age_weight=0)
+    be.submit(sim_job(1, 4, HOUR))
+    be.submit(sim_job(2, 8, HOUR, submit_s=1.0))
+    started(be, 0.0)
+    view = be.snapshot()
+    running, pending = view.job(1), view.job(2)
+    assert running is not None and running.running and pending is not None and pending.pending
+    with pytest.raises(JobGone):
+        be.apply(Decision(1, site_factor=7), running)
+    be.apply(Decision(2, site_factor=7, time_limit_s=7200), pending)
+    assert (be.jobs[2].site_factor, be.jobs[2].time_limit_s, be.updates) == (7, 7200, 1)
+    be.apply(Decision(1, requeue=True, site_factor=3), running)
+    assert be.jobs[1].state == "PENDING" and be.jobs[1].restarts == 1 and be.free == [8]
+    assert be.jobs[1].attained_gpu_s == 0.0  # requeued at t=0 after running 0 s
+    no_requeue = SimBackend(1, 8, allow_requeue=False)
+    no_requeue.submit(sim_job(1, 4, HOUR))
+    started(no_requeue, 0.0)
+    with pytest.raises(JobGone):
+        no_requeue.apply(Decision(1, requeue=True), no_requeue.snapshot().jobs[0])
+
+
+# ------------------------------------------------------------------ hand-built views
+
+def _profile(world: int, hours: float, gpn: int, gpu_range: tuple[int, int] | None = None) -> Any:
+    model = ZOO["gpt-1.3b"]
+    args = model.argv(world, 512, 1)
+    args[args.index("--pipeline-model-parallel-size") + 1] = "1"
+    probe = megatron.profile_from_argv(args, world_size=world, gpus_per_node=gpn)
+    iters = max(1, round(hours * HOUR / COST.iter_time_s(probe, probe.requested)))
+    args[args.index("--train-iters") + 1] = str(iters)
+    return args, megatron.profile_from_argv(args, world_size=world, gpus_per_node=gpn, gpu_range=gpu_range)
+
+
+def _view(nodes: int, gpn: int, jobs: list[tuple[int, str, int, float, Any]], now: float = 0.0,
+          busy: dict[int, int] | None = None) -> tuple[ClusterView, dict[int, Any]]:
+    """jobs: (job_id, state, gpus, submit_s, profile); ``busy``: GPUs used per node index."""
+    busy = busy or {}
+    node_objs = tuple(Node("node%d" % (i + 1), gpn, busy.get(i, 0), "MIXED" if busy.get(i) else "IDLE")
+                      for i in range(nodes))
+    out, profiles = [], {}
+    for job_id, state, gpus, submit_s, profile in jobs:
+        running = state == "RUNNING"
+        n, _ = megatron.node_shape(gpus, gpn)
+        out.append(Job(job_id, state, submit_s, num_nodes=n, gpus=gpus, opted_in=True,
+                       start_time=submit_s if running else None, time_limit_s=int(1.5 * 8 * HOUR),
+                       node_list=("node1",) if running else ()))
+        profiles[job_id] = profile
+    return ClusterView(now=now, nodes=node_objs, jobs=tuple(out)), profiles
+
+
+def test_fifo_and_slurm_move_no_lever() -> None:
+    _, p = _profile(2, 1.0, 8)
+    view, profiles = _view(1, 8, [(1, "PENDING", 2, 0.0, p)])
+    est = Estimator(COST, 8)
+    assert get_policy("fifo").decide(view, profiles, est) == []
+    assert get_policy("slurm").decide(view, profiles, est) == []
+    assert (get_policy("fifo").scheduler, get_policy("slurm").scheduler) == ("builtin", "backfill")
+    assert set(policy_names()) == {"fifo", "slurm", "sjf", "tiresias", "pipeswift"}
+    with pytest.raises(KeyError, match="known: fifo"):
+        get_policy("lottery")
+
+
+def test_sjf_ranks_by_predicted_run_time() -> None:
+    _, long_p = _profile(2, 3.0, 8)
+    _, short_p = _profile(2, 1.0, 8)
+    _, mid_p = _profile(4, 2.0, 8)
+    view, profiles = _view(1, 8, [(1, "PENDING", 2, 0.0, long_p), (2, "PENDING", 2, 5.0, short_p),
+                                  (3, "PENDING", 4, 9.0, mid_p)], now=60.0)
+    decisions = get_policy("sjf", site_factor_max=100_000).decide(view, profiles, Estimator(COST, 8))
+    assert [(d.job_id, d.site_factor) for d in decisions] == [(2, 100_000), (3, 100_000 - RANK_STEP),
+                                                              (1, 100_000 - 2 * RANK_STEP)]
+    assert all(d.config is None and not d.requeue for d in decisions)
+
+
+def test_pipeswift_starts_now_on_a_fragment_when_waiting_is_worse() -> None:
+    _, running_p = _profile(2, 8.0, 8)
+    _, flex_p = _profile(8, 4.0, 8, gpu_range=(4, 8))
+    view, profiles = _view(1, 8, [(1, "RUNNING", 2, 0.0, running_p), (2, "RUNNING", 2, 0.0, running_p),
+                                  (3, "PENDING", 8, 60.0, flex_p)], now=60.0, busy={0: 4})
+    est = Estimator(COST, 8)
+    decisions = get_policy("pipeswift").decide(view, profiles, est)
+    assert [d.job_id for d in decisions] == [3]
+    d = decisions[0]
+    assert d.config is not None and d.config.gpus == 4 and d.predicted_start_s == 60.0
+    assert d.reason == "start now on 4 GPUs"
+    assert d.time_limit_s is not None and d.time_limit_s > 1.5 * 8 * HOUR  # limit scaled up to the slower run
+    assert d.predicted_end_s == pytest.approx(60.0 + est.run_time_s(flex_p, d.config))
+
+
+def test_pipeswift_waits_when_waiting_is_faster() -> None:
+    """The seed's case: B, C (2 GPUs x 1 h) run; A (8 GPUs x 4 h, allows 4..8) waits 1 h for 8 GPUs."""
+    _, bc = _profile(2, 1.0, 8)
+    _, a = _profile(8, 4.0, 8, gpu_range=(4, 8))
+    view, profiles = _view(1, 8, [(2, "RUNNING", 2, 0.0, bc), (3, "RUNNING", 2, 0.0, bc),
+                                  (1, "PENDING", 8, 0.0, a)], now=0.0, busy={0: 4})
+    decisions = get_policy("pipeswift").decide(view, profiles, Estimator(COST, 8))
+    assert [d.job_id for d in decisions] == [1]
+    assert decisions[0].reason.startswith("wait for 8 GPUs")
+    assert decisions[0].predicted_start_s == pytest.approx(HOUR, rel=0.01)
+
+
+def test_pipeswift_puts_a_starving_job_first() -> None:
+    _, short_p = _profile(2, 1.0, 8)
+    _, long_p = _profile(8, 8.0, 8)
+    now = 10 * HOUR
+    view, profiles = _view(1, 8, [(1, "PENDING", 2, now - 60, short_p), (2, "PENDING", 8, 0.0, long_p)], now=now)
+    fresh = get_policy("pipeswift", wait_bound_s=48 * HOUR).decide(view, profiles, Estimator(COST, 8))
+    assert max(fresh, key=lambda d: d.site_factor or 0).job_id == 1  # shortest first
+    bounded = get_policy("pipeswift", wait_bound_s=12 * HOUR).decide(view, profiles, Estimator(COST, 8))
+    assert max(bounded, key=lambda d: d.site_factor or 0).job_id == 2  # waited 10 h > half the bound
+
+
+def test_pipeswift_never_picks_more_nodes_than_the_cluster_has() -> None:
+    """BUG (reported): 3 nodes x 6 GPUs, a 2-GPU job running, a flexible job (8 GPUs as
+    2 x 4, allows 4..18) pending. pipeswift decides "wait for 16 GPUs (predicted start in
+    0 s)" with config 16gpu=4x4: four nodes on a three-node cluster. Slurm can never start
+    it (the simulation stalls). Options must be limited to placeable node shapes."""
+    _, running_p = _profile(2, 2.0, 6)
+    _, flex_p = _profile(8, 4.0, 6, gpu_range=(4, 18))
+    view, profiles = _view(3, 6, [(1, "RUNNING", 2, 0.0, running_p), (2, "PENDING", 8, 60.0, flex_p)],
+                           now=60.0, busy={0: 2})
+    decisions = get_policy("pipeswift").decide(view, profiles, Estimator(COST, 6))
+    for d in decisions:
+        if d.config is not None:
+            assert d.config.num_nodes <= 3 and d.config.gpus_per_node <= 6, d.config.short()
+
+
+def test_tiresias_requeues_a_long_running_job_for_a_new_one() -> None:
+    _, big = _profile(8, 8.0, 8)
+    _, small = _profile(2, 1.0, 8)
+    now = 2 * HOUR  # the big job has 16 GPU-hours of service: queue 1 (limit 10 GPU-hours)
+    view, profiles = _view(1, 8, [(1, "RUNNING", 8, 0.0, big), (2, "PENDING", 2, now - 60, small)],
+                           now=now, busy={0: 8})
+    decisions = get_policy("tiresias").decide(view, profiles, Estimator(COST, 8))
+    assert [(d.job_id, d.requeue) for d in decisions] == [(2, False), (1, True)]
+    assert get_policy("tiresias", preempt=False).decide(view, profiles, Estimator(COST, 8))[-1].job_id == 2
+    assert not any(d.requeue for d in get_policy("tiresias", min_run_s=3 * HOUR).decide(
+        view, profiles, Estimator(COST, 8)))
+
+
+# ------------------------------------------------------------------ invariants on random views
+
+@st.composite
+def views(draw: Any) -> tuple[ClusterView, dict[int, Any], int]:
+    """A SimBackend after a few starts: running jobs, pending jobs, free fragments."""
+    nodes = draw(st.sampled_from([1, 2, 4]))
+    gpn = draw(st.sampled_from([2, 4, 8]))
+    total = nodes * gpn
+    n_jobs = draw(st.integers(2, 12))
+    seed_ = draw(st.integers(0, 1000))
+    conv = Conversion(COST, total, gpn, flex=draw(st.sampled_from([0.0, 1.0])), seed=seed_)
+    be = SimBackend(nodes, gpn, age_weight=0)
+    for i in range(n_jobs):
+        gpus = draw(st.sampled_from([g for g in (1, 2, 4, 8, 16) if g <= total]))
+        hours = draw(st.sampled_from([0.2, 1.0, 3.0, 12.0]))
+        job = to_megatron_job(i, TraceRow("r%d" % i, float(i), hours * HOUR, gpus), conv)
+        req = ProfileRequest(job.argv, job.profile.gpu_range if job.profile.flexible else None, world_size=job.gpus)
+        user = job.profile.requested
+        be.submit(SimJob(job.job_id, job.name, "u", job.submit_s, encode_profile(req), user.num_nodes,
+                         user.gpus_per_node, job.time_limit_s))
+        if draw(st.booleans()):
+            be.schedule(float(i))
+    now = float(n_jobs + draw(st.integers(0, 4 * HOUR)))
+    be.now = now
+    view = be.snapshot()
+    profiles = {}
+    for j in view.jobs:
+        profile, why = parse_profile(j, gpn, total)
+        assert profile is not None, why
+        profiles[j.job_id] = profile
+    return view, profiles, gpn
+
+
+@pytest.mark.parametrize("name", ["fifo", "slurm", "sjf", "tiresias", "pipeswift"])
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow])
+@seed(1234)
+@given(data=views())
+def test_decisions_respect_the_invariants(name: str, data: tuple[ClusterView, dict[int, Any], int]) -> None:
+    view, profiles, gpn = data
+    est = Estimator(COST, gpn)
+    decisions = get_policy(name).decide(view, profiles, est)
+    again = get_policy(name).decide(view, profiles, est)
+    assert decisions == again  # same input, same output
+    by_id = {j.job_id: j for j in view.jobs}
+    start_now = 0
+    for d in decisions:
+        job = by_id[d.job_id]
+        assert d.job_id in profiles
+        if job.running:
+            assert d.config is None and d.time_limit_s is None  # running jobs are never resized
+            assert d.requeue and name == "tiresias"  # only a preempting policy touches them
+        if d.config is not None:
+            c, profile = d.config, profiles[d.job_id]
+            assert c.gpus == c.tp * c.pp * c.cp * c.dp == c.num_nodes * c.gpus_per_node
+            assert profile.shape.num_layers % c.pp == 0
+            lo, hi = profile.gpu_range
+            assert lo <= c.gpus <= hi
+            assert c.gpus_per_node <= gpn and c.num_nodes <= len(view.nodes)
+            assert megatron.check_config(profile, c, gpn) == []
+            assert profile.plan.global_batch_size == c.micro_batch_size * c.num_micro_batches * c.dp
+        if d.predicted_start_s == view.now and job.pending:
+            start_now += d.config.gpus if d.config is not None else job.gpus
+    assert start_now <= view.free_gpus  # GPUs granted never exceed the free GPUs
