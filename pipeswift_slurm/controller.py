@@ -20,7 +20,7 @@ from .backends import Backend, BackendError, JobGone
 from .megatron import MegatronArgError, profile_from_argv
 from .model import ClusterView, Decision, Job, JobProfile
 from .policy.common import stable_factors
-from .token import TokenError, decode_profile
+from .token import TokenError, decode_profile, held_by_controller
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,16 @@ def parse_profile(job: Job, gpus_per_node: int, cluster_gpus: int) -> tuple[Opti
 
 def unchanged_parts(decision: Decision, job: Job) -> Decision:
     """The decision minus what the job already has (so an equal decision changes nothing)."""
+    hold = decision.hold
+    if hold is not None and (hold == job.held or (not hold and not held_by_controller(job.admin_comment))):
+        hold = None  # already so, or a hold the controller did not set: never release it
     config = decision.config
-    if config is not None and job.config == config and job.gpus == config.gpus and job.num_nodes == config.num_nodes:
-        config = None
+    if hold is None and config is not None and job.config == config and job.gpus == config.gpus \
+            and job.num_nodes == config.num_nodes:
+        config = None  # (a hold or release rewrites the token, so it keeps its config)
     site_factor = decision.site_factor if decision.site_factor != job.site_factor else None
     limit = decision.time_limit_s if decision.time_limit_s != job.time_limit_s else None
-    return replace(decision, config=config, site_factor=site_factor, time_limit_s=limit)
+    return replace(decision, config=config, site_factor=site_factor, time_limit_s=limit, hold=hold)
 
 
 class Controller:

@@ -307,7 +307,8 @@ class Decision:
     is recorded as the decision token; ``site_factor`` sets its place in the queue;
     ``time_limit_s`` rescales its limit to the new size; ``requeue`` asks to stop a
     running job and put it back in the queue (only where the site enabled it), with
-    ``site_factor`` then applied to the requeued job.
+    ``site_factor`` then applied to the requeued job. ``hold`` True holds a pending job
+    (Slurm will not start it) and False releases a job the controller held.
     """
 
     job_id: int
@@ -315,6 +316,7 @@ class Decision:
     site_factor: Optional[int] = None
     time_limit_s: Optional[int] = None
     requeue: bool = False
+    hold: Optional[bool] = None
     reason: str = ""
     predicted_start_s: Optional[float] = None
     predicted_end_s: Optional[float] = None
@@ -322,4 +324,4 @@ class Decision:
     @property
     def changes_anything(self) -> bool:
         return (self.config is not None or self.site_factor is not None
-                or self.time_limit_s is not None or self.requeue)
+                or self.time_limit_s is not None or self.requeue or self.hold is not None)

@@ -114,15 +114,26 @@ def decode_profile(text: str) -> ProfileRequest:
     return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world)
 
 
-def encode_decision(config: ExecConfig, decided_at: int) -> str:
-    """Render the decision token written to AdminComment."""
+def encode_decision(config: ExecConfig, decided_at: int, held: bool = False) -> str:
+    """Render the decision token written to AdminComment (``hold=1`` marks a job the
+    controller held, so it only ever releases its own holds)."""
     parts = [DECISION_PREFIX.rstrip(";")]
     for key, attr in _CONFIG_KEYS.items():
         value = getattr(config, attr)
         if value is not None:
             parts.append("%s=%d" % (key, value))
     parts.append("at=%d" % decided_at)
+    if held:
+        parts.append("hold=1")
     return ";".join(parts)
+
+
+def held_by_controller(admin_comment: str) -> bool:
+    """Whether the decision token in ``admin_comment`` says the controller held the job."""
+    try:
+        return _kv(admin_comment, DECISION_PREFIX).get("hold") == "1"
+    except TokenError:
+        return False
 
 
 def decode_decision(text: str) -> tuple[ExecConfig, int]:

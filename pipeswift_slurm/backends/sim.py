@@ -46,6 +46,7 @@ class SimJob:
     restarts: int = 0
     version: int = 0
     seen_version: int = -1
+    held: bool = False
     view: Optional[Job] = field(default=None, repr=False)
 
     @property
@@ -120,6 +121,7 @@ class SimBackend:
         if job.view is None or job.seen_version != job.version:
             job.view = Job(job_id=job.job_id, state=job.state, submit_time=job.submit_s, num_nodes=job.num_nodes,
                            gpus=job.gpus, priority=job.site_factor, user=job.user, name=job.name,
+                           state_reason="JobHeldAdmin" if job.held else "",
                            start_time=job.start_s if job.state != PENDING else None, end_time=job.end_s,
                            time_limit_s=job.time_limit_s,
                            site_factor=job.site_factor, opted_in=True, comment=job.comment,
@@ -149,12 +151,14 @@ class SimBackend:
         self._update_pending(sim, decision)
 
     def _update_pending(self, sim: SimJob, decision: Decision) -> None:
+        if decision.hold is not None:
+            sim.held = decision.hold
         if decision.config is not None:
             from ..token import encode_decision
 
             sim.num_nodes, sim.gpus_per_node = decision.config.num_nodes, decision.config.gpus_per_node
             sim.config = decision.config
-            sim.admin_comment = encode_decision(decision.config, int(self.now))
+            sim.admin_comment = encode_decision(decision.config, int(self.now), held=sim.held)
         if decision.site_factor is not None:
             sim.site_factor = decision.site_factor
         if decision.time_limit_s is not None:
@@ -196,7 +200,8 @@ class SimBackend:
     def schedule(self, now: float) -> list[SimJob]:
         """One scheduling pass at ``now``; returns the jobs it started."""
         self.now = now
-        order = sorted(self.pending.values(), key=lambda j: (-self.priority(j, now), j.submit_s, j.job_id))
+        order = sorted((j for j in self.pending.values() if not j.held),
+                       key=lambda j: (-self.priority(j, now), j.submit_s, j.job_id))
         started: list[SimJob] = []
         shadow_s: Optional[float] = None
         slack: dict[int, int] = {}

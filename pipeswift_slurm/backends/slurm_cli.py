@@ -469,7 +469,8 @@ def update_argv(decision: Decision, job: Job, now: float) -> Optional[list[str]]
     if decision.site_factor is not None:
         fields.append("SiteFactor=%d" % int(decision.site_factor))
     if decision.config is not None:
-        fields.append(_argv_value("AdminComment", token.encode_decision(decision.config, int(now))))
+        fields.append(_argv_value("AdminComment", token.encode_decision(decision.config, int(now),
+                                                                        held=bool(decision.hold))))
     return ["scontrol", "update", "JobId=%d" % job.job_id, *fields] if fields else None
 
 
@@ -482,8 +483,13 @@ def apply_argvs(decision: Decision, job: Job, now: float) -> list[list[str]]:
     """Every command a decision needs, in order: requeue first (the job must be pending
     again before it can be resized), then the update."""
     argvs = [requeue_argv(job.job_id)] if decision.requeue else []
+    if decision.hold:  # hold before resizing, so the job cannot start in between
+        argvs.append(["scontrol", "hold", str(int(job.job_id))])
     update = update_argv(decision, job, now)
-    return argvs + ([update] if update else [])
+    argvs += [update] if update else []
+    if decision.hold is False:  # release last: the job becomes eligible at its new size
+        argvs.append(["scontrol", "release", str(int(job.job_id))])
+    return argvs
 
 
 # ------------------------------------------------------------------------------------ batches
@@ -677,7 +683,7 @@ class SlurmCliBackend:
         now = self._clock()
         batch: list[_Update] = []
         for i, (decision, job) in enumerate(items):
-            if self._feed is None or decision.requeue or not job.opted_in:
+            if self._feed is None or decision.requeue or decision.hold is not None or not job.opted_in:
                 results[i] = self._apply_one(decision, job)
                 continue
             if decision.config is not None and not job.pending:

@@ -21,13 +21,17 @@ Each tick (pure; only ``view.now`` as the clock):
    ``reshape_running`` is on, and then only when no pending job waits, into GPUs left
    idle beyond ``expand_reserve_fraction`` of the cluster, and when the predicted gain
    exceeds the switch cost (a restart) by ``reshape_margin``.
+Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer than
+``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs; a long job that would
+exceed it is held (Slurm's hold, marked in the decision token) until the plan starts it,
+so short jobs always find GPUs; jobs past the starvation threshold are never held.
 Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chosen);
 ``reconfigure=False`` also keeps the user's config (order and waiting only).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Mapping, Optional
 
 from ..model import ClusterView, Decision, Job, JobProfile
@@ -106,7 +110,7 @@ class PipeSwiftPolicy:
         reserve = self.expand_reserve_fraction * self._total
         for opt in options:
             long_job = opt.run_s > self.short_lane_max_s
-            lane_full = long_job and self._long_busy + opt.gpus > self._long_cap
+            lane_full = long_job and not starving and self._long_busy + opt.gpus > self._long_cap
             if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
             start = timeline.earliest(opt.gpus, opt.run_s)
@@ -137,6 +141,18 @@ class PipeSwiftPolicy:
             timeline.take(start, start + opt.run_s, opt.gpus)
             self._reserved += 1
         return _Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
+
+    def _hold(self, job: Job, plan: _Plan, now: float) -> Optional[bool]:
+        """The short-job lane: hold a long job that waits while long jobs fill their share
+        of the cluster (Slurm would otherwise start it as soon as it fits); release it
+        once the plan starts it now or the lane has room. None: leave as is."""
+        if self.short_lane_fraction <= 0 or plan.option is None:
+            return False if job.held else None
+        long_job = plan.option.run_s > self.short_lane_max_s
+        lane_full = self._long_busy + plan.option.gpus > self._long_cap
+        if long_job and plan.start_s != now and lane_full and job.wait_s(now) < self.promote_fraction * self.wait_bound_s:
+            return None if job.held else True
+        return False if job.held else None
 
     def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any) -> list[Decision]:
         now = view.now
@@ -178,9 +194,12 @@ class PipeSwiftPolicy:
                 continue
             profile = profiles[job.job_id]
             option = plan.option
-            if option is not None and option.config == current_config(job, profile) and job.config is not None:
+            hold = self._hold(job, plan, now)
+            if hold is None and option is not None and option.config == current_config(job, profile) \
+                    and job.config is not None:
                 option = None
-            out.append(decision_for(job, profile, option, factors[job.job_id], plan.reason, estimator, plan.start_s))
+            decision = decision_for(job, profile, option, factors[job.job_id], plan.reason, estimator, plan.start_s)
+            out.append(replace(decision, hold=hold) if hold is not None and decision.config is not None else decision)
         nobody_waits = len(plans) == len(ordered) and all(p.start_s == now for p in plans.values())
         if self.reshape_running and nobody_waits:
             idle = sum(free) - int(self.expand_reserve_fraction * total)
