@@ -10,7 +10,7 @@ never imports torch or megatron (tests cross-check against megatron-core separat
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from .model import ExecConfig, JobProfile, ModelShape, TrainingPlan
 
@@ -425,44 +425,59 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int,
-                      *, vary_tp: bool = True, max_vp: int = 4) -> Iterator[ExecConfig]:
-    """All structurally valid configs on exactly ``gpus`` GPUs (memory is not checked here).
+def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int, *, vary_tp: bool = True,
+                      max_vp: int = 4, fits: Optional[Callable[[ExecConfig], bool]] = None) -> Iterator[ExecConfig]:
+    """All structurally valid configs on exactly ``gpus`` GPUs.
 
     Keeps the user's context-parallel size and uneven-split choice; varies tp (powers of
     two dividing the heads, within a node) when ``vary_tp``, pp over divisors of the
     layers (or the user's uneven split at the user's pp), micro-batch sizes that divide
-    the per-replica batch, and interleaving up to ``max_vp`` virtual stages.
+    the per-replica batch, and interleaving up to ``max_vp`` virtual stages. With a
+    memory predicate ``fits``, only fitting configs are yielded, and larger micro-batches
+    are skipped once none fits (activation memory grows with the micro-batch size).
     """
-    shape, user = profile.shape, profile.requested
+    user = profile.requested
     nodes, gpn = node_shape(gpus, gpus_per_node)
     tps = _tp_choices(profile, gpn) if vary_tp else [user.tp]
     gbs = profile.plan.global_batch_size
+    uneven_user = user.decoder_first_pipeline_num_layers is not None or user.decoder_last_pipeline_num_layers is not None
     for tp in tps:
         for pp in _pp_choices(profile):
-            if gpus % (tp * pp * user.cp):
+            if gpus % (tp * pp * user.cp) or gbs % (gpus // (tp * pp * user.cp)):
                 continue
             dp = gpus // (tp * pp * user.cp)
-            if gbs % dp:
+            base = ExecConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=1, num_micro_batches=1, cp=user.cp,
+                              num_nodes=nodes, gpus_per_node=gpn,
+                              decoder_first_pipeline_num_layers=user.decoder_first_pipeline_num_layers
+                              if uneven_user and pp == user.pp else None,
+                              decoder_last_pipeline_num_layers=user.decoder_last_pipeline_num_layers
+                              if uneven_user and pp == user.pp else None)
+            yield from _micro_batch_variants(profile, base, gpus_per_node, max_vp, fits)
+
+
+def _micro_batch_variants(profile: JobProfile, base: ExecConfig, gpus_per_node: int, max_vp: int,
+                          fits: Optional[Callable[[ExecConfig], bool]]) -> Iterator[ExecConfig]:
+    gbs, layers = profile.plan.global_batch_size, profile.shape.num_layers
+    for mbs in _divisors(gbs // base.dp):
+        if mbs < profile.min_micro_batch_size or (profile.max_micro_batch_size and mbs > profile.max_micro_batch_size):
+            continue
+        m = gbs // (mbs * base.dp)
+        any_fit = False
+        for vp in range(1, max_vp + 1):
+            if vp > 1 and (base.pp < 2 or m % base.pp or layers % (base.pp * vp)):
                 continue
-            uneven = pp == user.pp and (user.decoder_first_pipeline_num_layers is not None
-                                        or user.decoder_last_pipeline_num_layers is not None)
-            for mbs in _divisors(gbs // dp):
-                if mbs < profile.min_micro_batch_size or (profile.max_micro_batch_size
-                                                          and mbs > profile.max_micro_batch_size):
-                    continue
-                m = gbs // (mbs * dp)
-                for vp in range(1, max_vp + 1):
-                    cfg = ExecConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
-                                     cp=user.cp, vp=vp, num_nodes=nodes, gpus_per_node=gpn,
-                                     decoder_first_pipeline_num_layers=user.decoder_first_pipeline_num_layers
-                                     if uneven else None,
-                                     decoder_last_pipeline_num_layers=user.decoder_last_pipeline_num_layers
-                                     if uneven else None)
-                    if vp > 1 and (pp < 2 or m % pp or shape.num_layers % (pp * vp)):
-                        continue
-                    if not check_config(profile, cfg, gpus_per_node):
-                        yield cfg
+            cfg = replace(base, micro_batch_size=mbs, num_micro_batches=m, vp=vp)
+            if check_config(profile, cfg, gpus_per_node):
+                continue
+            if fits is not None and not fits(cfg):
+                continue
+            any_fit = True
+            yield cfg
+        if fits is not None and not any_fit and mbs >= profile.min_micro_batch_size:
+            valid = [vp for vp in range(1, max_vp + 1) if not check_config(profile, replace(
+                base, micro_batch_size=mbs, num_micro_batches=m, vp=vp), gpus_per_node)]
+            if valid:
+                return  # valid but out of memory: larger micro-batches need even more
 
 
 def _tp_choices(profile: JobProfile, gpn: int) -> list[int]:

@@ -78,8 +78,9 @@ class Planner:
         lo, hi = profile.gpu_range
         if not lo <= gpus <= hi:
             return []
-        configs = enumerate_configs(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp)
-        return [self.cost.estimate(profile, c) for c in configs if self.cost.fits(profile, c)]
+        configs = enumerate_configs(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp,
+                                    fits=lambda c: self.cost.fits(profile, c))
+        return [self.cost.estimate(profile, c) for c in configs]
 
     def plan(self, profile: JobProfile, lo: int, hi: int, explain: bool = False) -> PlanResult:
         """All valid configs for ``lo``..``hi`` GPUs, ranked by predicted iteration time.
