@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from .calibration import lookup_bias
 from .costmodel import CostModel, Estimate
 from .model import ExecConfig, JobProfile
 from .planner import Planner
@@ -38,8 +39,8 @@ class Estimator:
 
     def bias(self, job_class: str) -> float:
         """actual/predicted ratio for the class, else its model family's, else 1."""
-        from .calibration import lookup_bias
-
+        if not self.bias_by_class:
+            return 1.0
         return lookup_bias(self.bias_by_class, job_class)
 
     def startup_s(self, profile: JobProfile) -> float:

@@ -189,6 +189,10 @@ class GpuRequest:
     slash: bool = False
 
 
+_USABLE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "idle", "mixed", "allocated"})
+_UNUSABLE_WORDS = ("DOWN", "DRAIN", "FAIL", "INVAL", "NOT_RESPONDING", "UNKNOWN", "MAINT", "FUTURE")
+
+
 @dataclass(frozen=True)
 class Node:
     """A compute node: GPUs configured and allocated, and whether it takes work."""
@@ -206,8 +210,10 @@ class Node:
 
     @property
     def usable(self) -> bool:
-        bad = ("DOWN", "DRAIN", "FAIL", "INVAL", "NOT_RESPONDING", "UNKNOWN", "MAINT", "FUTURE")
-        return not any(word in self.state.upper() for word in bad)
+        if self.state in _USABLE_STATES:
+            return True
+        state = self.state.upper()
+        return not any(word in state for word in _UNUSABLE_WORDS)
 
 
 @dataclass(frozen=True)
@@ -272,23 +278,23 @@ class ClusterView:
     nodes: tuple[Node, ...]
     jobs: tuple[Job, ...]
 
-    @property
+    @cached_property
     def pending(self) -> tuple[Job, ...]:
         return tuple(j for j in self.jobs if j.pending)
 
-    @property
+    @cached_property
     def running(self) -> tuple[Job, ...]:
         return tuple(j for j in self.jobs if j.running)
 
-    @property
+    @cached_property
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes if n.usable)
 
-    @property
+    @cached_property
     def free_gpus(self) -> int:
         return sum(n.gpus_free for n in self.nodes)
 
-    @property
+    @cached_property
     def gpus_per_node(self) -> int:
         return max((n.gpus for n in self.nodes), default=0)
 

@@ -36,7 +36,7 @@ class PlanResult:
 def _plan_key(profile: JobProfile) -> tuple[object, ...]:
     """What the ranking depends on: everything but the training length."""
     user = profile.requested
-    return (profile.shape, replace(profile.plan, train_iters=None, train_samples=None),
+    return (profile.shape, replace(profile.plan, train_iters=None, train_samples=None), profile.gpu_range,
             profile.min_micro_batch_size, profile.max_micro_batch_size, profile.allowed_pp,
             user.tp, user.cp, user.pp, user.decoder_first_pipeline_num_layers,
             user.decoder_last_pipeline_num_layers)
@@ -58,10 +58,18 @@ class Planner:
         self.vary_tp = vary_tp
         self.max_vp = max_vp
         self._ranked: dict[tuple[object, ...], list[Estimate]] = {}
+        self._keys: dict[int, tuple[JobProfile, tuple[object, ...]]] = {}
+
+    def _key(self, profile: JobProfile) -> tuple[object, ...]:
+        """The plan key, memoised per profile object (hashing nested dataclasses is slow)."""
+        hit = self._keys.get(id(profile))
+        if hit is None or hit[0] is not profile:
+            hit = self._keys[id(profile)] = (profile, _plan_key(profile))
+        return hit[1]
 
     def ranked(self, profile: JobProfile, gpus: int) -> list[Estimate]:
         """Valid configs on exactly ``gpus`` GPUs that fit in memory, fastest first."""
-        key = (_plan_key(profile), gpus)
+        key = (self._key(profile), gpus)
         hit = self._ranked.get(key)
         if hit is None:
             hit = sorted((e for e in self._estimates(profile, gpus) if e.fits),

@@ -1,11 +1,10 @@
 """Turn report rows (``reports.py``) and explanations (``explain.py``) into output:
-terminal tables, CSV, JSON, PNG figures, one self-contained HTML file, and Prometheus
-text for node_exporter's textfile collector.
+terminal tables, CSV, JSON and one self-contained HTML file. PNG figures are
+``report_plots`` and Prometheus text is ``report_metrics`` (both re-exported here).
 
-It owns presentation only: no SQL, no database access. matplotlib is imported lazily
-inside the plotting functions (figures are built with ``matplotlib.figure.Figure`` on the
-Agg canvas, never through pyplot's global state), so tables and Prometheus output work
-without it. Must not import click or SQLAlchemy.
+It owns presentation only: no SQL, no database access. It never imports matplotlib (the
+HTML page takes figures as PNG bytes), so tables work without it. Must not import click
+or SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -16,16 +15,15 @@ import html
 import io
 import json
 import logging
-import math
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Optional
 
 from .fmt import duration, table
+from .report_metrics import _Metrics, prometheus_text, write_atomic  # noqa: F401
+from .report_plots import draw_bias, draw_decisions, draw_jct_cdf, draw_queue_ratio  # noqa: F401
+from .report_plots import draw_waits, figure, png_bytes, save_png  # noqa: F401
 from .reports import (
     BiasReport,
     DecisionsReport,
@@ -273,139 +271,6 @@ def json_text(report: Any) -> str:
     return json.dumps(asdict(report), indent=2, default=str)
 
 
-# ---------------------------------------------------------------- figures (matplotlib, lazily)
-
-
-def _figure(n_axes: int = 1, width_in: float = 8.0, height_in: float = 4.5) -> Any:
-    """A pyplot-free Figure with ``n_axes`` stacked axes (Agg canvas)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise RuntimeError("plots need matplotlib: pip install 'pipeswift-slurm[plot]'") from exc
-    fig = Figure(figsize=(width_in, height_in * n_axes))
-    fig.subplots(n_axes, 1, squeeze=False)
-    return fig
-
-
-def draw_queue_ratio(ax: Any, rep: QueueRatioReport) -> None:
-    """Queue ratio per bucket as a curve (hour/day) or per group as bars, threshold dashed."""
-    rows = [r for r in rep.rows if r.queue_ratio is not None]
-    if rep.by in ("hour", "day") and rows:
-        x = [datetime.fromtimestamp(r.bucket_s or 0.0, tz=UTC) for r in rows]
-        ax.plot(x, [r.queue_ratio for r in rows], marker=".", linewidth=1.2, label="queue / JCT")
-        ax.set_xlabel("submission %s (UTC)" % rep.by)
-        ax.tick_params(axis="x", labelrotation=30)
-    else:
-        ax.bar([r.group for r in rows], [r.queue_ratio for r in rows], label="queue / JCT")
-        ax.set_xlabel(rep.by)
-        ax.tick_params(axis="x", labelrotation=45)
-    ax.axhline(
-        rep.threshold, color="tab:red", linestyle="--", linewidth=1, label="threshold %.2f" % rep.threshold
-    )
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("queue-time ratio")
-    ax.set_title("Queue-time ratio by %s: %s" % (rep.by, "%s-bound" % rep.bound if rep.bound else "no data"))
-    ax.legend(loc="best")
-    ax.grid(True, alpha=0.3)
-
-
-def draw_jct_cdf(ax: Any, values: dict[str, list[float]]) -> None:
-    """JCT CDF per group (one step line each), log time axis in hours."""
-    for group, jcts in values.items():
-        hours = sorted(max(v, 1.0) / 3600.0 for v in jcts)
-        if hours:
-            ax.step(
-                hours,
-                [(i + 1) / len(hours) for i in range(len(hours))],
-                where="post",
-                label="%s (%d)" % (group, len(hours)),
-            )
-    ax.set_xscale("log")
-    ax.set_xlabel("job completion time (hours, log scale)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT distribution")
-    ax.grid(True, alpha=0.3)
-    if values:
-        ax.legend(loc="lower right")
-
-
-def draw_waits(ax: Any, rep: WaitsReport) -> None:
-    """Median and max wait (hours) per group, side by side bars, bound dashed."""
-    groups = [r.group for r in rep.rows]
-    xs = list(range(len(groups)))
-    ax.bar([x - 0.2 for x in xs], [r.median_s / 3600.0 for r in rep.rows], width=0.4, label="median")
-    ax.bar([x + 0.2 for x in xs], [r.max_s / 3600.0 for r in rep.rows], width=0.4, label="max")
-    ax.axhline(rep.wait_bound_s / 3600.0, color="tab:red", linestyle="--", linewidth=1, label="bound")
-    ax.set_xticks(xs, groups)
-    ax.set_ylabel("wait (hours)")
-    ax.set_title("Waits by %s" % rep.by)
-    ax.legend(loc="best")
-    ax.grid(True, axis="y", alpha=0.3)
-
-
-def draw_bias(ax: Any, rep: BiasReport) -> None:
-    """Median actual/predicted ratio per job class as bars; 1.0 (unbiased) dashed."""
-    ax.bar(
-        [r.job_class for r in rep.rows], [r.median_ratio for r in rep.rows], label="median actual / predicted"
-    )
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="unbiased")
-    ax.set_ylabel("actual / predicted run time")
-    ax.set_title("Estimator bias per job class")
-    ax.tick_params(axis="x", labelrotation=30)
-    ax.legend(loc="best")
-    ax.grid(True, axis="y", alpha=0.3)
-
-
-def draw_decisions(ax: Any, rep: DecisionsReport) -> None:
-    """Decisions in the window by outcome (bars)."""
-    names = ["applied", "FAILED", "not attempted", "no change"]
-    counts = [rep.n_applied, rep.n_failed, rep.n_not_attempted, rep.n_total - rep.n_intended]
-    ax.bar(names, counts, color=["tab:green", "tab:red", "tab:gray", "tab:blue"])
-    ax.set_ylabel("decisions")
-    ax.set_title("Decisions by outcome (%d in the window)" % rep.n_total)
-    ax.grid(True, axis="y", alpha=0.3)
-
-
-def figure(kind: str, data: Any, jct_by_group: Optional[dict[str, list[float]]] = None) -> Any:
-    """The Figure for one report kind (``data`` is that kind's report; for "all" a FullReport).
-
-    ``jct_by_group`` (``reports.jct_values``) feeds the JCT CDF for kinds "jct" and "all".
-    """
-    if kind == "all":
-        fig = _figure(4, height_in=3.6)
-        axes = fig.axes
-        draw_queue_ratio(axes[0], data.queue_ratio_by_hour)
-        draw_jct_cdf(axes[1], jct_by_group or {})
-        draw_waits(axes[2], data.waits)
-        draw_bias(axes[3], data.bias)
-    else:
-        fig = _figure(1)
-        drawers = {
-            "queue-ratio": draw_queue_ratio,
-            "waits": draw_waits,
-            "bias": draw_bias,
-            "decisions": draw_decisions,
-        }
-        if kind == "jct":
-            draw_jct_cdf(fig.axes[0], jct_by_group or {})
-        else:
-            drawers[kind](fig.axes[0], data)
-    fig.tight_layout()
-    return fig
-
-
-def png_bytes(fig: Any, dpi: int = 100) -> bytes:
-    """The figure as PNG bytes."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
-
-
-def save_png(fig: Any, path: str, dpi: int = 100) -> None:
-    """Write the figure as a PNG file."""
-    Path(path).write_bytes(png_bytes(fig, dpi))
-
-
 # ---------------------------------------------------------------- HTML
 
 _CSS = (
@@ -455,219 +320,6 @@ def html_report(
     parts += [html_table(t) for t in tables]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
-
-
-# ---------------------------------------------------------------- Prometheus text format
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-class _Metrics:
-    """Collects metric families; ``text()`` renders the exposition format."""
-
-    def __init__(self) -> None:
-        self._lines: list[str] = []
-
-    def family(
-        self,
-        name: str,
-        kind: str,
-        help_text: str,
-        samples: Sequence[tuple[dict[str, str], Optional[float]]],
-        suffix: str = "",
-    ) -> None:
-        """Add # HELP / # TYPE once and a sample per (labels, value); None values are skipped."""
-        self._lines += ["# HELP %s %s" % (name, help_text), "# TYPE %s %s" % (name, kind)]
-        self.samples(name + suffix, samples)
-
-    def samples(self, name: str, samples: Sequence[tuple[dict[str, str], Optional[float]]]) -> None:
-        for labels, value in samples:
-            if value is None or (isinstance(value, float) and math.isnan(value)):
-                continue
-            label_text = ",".join('%s="%s"' % (k, _escape_label(str(v))) for k, v in labels.items())
-            self._lines.append("%s%s %s" % (name, "{%s}" % label_text if label_text else "", _number(value)))
-
-    def text(self) -> str:
-        return "\n".join(self._lines) + "\n"
-
-
-def _number(value: float) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int) or float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
-
-
-def _jct_metrics(m: _Metrics, rep: JctReport) -> None:
-    rows = rep.rows + ([rep.overall] if rep.overall else [])
-    m.family(
-        "pipeswift_jct_seconds",
-        "summary",
-        "Job completion time (submit to end) of completed jobs, nearest-rank quantiles; "
-        'size="all" is every job.',
-        [
-            ({"size": r.group, "quantile": q}, v)
-            for r in rows
-            for q, v in (("0.5", r.p50_s), ("0.95", r.p95_s), ("0.99", r.p99_s))
-        ],
-    )
-    m.samples("pipeswift_jct_seconds_sum", [({"size": r.group}, r.mean_s * r.n_jobs) for r in rows])
-    m.samples("pipeswift_jct_seconds_count", [({"size": r.group}, r.n_jobs) for r in rows])
-    m.family(
-        "pipeswift_jct_max_seconds",
-        "gauge",
-        "Longest JCT of a completed job.",
-        [({"size": r.group}, r.max_s) for r in rows],
-    )
-
-
-def _wait_metrics(m: _Metrics, rep: WaitsReport) -> None:
-    rows = rep.rows + ([rep.overall] if rep.overall else [])
-    over = rep.overall.n_over_bound if rep.overall else 0
-    m.family(
-        "pipeswift_jobs_over_wait_bound",
-        "gauge",
-        "Jobs whose wait (pending ones: so far) exceeds the bound.",
-        [({}, over)],
-    )
-    m.family(
-        "pipeswift_wait_bound_seconds",
-        "gauge",
-        "The wait bound used by pipeswift_jobs_over_wait_bound.",
-        [({}, rep.wait_bound_s)],
-    )
-    m.family(
-        "pipeswift_jobs_pending",
-        "gauge",
-        "Jobs still pending at the last tick.",
-        [({}, rep.overall.n_pending if rep.overall else 0)],
-    )
-    m.family(
-        "pipeswift_wait_median_seconds",
-        "gauge",
-        "Median wait per size class.",
-        [({"size": r.group}, r.median_s) for r in rows],
-    )
-    m.family(
-        "pipeswift_wait_max_seconds",
-        "gauge",
-        "Longest wait per size class.",
-        [({"size": r.group}, r.max_s) for r in rows],
-    )
-
-
-def _queue_metrics(m: _Metrics, rep: QueueRatioReport, by_size: QueueRatioReport) -> None:
-    m.family(
-        "pipeswift_queue_ratio",
-        "gauge",
-        "Queue time / (queue + run) time of finished jobs in the window.",
-        [({}, rep.overall.queue_ratio)],
-    )
-    m.family(
-        "pipeswift_queue_ratio_by_size",
-        "gauge",
-        "Queue-time ratio per job size class.",
-        [({"size": r.group}, r.queue_ratio) for r in by_size.rows],
-    )
-    m.family(
-        "pipeswift_queue_bound",
-        "gauge",
-        "1 when small jobs spend more than the threshold of their JCT queued "
-        "(the scheduler is the bottleneck).",
-        [({}, None if rep.bound is None else float(rep.bound == "queue"))],
-    )
-
-
-def _bias_metrics(m: _Metrics, rep: BiasReport) -> None:
-    m.family(
-        "pipeswift_estimator_bias",
-        "gauge",
-        "Median actual / predicted run time per job class.",
-        [({"job_class": r.job_class}, r.median_ratio) for r in rep.rows],
-    )
-    m.family(
-        "pipeswift_estimator_bias_jobs",
-        "gauge",
-        "Finished jobs behind pipeswift_estimator_bias.",
-        [({"job_class": r.job_class}, r.n_jobs) for r in rep.rows],
-    )
-    m.family(
-        "pipeswift_calibration_ratio",
-        "gauge",
-        "Calibration ratio the controller applies per job class.",
-        [({"job_class": k}, v[0]) for k, v in rep.calibration.items()],
-    )
-
-
-def _tick_metrics(m: _Metrics, rep: FullReport) -> None:
-    t, d = rep.ticks, rep.decisions
-    m.family(
-        "pipeswift_last_tick_timestamp_seconds",
-        "gauge",
-        "When the last controller tick ran (epoch s).",
-        [({}, t.last_tick_s)],
-    )
-    m.family(
-        "pipeswift_tick_duration_seconds",
-        "gauge",
-        "Wall seconds the last tick took.",
-        [({}, t.last_duration_s)],
-    )
-    m.family(
-        "pipeswift_last_tick_ok",
-        "gauge",
-        "1 when the last tick succeeded.",
-        [({}, None if t.last_status is None else float(t.last_status == "ok"))],
-    )
-    m.family(
-        "pipeswift_ticks",
-        "gauge",
-        "Ticks recorded in the window, by status.",
-        [({"status": "ok"}, t.n_ticks - t.n_failed), ({"status": "failed"}, t.n_failed)],
-    )
-    m.family(
-        "pipeswift_decisions",
-        "gauge",
-        "Decisions in the window, by outcome.",
-        [
-            ({"outcome": "applied"}, d.n_applied),
-            ({"outcome": "failed"}, d.n_failed),
-            ({"outcome": "not_attempted"}, d.n_not_attempted),
-            ({"outcome": "no_change"}, d.n_total - d.n_intended),
-        ],
-    )
-    m.family(
-        "pipeswift_report_jobs", "gauge", "Jobs submitted in the report window.", [({}, rep.jobs.n_jobs)]
-    )
-
-
-def prometheus_text(rep: FullReport) -> str:
-    """Every headline figure of a FullReport in the Prometheus text exposition format."""
-    m = _Metrics()
-    _queue_metrics(m, rep.queue_ratio, rep.queue_ratio_by_size)
-    _jct_metrics(m, rep.jct)
-    _wait_metrics(m, rep.waits)
-    _bias_metrics(m, rep.bias)
-    _tick_metrics(m, rep)
-    return m.text()
-
-
-def write_atomic(path: str, content: str) -> None:
-    """Write ``content`` to ``path`` via a temp file in the same folder and a rename, so a
-    reader (node_exporter's textfile collector) never sees a half-written file."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % target.name, suffix=".tmp", dir=str(target.parent or "."))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------- explain

@@ -91,6 +91,8 @@ class SimBackend:
         self.now = 0.0
         self.updates = 0
         self._finished: list[SimJob] = []
+        self._nodes: tuple[Node, ...] = ()
+        self._nodes_key: tuple[int, ...] = ()
 
     # ------------------------------------------------------------ engine side
     def submit(self, job: SimJob) -> None:
@@ -110,8 +112,12 @@ class SimBackend:
 
     # ------------------------------------------------------------ Backend seam
     def snapshot(self) -> ClusterView:
-        nodes = tuple(Node("node%d" % (i + 1), self.gpus_per_node, self.gpus_per_node - f, "IDLE" if
-                           f == self.gpus_per_node else "MIXED", self.gpu_type) for i, f in enumerate(self.free))
+        key = tuple(self.free)
+        if self._nodes_key != key:  # rebuild the node list only when allocations changed
+            self._nodes = tuple(Node("node%d" % (i + 1), self.gpus_per_node, self.gpus_per_node - f, "IDLE" if
+                                     f == self.gpus_per_node else "MIXED", self.gpu_type) for i, f in enumerate(key))
+            self._nodes_key = key
+        nodes = self._nodes
         # Like Slurm's MinJobAge, a finished job stays visible until the next snapshot.
         jobs = tuple(self._view(j) for j in (*self._finished, *self.running.values(), *self.pending.values()))
         self._finished = []

@@ -54,7 +54,7 @@ class PipeSwiftPolicy:
     def __init__(self, wait_bound_s: float = 48 * 3600.0, promote_fraction: float = 0.5, aging: float = 0.5,
                  start_margin: float = 0.1, plan_depth: int = 64, site_factor_max: int = 100_000_000,
                  reshape_running: bool = False, reshape_margin: float = 0.2, resize: bool = True,
-                 reconfigure: bool = True, expand_reserve_fraction: float = 0.0, reservations: int = 64,
+                 reconfigure: bool = True, expand_reserve_fraction: float = 0.1, reservations: int = 64,
                  short_lane_fraction: float = 0.0, short_lane_max_s: float = 2 * 3600.0):
         self.wait_bound_s = wait_bound_s
         self.promote_fraction = promote_fraction
