@@ -76,6 +76,23 @@ def _profile(megatron_args: Sequence[str], world: Optional[int], gpus_per_node: 
         fail("%s (in the Megatron arguments; fix that flag)" % exc)
 
 
+def load_layer_profile(path: Optional[str]) -> Any:
+    """A measured layer profile (``pipeswift profile --out``) or None; bad file -> exit 2."""
+    if not path:
+        return None
+    from .profiler import ProfileFormatError, read_profile_toml
+
+    try:
+        return read_profile_toml(path)
+    except (OSError, ProfileFormatError) as exc:
+        fail("--layer-profile: %s" % exc)
+
+
+_layer_profile_option = click.option("--layer-profile", type=click.Path(dir_okay=False),
+                                     help="Use this measured layer profile (pipeswift profile --out) for the"
+                                          " layer times instead of the table.")
+
+
 def _config_dict(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in asdict(cfg).items()}
 
@@ -102,10 +119,11 @@ def estimate_dict(est: Any, profile: Any, cost: Any) -> dict[str, Any]:
 @click.option("--num-gpus", type=click.IntRange(min=1), help="World size (default tp*pp*cp).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
+@_layer_profile_option
 @click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
 @pass_obj
 def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: int, as_json: bool,
-             megatron_args: tuple[str, ...]) -> None:
+             layer_profile: Optional[str], megatron_args: tuple[str, ...]) -> None:
     """Predict iteration time, TFLOP/s, memory and bubble of a Megatron command line.
 
     Example: pipeswift estimate --num-gpus 8 -- --num-layers 24 --hidden-size 2048
@@ -115,7 +133,7 @@ def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: in
 
     gpu = obj.gpu(gpu_type)
     profile = _profile(megatron_args, num_gpus, gpus_per_node)
-    cost = CostModel(gpu)
+    cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile))
     est = cost.estimate(profile, profile.requested)
     data = estimate_dict(est, profile, cost)
     data["gpu_type"] = gpu.name
@@ -163,10 +181,11 @@ def parse_gpu_range(text: str) -> tuple[int, int]:
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--explain", is_flag=True, help="Also list excluded configs and why.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
+@_layer_profile_option
 @click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
 @pass_obj
 def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, explain: bool,
-         as_json: bool, megatron_args: tuple[str, ...]) -> None:
+         as_json: bool, layer_profile: Optional[str], megatron_args: tuple[str, ...]) -> None:
     """Rank every valid config of a Megatron job over a GPU count or range."""
     from .costmodel import CostModel
     from .planner import Planner
@@ -174,7 +193,7 @@ def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, 
     lo, hi = parse_gpu_range(gpus_text)
     gpu = obj.gpu(gpu_type)
     profile = _profile(megatron_args, None, gpus_per_node).with_range(lo, hi)
-    cost = CostModel(gpu)
+    cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile))
     result = Planner(cost, gpus_per_node).plan(profile, lo, hi, explain=explain)
     rows = [estimate_dict(e, profile, cost) for e in result.ranked[:top]]
     if as_json:
@@ -206,6 +225,42 @@ def _print_plan(result: Any, rows: list[dict[str, Any]], gpu: GpuType, explain: 
         click.echo("\nexcluded (%d):" % len(result.excluded))
         for x in result.excluded:
             click.echo("  %s gpus=%d: %s" % (x.config.short() if x.config else "-", x.gpus, x.reason))
+
+
+@pipeswift.command()
+@click.option("--gpu-type", help="Name to file the profile under (default: the device's name).")
+@click.option("--micro-batch-sizes", default="1,2,4,8", show_default=True, help="Comma-separated candidates.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Write the profile TOML here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
+@click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
+@pass_obj
+def profile(obj: Obj, gpu_type: Optional[str], micro_batch_sizes: str, out_path: Optional[str], as_json: bool,
+            megatron_args: tuple[str, ...]) -> None:
+    """Time one transformer layer of the job's shape (fwd+bwd per micro-batch size) on
+    this machine's GPU (or CPU: structure only) and write a profile for --layer-profile."""
+    try:
+        sizes = [int(x) for x in micro_batch_sizes.split(",") if x.strip()]
+    except ValueError:
+        fail("--micro-batch-sizes %r: expected integers like 1,2,4,8" % micro_batch_sizes)
+    if not sizes or min(sizes) < 1:
+        fail("--micro-batch-sizes %r: need positive integers" % micro_batch_sizes)
+    shape = _profile(megatron_args, None, 8).shape
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail("profiling needs torch: pip install 'pipeswift-slurm[megatron]'", 1)
+    from .profiler import main_profile, profile_to_dict
+
+    result = main_profile(shape, sizes, gpu_type, out_path)
+    if as_json:
+        echo_json(profile_to_dict(result))
+        return
+    click.echo("%s on %s (%s, %s):" % (result.backend, result.device, result.layer_spec, result.dtype))
+    for t in result.timings:
+        click.echo("  micro-batch %3d: %9.2f ms fwd+bwd per layer, %7.1f TFLOP/s"
+                   % (t.micro_batch_size, t.fwd_bwd_ms, t.tflops))
+    if out_path:
+        click.echo("wrote %s (use it with --layer-profile)" % out_path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -80,7 +80,10 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     except TypeError as exc:
         fail("%s: [policy.knobs] %s" % (cfg.source, exc))
     gpn = cfg.gpus_per_node or 8
-    estimator = Estimator(CostModel(gpu), gpn).with_bias(_bias_map(store))
+    from .cli import load_layer_profile
+
+    estimator = Estimator(CostModel(gpu, layer_profile=load_layer_profile(cfg.layer_profile)), gpn)
+    estimator = estimator.with_bias(_bias_map(store))
     settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions)
     return Controller(backend, policy, estimator, store, settings)
 

@@ -35,6 +35,7 @@ class ControllerConfig:
     gpu_type: str = "A100-80GB"
     gpus_per_node: int = 0
     hardware_file: Optional[str] = None
+    layer_profile: Optional[str] = None
     policy: str = "pipeswift"
     policy_knobs: dict[str, Any] = field(default_factory=dict)
     site_factor_max: int = 100_000_000
@@ -48,7 +49,8 @@ class ControllerConfig:
 _SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
     "store": {"url": ("db_url", str)},
     "slurm": {"backend": ("backend", str), "partitions": ("partitions", list), "gpu_type": ("gpu_type", str),
-              "gpus_per_node": ("gpus_per_node", int), "hardware_file": ("hardware_file", str)},
+              "gpus_per_node": ("gpus_per_node", int), "hardware_file": ("hardware_file", str),
+              "layer_profile": ("layer_profile", str)},
     "policy": {"name": ("policy", str), "site_factor_max": ("site_factor_max", int), "knobs": ("policy_knobs", dict)},
     "controller": {"dry_run": ("dry_run", bool), "allow_requeue": ("allow_requeue", bool),
                    "lock_file": ("lock_file", str), "calibrate": ("calibrate", bool)},

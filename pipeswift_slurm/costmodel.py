@@ -14,7 +14,7 @@ Must not import SQLAlchemy, Slurm or torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from .hardware import GpuType
 from .megatron import stage_layers
@@ -90,11 +90,12 @@ class CostModel:
     the instance (keyed by shape and layout), so repeated planning is cheap.
     """
 
-    def __init__(self, gpu: GpuType, schedule: str = "1f1b"):
+    def __init__(self, gpu: GpuType, schedule: str = "1f1b", layer_profile: Any = None):
         if schedule not in ("1f1b", "gpipe"):
             raise ValueError("schedule must be '1f1b' or 'gpipe'")
         self.gpu = gpu
         self.schedule = schedule
+        self.layer_profile = layer_profile
         self._layer_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._params_cache: dict[tuple[object, ...], float] = {}
 
@@ -119,6 +120,9 @@ class CostModel:
         fwd_flops = layer_fwd_flops(shape, cfg.micro_batch_size) / (cfg.tp * cfg.cp)
         peak = gpu.fp32_tflops if plan.precision == "fp32" else gpu.peak_tflops
         rate = peak * 1e12 * gpu.efficiency(fwd_flops / 1e9)
+        measured = self._measured_fwd_s(shape, cfg)
+        if measured is not None:  # a profiling run of this very layer beats the table
+            rate = fwd_flops / measured
         fwd = fwd_flops / rate
         recompute = {"full": fwd, "selective": attention_core_fwd_flops(
             shape, cfg.micro_batch_size) / (cfg.tp * cfg.cp) / rate}.get(plan.recompute_granularity or "", 0.0)
@@ -128,6 +132,26 @@ class CostModel:
         result = (fwd + tp_comm, 2 * fwd + recompute + tp_comm)
         self._layer_cache[key] = result
         return result
+
+    def _measured_fwd_s(self, shape: ModelShape, cfg: ExecConfig) -> Optional[float]:
+        """Forward seconds of one layer from the layer profile (``pipeswift profile``) when it
+        measured this shape: fwd = fwd+bwd / 3 at the nearest measured micro-batch size,
+        scaled linearly in micro-batch size, and split over tp*cp at the efficiency ratio
+        of the table's curve (the profile ran one layer on one GPU)."""
+        lp = self.layer_profile
+        if lp is None or not lp.timings or (lp.hidden_size, lp.seq_length, lp.num_attention_heads,
+                                             lp.ffn_hidden_size, lp.num_query_groups, lp.swiglu) != (
+                shape.hidden_size, shape.seq_length, shape.num_attention_heads, shape.ffn_hidden_size,
+                shape.num_query_groups, shape.swiglu):
+            return None
+        near = min(lp.timings, key=lambda t: (abs(t.micro_batch_size - cfg.micro_batch_size), -t.micro_batch_size))
+        fwd_one_gpu = near.fwd_bwd_ms / 3e3 * cfg.micro_batch_size / near.micro_batch_size
+        split = cfg.tp * cfg.cp
+        if split == 1:
+            return fwd_one_gpu
+        full = layer_fwd_flops(shape, cfg.micro_batch_size) / 1e9
+        slowdown = self.gpu.efficiency(full) / max(self.gpu.efficiency(full / split), 1e-9)
+        return fwd_one_gpu / split * slowdown
 
     def _logits_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
         """Output layer on the last stage: 6*b*s*h*V_pad FLOPs (fwd + bwd), split over tp*cp."""

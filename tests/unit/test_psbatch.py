@@ -275,4 +275,5 @@ def test_import_is_light():
     code = "import sys, pipeswift_slurm.psbatch; print(sorted(m for m in sys.modules if 'sqlalchemy' in m " \
            "or m.startswith('pipeswift_slurm.')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['pipeswift_slurm.psbatch']"
+    # Only psbatch's own light modules (argv and script reading): no SQLAlchemy, no core.
+    assert out.strip() == "['pipeswift_slurm.jobscript', 'pipeswift_slurm.psbatch', 'pipeswift_slurm.sbatch_args']"

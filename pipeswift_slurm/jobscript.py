@@ -1,0 +1,275 @@
+"""A batch script's text as psbatch reads it: ``#SBATCH`` and ``#PSWIFT`` header lines,
+its shell commands, and the Megatron training command among them.
+
+Owns: reading the header (per ``#SBATCH hetjob`` component); a bounded, quote-aware pass
+over shell text (continuations, heredocs, plain variable assignments); recognising the
+training command; and rewriting its line to run through ``pipeswift-launch``. The script
+is text only, never executed. Pure: no I/O.
+
+Must not import SQLAlchemy, click, the store or any backend; ``megatron`` is imported only
+inside ``megatron_words`` (psbatch must start fast).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from typing import NamedTuple, Optional, Sequence
+
+LAUNCHER = "pipeswift-launch"
+MAX_LOGICAL_LINES = 400  # physical lines one shell command may span
+
+
+# ---------------------------------------------------------------- script text
+
+
+class Script(NamedTuple):
+    """What psbatch reads from a batch script's text.
+
+    ``header`` holds the ``#SBATCH`` words per het component (sbatch stops reading them
+    at the first command line); ``own`` the ``#PSWIFT`` KEY=VALUE pairs.
+    """
+
+    header: list[list[str]]
+    own: list[tuple[str, str]]
+
+
+def read_header(lines: Sequence[str]) -> Script:
+    """Collect ``#SBATCH`` words (per ``#SBATCH hetjob`` component) and ``#PSWIFT`` pairs."""
+    header: list[list[str]] = [[]]
+    own: list[tuple[str, str]] = []
+    in_header = True
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("#PSWIFT"):
+            own.extend(_pswift_pairs(stripped[len("#PSWIFT"):]))
+        elif in_header and line.startswith("#SBATCH"):
+            words = _split_words(line[len("#SBATCH"):])
+            if words[:1] in (["hetjob"], ["packjob"]):
+                header.append([])
+            else:
+                header[-1].extend(words)
+        elif stripped and not stripped.startswith("#"):
+            in_header = False
+    return Script(header, own)
+
+
+def _pswift_pairs(text: str) -> list[tuple[str, str]]:
+    pairs = []
+    for word in _split_words(text):
+        key, eq, value = word.partition("=")
+        pairs.append(("", key) if not eq and key in ("on", "off") else (key, value))
+    return pairs
+
+
+def _split_words(text: str) -> list[str]:
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError:
+        return text.split("#", 1)[0].split()
+
+
+def _scan_shell(text: str) -> tuple[bool, list[int], str]:
+    """Quote-aware pass over shell text: (incomplete?, segment starts, text without comments).
+
+    Segments are split at top-level ``;``, ``&``, ``|`` (and ``&&``, ``||``). The text
+    is incomplete when a quote, a ``(`` or a backslash-newline continues on the next line.
+    """
+    starts, keep = [0], []
+    quote, depth, i, n = "", 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if quote:
+            if c == "\\" and quote == '"' and i + 1 < n:
+                keep.append(text[i:i + 2])
+                i += 2
+                continue
+            if c == quote:
+                quote = ""
+        elif c == "\\":
+            if i + 1 >= n:
+                return True, starts, "".join(keep)
+            keep.append(text[i:i + 2])
+            i += 2
+            continue
+        elif c in "'\"`":
+            quote = c
+        elif c == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c in "(":
+            depth += 1
+        elif c == ")":
+            depth = max(0, depth - 1)
+        elif c in ";&|" and depth == 0:
+            while i + 1 < n and text[i + 1] in ";&|":
+                keep.append(c)
+                i += 1
+            starts.append(i + 1)
+        keep.append(c)
+        i += 1
+    return bool(quote) or depth > 0, starts, "".join(keep)
+
+
+class Command(NamedTuple):
+    """One simple command of the script: where it starts and its words, variables expanded."""
+
+    line: int  # physical line index
+    offset: int  # character offset in that line where a launcher prefix goes
+    words: tuple[str, ...]
+
+
+_ASSIGN = r"[A-Za-z_][A-Za-z0-9_]*=(?:'[^']*'|\"(?:[^\"\\]|\\.)*\"|[^\s'\"])*"
+_PREFIX_RE = re.compile(r"\s*(?:(?:%s)\s+)*(?:(?:exec|time|nohup|command|then|do|else|!)\s+)*" % _ASSIGN)
+_VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?\}|([A-Za-z_][A-Za-z0-9_]*))")
+_HEREDOC_RE = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
+_NOT_COMMANDS = frozenset("echo printf export declare local readonly typeset set unset cat source . "
+                          "if elif while until for case function return eval alias".split())
+
+
+def logical_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
+    """(first physical line, text) of each shell command line; heredoc bodies skipped."""
+    out: list[tuple[int, str]] = []
+    i = 0
+    while i < len(lines):
+        text, j = lines[i], i + 1
+        while _scan_shell(text)[0] and j < len(lines) and j - i < MAX_LOGICAL_LINES:
+            text += "\n" + lines[j]
+            j += 1
+        out.append((i, text))
+        heredoc = _HEREDOC_RE.search(text) if "<<<" not in text else None
+        if heredoc:
+            while j < len(lines) and lines[j].strip() != heredoc.group(1):
+                j += 1
+            j += 1
+        i = j
+    return out
+
+
+def _expand(words: Sequence[str], env: dict[str, list[str]]) -> list[str]:
+    """Substitute known variables: a word that is exactly ``$X`` becomes X's words."""
+    out: list[str] = []
+    for word in words:
+        m = _VAR_RE.fullmatch(word)
+        name = m and (m.group(1) or m.group(2))
+        if name and name in env:
+            out.extend(env[name])
+        else:
+            out.append(_VAR_RE.sub(lambda v: " ".join(env.get(v.group(1) or v.group(2), [v.group(0)])), word))
+    return out
+
+
+def _record_assignment(words: list[str], env: dict[str, list[str]]) -> bool:
+    """Remember ``X=value``, ``export X=value`` and ``X=( ... )``; True if the line is one."""
+    while words and words[0] in ("export", "declare", "local", "readonly", "typeset"):
+        words = [w for w in words[1:] if not w.startswith("-")]
+    m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", words[0], re.S) if words else None
+    if not m:
+        return False
+    name, first = m.groups()
+    if first.startswith("("):
+        items = [first[1:]] + words[1:]
+        if items and items[-1].endswith(")"):
+            items[-1] = items[-1][:-1]
+        env[name] = _expand([w for w in items if w], env)
+    elif len(words) == 1:
+        env[name] = _expand(first.split(), env)
+    else:
+        return False  # X=1 cmd ...: an assignment for one command
+    return True
+
+
+def find_commands(lines: Sequence[str], environ: Optional[dict[str, str]] = None) -> list[Command]:
+    """Every simple command of the script with its words (known variables expanded).
+
+    Variables come from the script's own plain assignments and from ``environ`` (the
+    submit environment, which the job inherits); others stay as written. Nothing runs.
+    """
+    env = {k: v.split() for k, v in (environ or {}).items()}  # unquoted $X splits on blanks
+    out: list[Command] = []
+    for first, text in logical_lines(lines):
+        _, starts, _ = _scan_shell(text)
+        bounds = starts + [len(text) + 1]
+        for k, start in enumerate(starts):
+            segment = text[start:bounds[k + 1] - 1]
+            code = _scan_shell(segment)[2].replace("\\\n", " ")
+            try:
+                words = shlex.split(code)
+            except ValueError:
+                continue
+            if not words or _record_assignment(list(words), env):
+                continue
+            offset = start + _PREFIX_RE.match(segment).end()  # type: ignore[union-attr]
+            line = first + text.count("\n", 0, offset)
+            offset -= text.rfind("\n", 0, offset) + 1
+            out.append(Command(line, offset, tuple(_strip_prefix(_expand(words, env)))))
+    return out
+
+
+def _strip_prefix(words: list[str]) -> list[str]:
+    i = 0
+    while i < len(words) and (re.fullmatch(_ASSIGN, words[i]) or words[i] in
+                              ("exec", "time", "nohup", "command", "then", "do", "else", "!")):
+        i += 1
+    return words[i:]
+
+
+# ---------------------------------------------------------------- Megatron jobs
+
+_SHAPE_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
+_PRETRAIN_RE = re.compile(r"(?:^|/)pretrain_[A-Za-z0-9_]*\.py$")
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def _flag_names(words: Sequence[str]) -> set[str]:
+    return {w.partition("=")[0] for w in words if w.startswith("--")}
+
+
+def is_training_command(words: Sequence[str]) -> bool:
+    """A Megatron training command: runs ``pretrain_*.py``, holds all the model-shape flags,
+    or is a torchrun with any of them."""
+    if not words or os.path.basename(words[0]) in _NOT_COMMANDS:
+        return False
+    flags = _flag_names(words)
+    if all(f in flags for f in _SHAPE_FLAGS) or any(_PRETRAIN_RE.search(w) for w in words):
+        return True
+    launcher = any(os.path.basename(w) in _LAUNCHERS or w in _LAUNCHERS for w in words[:4])
+    return launcher and any(f in flags for f in _SHAPE_FLAGS)
+
+
+def find_training_command(lines: Sequence[str], environ: Optional[dict[str, str]] = None) -> Optional[Command]:
+    """The first Megatron training command of a script, or None."""
+    for cmd in find_commands(lines, environ):
+        if is_training_command(cmd.words):
+            return cmd
+    return None
+
+
+def routed(cmd: Command) -> bool:
+    """Whether the command already runs through the launcher."""
+    return any(os.path.basename(w) == LAUNCHER for w in cmd.words[:3])
+
+
+def megatron_words(words: Sequence[str]) -> list[str]:
+    """Only the known Megatron flags and their values (what the profile token records)."""
+    from .megatron import FLAGS
+
+    out, i = [], 0
+    while i < len(words):
+        flag, eq, _ = words[i].partition("=")
+        kind = FLAGS.get(flag)
+        width = 1 if kind is None or kind == "bool" or eq else (4 if kind == "int3" else 2)
+        if kind is not None:
+            out.extend(words[i:i + width])
+        i += width
+    return out
+
+
+def rewrite_lines(lines: Sequence[str], cmd: Command) -> list[str]:
+    """The script with ``pipeswift-launch -- `` inserted where the training command starts."""
+    out = list(lines)
+    line = out[cmd.line]
+    out[cmd.line] = line[:cmd.offset] + LAUNCHER + " -- " + line[cmd.offset:]
+    return out

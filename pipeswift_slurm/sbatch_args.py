@@ -1,0 +1,261 @@
+"""sbatch's command line as psbatch reads it: its options, psbatch's own
+``--pipeswift-*`` settings, and the GPU request they add up to.
+
+Owns: the table of sbatch 22.05-25.11 options (how each takes its value); splitting an
+argv the way sbatch's getopt_long does (``scan_argv``); taking out and checking psbatch's
+own options (``strip_own_options``, ``own_options``); and resolving option values (script
+header < environment < command line) into the GPUs the job asks for. Pure: no I/O.
+
+Must not import SQLAlchemy, click, the store, any backend or ``megatron``: psbatch must
+start fast.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple, Optional, Sequence
+
+OWN_PREFIX = "--pipeswift"
+
+# sbatch 22.05-25.11 options (slurm_opt.c), by how they take a value.
+_SHORT = {"a": "array", "A": "account", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task",
+          "C": "constraint", "d": "dependency", "D": "chdir", "e": "error", "F": "nodefile",
+          "G": "gpus", "i": "input", "J": "job-name", "L": "licenses", "m": "distribution",
+          "M": "clusters", "n": "ntasks", "N": "nodes", "o": "output", "p": "partition", "q": "qos",
+          "S": "core-spec", "t": "time", "w": "nodelist", "x": "exclude",
+          "h": "help", "H": "hold", "k": "no-kill", "O": "overcommit", "Q": "quiet",
+          "s": "oversubscribe", "u": "usage", "v": "verbose", "V": "version", "W": "wait"}
+_LONG_REQUIRED = frozenset("""
+    account acctg-freq array batch bb bbf begin chdir cluster-constraint clusters comment constraint
+    container container-id core-spec cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline
+    delay-boot dependency distribution error export export-file extra extra-node-info gid gpu-bind
+    gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres gres-flags hint input job-name
+    kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu
+    mincpus network nodefile nodelist nodes ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node
+    ntasks-per-socket open-mode output partition power prefer priority profile qos reservation
+    resv-ports segment signal sockets-per-node switches thread-spec threads-per-core time time-min
+    tmp tres-bind tres-per-task uid wait-all-nodes wckey wrap exclude
+    """.split())
+_LONG_OPTIONAL = frozenset("exclusive get-user-env nice no-kill propagate".split())
+_LONG_FLAGS = frozenset("""
+    contiguous help hold ignore-pbs no-requeue overcommit oversubscribe parsable quiet reboot requeue
+    spread-job test-only usage use-min-nodes verbose version wait
+    """.split())
+_LONG_ALL = _LONG_REQUIRED | _LONG_OPTIONAL | _LONG_FLAGS
+_NO_STDIN = frozenset({"help", "usage", "version", "wrap"})  # sbatch reads no script then
+_OWN_KEYS = {"gpus": "gpus", "min-micro-batch": "min_micro_batch_size", "pp": "allowed_pp", "class": "job_class"}
+
+
+class PsbatchError(Exception):
+    """psbatch's own logic cannot enrich this job; it is submitted unchanged."""
+
+
+class Opt(NamedTuple):
+    """One sbatch option as found in an argv: canonical long name, value, argv span."""
+
+    name: str
+    value: Optional[str]
+    start: int
+    end: int  # exclusive
+
+
+class Scan(NamedTuple):
+    """An sbatch argv split into options (per het component) and the script position."""
+
+    opts: list[Opt]
+    script_index: Optional[int]
+    components: int
+    unknown: list[str]
+
+
+# ---------------------------------------------------------------- argv
+
+
+def _long_name(text: str) -> Optional[str]:
+    """Resolve a long option name as getopt_long does: exact, else a unique prefix."""
+    if text in _LONG_ALL:
+        return text
+    hits = [n for n in _LONG_ALL if n.startswith(text)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _scan_long(argv: Sequence[str], i: int, unknown: list[str]) -> Opt:
+    body, eq, inline = argv[i][2:].partition("=")
+    if body.startswith("pipeswift"):  # psbatch's own: --pipeswift=off, --pipeswift-KEY[=]VALUE
+        if eq or body == "pipeswift" or i + 1 >= len(argv):
+            return Opt(body, inline if eq else None, i, i + 1)
+        return Opt(body, argv[i + 1], i, i + 2)
+    name = _long_name(body)
+    if name is None:
+        unknown.append(argv[i])
+        return Opt(body, inline if eq else None, i, i + 1)
+    if eq or name not in _LONG_REQUIRED:
+        return Opt(name, inline if eq else None, i, i + 1)
+    if i + 1 >= len(argv):
+        return Opt(name, None, i, i + 1)
+    return Opt(name, argv[i + 1], i, i + 2)
+
+
+def _scan_short(argv: Sequence[str], i: int, unknown: list[str]) -> list[Opt]:
+    out, text = [], argv[i]
+    for k in range(1, len(text)):
+        name = _SHORT.get(text[k])
+        if name is None:
+            unknown.append("-" + text[k])
+            continue
+        if name in _LONG_REQUIRED:
+            rest = text[k + 1:]
+            if rest:
+                return out + [Opt(name, rest, i, i + 1)]
+            value = argv[i + 1] if i + 1 < len(argv) else None
+            return out + [Opt(name, value, i, i + 2 if value is not None else i + 1)]
+        out.append(Opt(name, None, i, i + 1))
+    return out
+
+
+def scan_argv(argv: Sequence[str], *, stop_at_script: bool = True) -> Scan:
+    """Split sbatch's argv (without argv[0]) the way sbatch's getopt_long does.
+
+    Options stop at the first positional word (the script; getopt's ``+`` mode), or at
+    ``--``. A lone ``:`` separates heterogeneous job components. Unknown options are
+    listed (sbatch will judge them) and taken as flags.
+    """
+    opts: list[Opt] = []
+    unknown: list[str] = []
+    components, i = 1, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == ":":
+            components += 1
+            i += 1
+        elif arg == "--":
+            return Scan(opts, i + 1 if i + 1 < len(argv) else None, components, unknown)
+        elif arg.startswith("--"):
+            opts.append(_scan_long(argv, i, unknown))
+            i = opts[-1].end
+        elif arg.startswith("-") and len(arg) > 1:
+            found = _scan_short(argv, i, unknown)
+            opts.extend(found)
+            i = found[-1].end if found else i + 1
+        elif stop_at_script:
+            return Scan(opts, i, components, unknown)
+        else:
+            i += 1
+    return Scan(opts, None, components, unknown)
+
+
+class OwnOptions(NamedTuple):
+    """psbatch's own settings: from ``--pipeswift-*`` options and ``#PSWIFT`` lines."""
+
+    off: bool = False
+    gpus: Optional[tuple[int, int]] = None
+    min_micro_batch_size: Optional[int] = None
+    allowed_pp: Optional[tuple[int, ...]] = None
+    job_class: str = ""
+    declared: bool = False  # a #PSWIFT line or --pipeswift option says "this is a Megatron job"
+
+
+def strip_own_options(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Remove ``--pipeswift[-KEY][=VALUE]`` items from the option part of ``argv``.
+
+    Returns the argv sbatch should see and the (KEY, VALUE) pairs found ("" for
+    ``--pipeswift=off``). ``--pipeswift-KEY VALUE`` (separate value) is accepted too.
+    Words after the script belong to the script and are never touched.
+    """
+    own_spans = [o for o in scan_argv(argv).opts if o.name.startswith("pipeswift")]
+    if not own_spans:
+        return list(argv), []
+    drop = {i for o in own_spans for i in range(o.start, o.end)}
+    pairs = [(o.name[len("pipeswift"):].lstrip("-"), o.value or "") for o in own_spans]
+    return [a for i, a in enumerate(argv) if i not in drop], pairs
+
+
+def _parse_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi or lo)
+
+
+def own_options(pairs: Sequence[tuple[str, str]]) -> OwnOptions:
+    """Build OwnOptions from (key, value) pairs (later pairs win).
+
+    Raises:
+        PsbatchError: unknown key or a malformed value.
+    """
+    values: dict[str, object] = {"declared": bool(pairs)}
+    for key, value in pairs:
+        try:
+            if key == "":
+                if value not in ("on", "off"):
+                    raise ValueError(value)
+                values["off"] = value == "off"
+            elif key == "gpus":
+                lo, hi = _parse_range(value)
+                if not 1 <= lo <= hi:
+                    raise ValueError("empty range")
+                values["gpus"] = (lo, hi)
+            elif key == "min-micro-batch":
+                values["min_micro_batch_size"] = int(value)
+            elif key == "pp":
+                values["allowed_pp"] = tuple(int(p) for p in value.split(","))
+            elif key == "class":
+                values["job_class"] = value
+            else:
+                raise PsbatchError("unknown option --pipeswift-%s (known: gpus, min-micro-batch, pp, class,"
+                                   " --pipeswift=off)" % key)
+        except ValueError:
+            raise PsbatchError("bad value %r for --pipeswift-%s" % (value, key)) from None
+    return OwnOptions(**values)  # type: ignore[arg-type]
+
+
+def _count(text: Optional[str]) -> Optional[int]:
+    """The GPU count of ``[type:]N`` (None when absent or unreadable)."""
+    if not text:
+        return None
+    m = re.search(r"(\d+)$", text.strip())
+    return int(m.group(1)) if m else None
+
+
+def _gres_gpus(text: Optional[str]) -> Optional[int]:
+    for item in (text or "").split(","):
+        parts = item.strip().split(":")
+        if parts[0] in ("gpu", "gres/gpu"):
+            m = re.match(r"\d+", parts[-1]) if len(parts) > 1 else None
+            return int(m.group(0)) if m else 1
+    return None
+
+
+def requested_world(values: dict[str, Optional[str]]) -> tuple[Optional[int], Optional[int]]:
+    """(total GPUs, GPUs per node) the job asks for; (None, None) without a GPU request.
+
+    ``values`` maps sbatch long option names to values (last one wins). Nodes: the
+    minimum of ``-N a[-b]``, default 1.
+    """
+    m = re.match(r"\d+", values.get("nodes") or "1")
+    nodes = max(1, int(m.group(0))) if m else 1
+    per_node = _count(values.get("gpus-per-node")) or _gres_gpus(values.get("gres"))
+    total = _count(values.get("gpus"))
+    if total:
+        return total, (total // nodes if total % nodes == 0 else None)
+    if per_node:
+        return nodes * per_node, per_node
+    per_task = _count(values.get("gpus-per-task"))
+    tasks = _count(values.get("ntasks"))
+    if per_task and not tasks and _count(values.get("ntasks-per-node")):
+        tasks = nodes * (_count(values.get("ntasks-per-node")) or 1)
+    if per_task:
+        total = per_task * (tasks or 1)
+        return total, (total // nodes if total % nodes == 0 else None)
+    return None, None
+
+
+_ENV_OPTIONS = {"SBATCH_GPUS": "gpus", "SBATCH_GPUS_PER_NODE": "gpus-per-node",
+                "SBATCH_GPUS_PER_TASK": "gpus-per-task", "SBATCH_COMMENT": "comment"}
+
+
+def effective_options(cmdline: Sequence[Opt], header: Sequence[str],
+                      environ: dict[str, str]) -> dict[str, Optional[str]]:
+    """Option values as sbatch resolves them: script header < environment < command line."""
+    values: dict[str, Optional[str]] = {o.name: o.value for o in scan_argv(header, stop_at_script=False).opts}
+    values.update({opt: environ[var] for var, opt in _ENV_OPTIONS.items() if environ.get(var)})
+    values.update({o.name: o.value for o in cmdline})
+    return values
