@@ -33,10 +33,6 @@ def test_bad_config_names_the_key(tmp_path, text, needle):
 
 
 def test_controller_cli_reports_bad_config_in_one_line(tmp_path):
-    from click.testing import CliRunner
-
-    from pipeswift_slurm.cli import main
-
     path = tmp_path / "c.toml"
     path.write_text("[slurm]\nbogus = 1\n")
     import subprocess
@@ -46,4 +42,3 @@ def test_controller_cli_reports_bad_config_in_one_line(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "bogus" in out.stderr
-    assert CliRunner is not None and main is not None
