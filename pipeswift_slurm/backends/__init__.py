@@ -10,9 +10,12 @@ Each is imported lazily by ``get_backend``; nothing here imports pyslurm.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any, Callable, Protocol
 
 from ..model import ClusterView, Decision, Job
+
+log = logging.getLogger(__name__)
 
 
 class BackendError(RuntimeError):
@@ -21,6 +24,21 @@ class BackendError(RuntimeError):
 
 class JobGone(BackendError):
     """The job finished, was cancelled or left PENDING between observe and act."""
+
+
+def applicable(decision: Decision, job: Job) -> bool:
+    """The guard every real backend runs before changing a job: a job that is not opted in
+    is never changed (False, logged); resizing a job that is no longer PENDING raises.
+
+    Raises:
+        JobGone: a resize for a job that started or finished since the snapshot.
+    """
+    if not job.opted_in:
+        log.warning("job %d is not opted in to pipeswift; not changing it", job.job_id)
+        return False
+    if decision.config is not None and not job.pending and not decision.requeue:
+        raise JobGone("job %d is %s, not PENDING: not resized" % (job.job_id, job.state))
+    return True
 
 
 class Backend(Protocol):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from .. import token
 from ..model import FINISHED_STATES, PENDING, ClusterView, Decision, GpuRequest, Job, Node
-from . import BackendError, JobGone
+from . import BackendError, applicable
 from .slurm_cli import (SPRIO_ARGV, Runner, decision_config, classify_error, expand_hostlist,
                         parse_gres, parse_sprio, resize_fields, subprocess_runner)
 
@@ -149,11 +149,8 @@ class PyslurmBackend:
             JobGone: the job finished, started or vanished since the snapshot.
             BackendError: slurmctld did not answer or refused the change.
         """
-        if not job.opted_in:
-            log.warning("job %d is not opted in to pipeswift; not changing it", job.job_id)
+        if not applicable(decision, job):
             return
-        if decision.config is not None and not job.pending and not decision.requeue:
-            raise JobGone("job %d is %s, not PENDING: not resized" % (job.job_id, job.state))
         try:
             self._apply(decision, job)
         except BackendError as exc:

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from .. import token
 from ..model import ClusterView, Decision, ExecConfig, GpuRequest, Job
-from . import BackendError, JobGone
+from . import BackendError, JobGone, applicable
 from .slurm_parse import _JSON_REPORTED, parse_batch_errors, parse_scontrol_jobs, parse_scontrol_nodes
 from .slurm_parse import parse_sprio, parse_squeue_json
 from .slurm_parse import decision_config, expand_hostlist, gpu_request_of, parse_duration_s  # noqa: F401
@@ -326,11 +326,8 @@ class SlurmCliBackend:
             JobGone: the job finished, started or vanished since the snapshot.
             BackendError: slurmctld did not answer or refused the change.
         """
-        if not job.opted_in:
-            log.warning("job %d is not opted in to pipeswift; not changing it", job.job_id)
+        if not applicable(decision, job):
             return
-        if decision.config is not None and not job.pending and not decision.requeue:
-            raise JobGone("job %d is %s, not PENDING: not resized" % (job.job_id, job.state))
         for argv in apply_argvs(decision, job, self._clock()):
             log.info("job %d: %s", job.job_id, " ".join(argv[1:]))
             try:
