@@ -22,9 +22,8 @@ def record_tick(store: Any, report: Any, profiles: Mapping[int, JobProfile],
         if summary.vanished:
             tx.mark_vanished(summary.vanished, view.now)
         known = tx.profile_texts(list(parsed))
-        for job_id, (text, profile, why) in parsed.items():
-            if known.get(job_id) != text:
-                tx.upsert_profile(job_id, text, profile, why or None)
+        tx.upsert_profiles([(job_id, text, profile, why or None) for job_id, (text, profile, why) in parsed.items()
+                            if known.get(job_id) != text])
         predicted = {}
         for job in view.running:
             profile = profiles.get(job.job_id)

@@ -33,6 +33,23 @@ _DECISIONS = _TABLES["decisions"]
 _OBSERVED = ("user", "name", "partition", "submit_time", "eligible_time", "start_time",
              "end_time", "state", "state_reason", "num_nodes", "gpus", "opted_in")
 _DERIVED = ("queue_s", "run_s", "size_class", "restarts")
+_SET_JOB_CLASS = update(_JOBS).where(_JOBS.c.job_id == bindparam("b_job_id")).values(
+    job_class=bindparam("b_job_class"))
+
+
+def _profile_values(raw_text: str, profile: Optional[JobProfile], parse_error: Optional[str],
+                    now: float) -> dict[str, Any]:
+    values: dict[str, Any] = {"raw_text": raw_text, "parse_error": parse_error, "updated_at": now,
+                              "job_class": None,
+                              **dict.fromkeys(("num_layers", "hidden_size", "seq_length", "global_batch_size",
+                                               "train_iters", "min_gpus", "max_gpus", "requested_config"))}
+    if profile is not None:
+        lo, hi = profile.gpu_range
+        values.update(job_class=profile.job_class, num_layers=profile.shape.num_layers,
+                      hidden_size=profile.shape.hidden_size, seq_length=profile.shape.seq_length,
+                      global_batch_size=profile.plan.global_batch_size, train_iters=profile.plan.iterations,
+                      min_gpus=lo, max_gpus=hi, requested_config=profile.requested.short())
+    return values
 _GET_OBSERVED = attrgetter(*_OBSERVED)
 
 
@@ -288,28 +305,30 @@ class TickTx(_Queries):
             profile: the validated profile, or None when parsing failed.
             parse_error: why parsing failed (None on success).
         """
-        values: dict[str, Any] = {"raw_text": raw_text, "parse_error": parse_error,
-                                  "updated_at": self.now, "job_class": None,
-                                  **dict.fromkeys(("num_layers", "hidden_size", "seq_length",
-                                                   "global_batch_size", "train_iters",
-                                                   "min_gpus", "max_gpus", "requested_config"))}
-        if profile is not None:
-            lo, hi = profile.gpu_range
-            values.update(job_class=profile.job_class, num_layers=profile.shape.num_layers,
-                          hidden_size=profile.shape.hidden_size,
-                          seq_length=profile.shape.seq_length,
-                          global_batch_size=profile.plan.global_batch_size,
-                          train_iters=profile.plan.iterations, min_gpus=lo, max_gpus=hi,
-                          requested_config=profile.requested.short())
-            self.session.execute(update(_JOBS).where(_JOBS.c.job_id == job_id)
-                                 .values(job_class=profile.job_class))
-        exists = self.session.scalar(select(ProfileRow.job_id).where(ProfileRow.job_id == job_id))
-        if exists is None:
-            self.session.execute(insert(ProfileRow).values(job_id=job_id, created_at=self.now,
-                                                           **values))
-        else:
-            self.session.execute(update(_TABLES["profiles"])
-                                 .where(ProfileRow.job_id == job_id).values(**values))
+        self.upsert_profiles([(job_id, raw_text, profile, parse_error)])
+
+    def upsert_profiles(self, items: Sequence[tuple[int, str, Optional[JobProfile], Optional[str]]]) -> None:
+        """Bulk ``upsert_profile``: (job_id, raw_text, profile or None, parse_error) each.
+        New profiles go in one insert, class updates in one executemany."""
+        if not items:
+            return
+        ids = [job_id for job_id, _, _, _ in items]
+        existing: set[int] = set()
+        for chunk in _chunks(ids):
+            existing.update(self.session.scalars(select(ProfileRow.job_id).where(ProfileRow.job_id.in_(chunk))))
+        inserts, classes = [], []
+        for job_id, raw_text, profile, parse_error in items:
+            values = _profile_values(raw_text, profile, parse_error, self.now)
+            if profile is not None:
+                classes.append({"b_job_id": job_id, "b_job_class": profile.job_class})
+            if job_id in existing:
+                self.session.execute(update(_TABLES["profiles"]).where(ProfileRow.job_id == job_id).values(**values))
+            else:
+                inserts.append({"job_id": job_id, "created_at": self.now, **values})
+        if inserts:
+            self.session.execute(insert(ProfileRow), inserts)
+        if classes:
+            self.session.execute(_SET_JOB_CLASS, classes)
 
     def record_decisions(self, decisions: Sequence[Decision],
                          applied: Optional[Mapping[int, Optional[bool]]] = None,
