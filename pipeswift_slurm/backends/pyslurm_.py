@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Optional
 from .. import token
 from ..model import FINISHED_STATES, PENDING, ClusterView, Decision, GpuRequest, Job, Node
 from . import BackendError, applicable
-from .slurm_cli import (SPRIO_ARGV, Runner, decision_config, classify_error, expand_hostlist,
-                        parse_gres, parse_sprio, resize_fields, subprocess_runner)
+from .slurm_cli import (Runner, classify_error, decision_config, expand_hostlist, parse_gres,
+                        read_site_factors, resize_fields, subprocess_runner)
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +134,7 @@ class PyslurmBackend:
         return ClusterView(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
 
     def _site_factors(self) -> dict[int, int]:
-        if not self._read_site_factors:
-            return {}
-        try:
-            return parse_sprio(self._run(list(SPRIO_ARGV)))
-        except BackendError as exc:
-            log.warning("sprio failed, site factors read as 0: %s", exc)
-            return {}
+        return read_site_factors(self._run) if self._read_site_factors else {}
 
     def apply(self, decision: Decision, job: Job) -> None:
         """Same contract as ``SlurmCliBackend.apply``.

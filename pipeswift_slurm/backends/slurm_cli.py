@@ -230,6 +230,24 @@ def _in_partitions(names: Sequence[str], wanted: Optional[frozenset[str]]) -> bo
     return wanted is None or bool(wanted.intersection(names))
 
 
+def read_site_factors(run: Runner) -> dict[int, int]:
+    """Pending jobs' SiteFactor from one ``sprio`` call (job id -> factor). An empty queue
+    or a failing sprio reads as no factors (logged); an unreachable slurmctld raises.
+
+    Raises:
+        BackendError: slurmctld could not be contacted.
+    """
+    try:
+        return parse_sprio(run(list(SPRIO_ARGV)))
+    except BackendError as exc:
+        if "unable to find jobs" in str(exc).lower():
+            return {}
+        if "contact" in str(exc).lower():
+            raise
+        log.warning("sprio failed, site factors read as 0: %s", exc)
+        return {}
+
+
 class SlurmCliBackend:
     """Backend over the Slurm commands.
 
@@ -305,17 +323,7 @@ class SlurmCliBackend:
             raise BackendError("slurmctld is not answering: %s (%s)" % (why, cause)) from None
 
     def _site_factors(self) -> dict[int, int]:
-        if not self._read_site_factors:
-            return {}
-        try:
-            return parse_sprio(self._run(list(SPRIO_ARGV)))
-        except BackendError as exc:
-            if "unable to find jobs" in str(exc).lower():
-                return {}
-            if "contact" in str(exc).lower():
-                raise
-            log.warning("sprio failed, site factors read as 0: %s", exc)
-            return {}
+        return read_site_factors(self._run) if self._read_site_factors else {}
 
     def apply(self, decision: Decision, job: Job) -> None:
         """Change one job as decided: resize and annotate a PENDING job, set its SiteFactor
