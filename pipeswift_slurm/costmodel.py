@@ -145,7 +145,7 @@ class CostModel:
                 shape.num_query_groups, shape.swiglu):
             return None
         near = min(lp.timings, key=lambda t: (abs(t.micro_batch_size - cfg.micro_batch_size), -t.micro_batch_size))
-        fwd_one_gpu = near.fwd_bwd_ms / 3e3 * cfg.micro_batch_size / near.micro_batch_size
+        fwd_one_gpu: float = float(near.fwd_bwd_ms) / 3e3 * cfg.micro_batch_size / near.micro_batch_size
         split = cfg.tp * cfg.cp
         if split == 1:
             return fwd_one_gpu

@@ -117,10 +117,10 @@ def load_gpu_types(path: Optional[Union[str, Path]] = None) -> dict[str, GpuType
                                 % (path, name, ", ".join(sorted(unknown)), ", ".join(sorted(known))))
         values = {k: _coerce(str(path), name, k, v) for k, v in table.items()}
         if name in types:
-            types[name] = replace(types[name], **values)
+            types[name] = replace(types[name], **values)  # type: ignore[arg-type]
         else:
             try:
-                types[name] = GpuType(name=name, **values)  # type: ignore[arg-type]
+                types[name] = GpuType(name=name, **values)
             except TypeError as exc:
                 raise HardwareError("%s: gpu.%s: %s" % (path, name, exc)) from None
     return types

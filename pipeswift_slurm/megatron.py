@@ -186,7 +186,7 @@ def plan_from_args(values: dict[str, object], micro_batch_size: int, dp: int) ->
     return TrainingPlan(global_batch_size=gbs, train_iters=iters, train_samples=samples,
                         rampup_batch_size=rampup, precision=precision,  # type: ignore[arg-type]
                         use_distributed_optimizer=bool(values.get("--use-distributed-optimizer")),
-                        recompute_granularity=recompute,  # type: ignore[arg-type]
+                        recompute_granularity=recompute,
                         sequence_parallel=bool(values.get("--sequence-parallel")))
 
 

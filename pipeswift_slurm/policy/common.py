@@ -49,7 +49,7 @@ def predicted_end_s(job: Job, profiles: Mapping[int, JobProfile], estimator: Any
     start = job.start_time if job.start_time is not None else now
     profile = profiles.get(job.job_id)
     if profile is not None:
-        end = start + estimator.run_time_s(profile, current_config(job, profile))
+        end = start + float(estimator.run_time_s(profile, current_config(job, profile)))
     elif job.time_limit_s:
         end = start + job.time_limit_s
     else:
@@ -190,7 +190,7 @@ def stable_factors(order: Sequence[int], current: Mapping[int, int], top: int) -
     keep = _longest_descending(order, current)
     out: dict[int, int] = {}
     upper, pending_ids = top + MIN_FACTOR_GAP, []
-    for job_id in list(order) + [None]:  # type: ignore[list-item]
+    for job_id in [*order, None]:
         if job_id is not None and job_id not in keep:
             pending_ids.append(job_id)
             continue

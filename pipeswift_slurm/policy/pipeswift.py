@@ -140,6 +140,8 @@ class PipeSwiftPolicy:
         if self._reserved < self.reservations:
             timeline.take(start, start + opt.run_s, opt.gpus)
             self._reserved += 1
+        if start - now < 1:
+            return _Plan(opt, start, "wait for %d GPUs (free now, but not on enough whole nodes)" % opt.gpus)
         return _Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
 
     def _hold(self, job: Job, plan: _Plan, now: float) -> Optional[bool]:

@@ -1,0 +1,18 @@
+"""The pure core stays type-clean under mypy's strict settings (setup.cfg [mypy-...])."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STRICT = ["pipeswift_slurm/model.py", "pipeswift_slurm/megatron.py", "pipeswift_slurm/costmodel.py",
+          "pipeswift_slurm/policy"]
+
+
+@pytest.mark.skipif(shutil.which("mypy") is None, reason="mypy not installed (the dev extra)")
+def test_strict_modules_pass_mypy():
+    out = subprocess.run([sys.executable, "-m", "mypy", *STRICT], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:]
