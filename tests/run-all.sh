@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
-PY=${PYTHON:-python3}
+# Python 3.11 (the pins need it: the local CPU torch file and megatron-core 0.16.1).
+PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
+"$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
+  || { echo "tests/run-all.sh: need Python 3.11 (set PYTHON=/path/to/python3.11)" >&2; exit 2; }
 
 echo "== packages (Slurm, munge, sqlite3) from the distribution"
 $SUDO apt-get update -qq
