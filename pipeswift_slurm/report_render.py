@@ -16,7 +16,7 @@ import io
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Optional
 
@@ -26,6 +26,7 @@ from .report_plots import draw_bias, draw_decisions, draw_jct_cdf, draw_queue_ra
 from .report_plots import draw_waits, figure, png_bytes, save_png  # noqa: F401
 from .reports import (
     BiasReport,
+    BiasRow,
     DecisionsReport,
     FullReport,
     JctReport,
@@ -144,29 +145,8 @@ def waits_table(rep: WaitsReport) -> Table:
 
 
 def bias_table(rep: BiasReport) -> Table:
-    headers = [
-        "job_class",
-        "n_jobs",
-        "mean_ratio",
-        "median_ratio",
-        "min_ratio",
-        "max_ratio",
-        "calibrated_ratio",
-        "calibrated_on",
-    ]
-    rows = [
-        [
-            r.job_class,
-            r.n_jobs,
-            r.mean_ratio,
-            r.median_ratio,
-            r.min_ratio,
-            r.max_ratio,
-            r.calibrated_ratio,
-            r.calibrated_on,
-        ]
-        for r in rep.rows
-    ]
+    headers = [f.name for f in fields(BiasRow)]
+    rows = [list(astuple(r)) for r in rep.rows]
     notes = ["ratio = actual / predicted run time; above 1: jobs ran longer than predicted"]
     seen = {r.job_class for r in rep.rows}
     extra = ["%s %.3f (on %d jobs)" % (k, v[0], v[1]) for k, v in rep.calibration.items() if k not in seen]
