@@ -280,6 +280,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 # Commands living in their own modules register themselves on the group when imported.
 from . import cli_controller, cli_sim  # noqa: E402,F401
 from . import cli_report  # noqa: E402,F401
+from . import cli_build  # noqa: E402,F401
 
 if __name__ == "__main__":
     # Run through the package module so every command is registered on one group.

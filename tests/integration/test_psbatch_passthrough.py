@@ -1,7 +1,10 @@
 """psbatch is a drop-in for sbatch: for ordinary invocations both make the same job (as
 Slurm sees it), print the same thing (modulo job ids) and return the same exit code; a
 Megatron job reaches Slurm enriched; and random argument lists and scripts never make
-psbatch crash (fake sbatch for most examples, the real one for a handful)."""
+psbatch crash (fake sbatch for most examples, the real one for a handful).
+
+The real-Slurm tests run through both front ends: the Python psbatch and the compiled one
+(pipeswift_slurm/fast, built once per session; skipped only without a C compiler)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from hypothesis import strategies as st
 from pipeswift_slurm import psbatch
 
 PSBATCH = [sys.executable, "-m", "pipeswift_slurm.psbatch"]
+FRONT_ENDS = ("python", "compiled")
 VOLATILE = {"JobId", "ArrayJobId", "HetJobId", "SubmitTime", "EligibleTime", "AccrueTime", "StartTime",
             "EndTime", "LastSchedEval", "AllocNode:Sid", "Command", "StdErr", "StdOut", "StdIn", "Priority",
             "Dependency", "RunTime", "Reason", "JobState", "NodeList", "BatchHost", "SecsPreSuspend"}
@@ -41,6 +45,24 @@ def _fields(job_id: str) -> dict[str, str]:
     line = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=False).stdout
     pairs = re.findall(r"(?:^| )([A-Za-z][A-Za-z0-9:/_]*)=(\S*)", line)
     return {k: v for k, v in pairs if k not in VOLATILE}
+
+
+@pytest.fixture(scope="session")
+def compiled_psbatch(tmp_path_factory) -> list[str]:
+    """The compiled front end, built once per session."""
+    from pipeswift_slurm.fast.build import BuildError, build, compiler
+
+    try:
+        compiler()
+    except BuildError as exc:  # no C compiler here (tests/run-all.sh installs gcc)
+        pytest.skip(str(exc))
+    return [str(build(tmp_path_factory.mktemp("psbatch-fast") / "psbatch"))]
+
+
+@pytest.fixture(params=FRONT_ENDS)
+def front_end(request) -> list[str]:
+    """psbatch's command line: the Python one, or the compiled front end."""
+    return PSBATCH if request.param == "python" else request.getfixturevalue("compiled_psbatch")
 
 
 @pytest.fixture
@@ -82,11 +104,11 @@ CASES = {
 @needs_slurm
 @pytest.mark.slurm
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_same_job_output_and_exit_code(case, tmp_path, submitted):
+def test_same_job_output_and_exit_code(case, front_end, tmp_path, submitted):
     args, stdin = CASES[case]
     (tmp_path / "job.sh").write_bytes(SCRIPT)
     want = _submit(["sbatch"], args, tmp_path, stdin)
-    got = _submit(PSBATCH, args, tmp_path, stdin)
+    got = _submit(front_end, args, tmp_path, stdin)
     submitted.extend(_job_ids(want.stdout) + _job_ids(got.stdout))
     assert got.returncode == want.returncode
     assert _norm(got.stdout.decode()) == _norm(want.stdout.decode())
@@ -97,11 +119,11 @@ def test_same_job_output_and_exit_code(case, tmp_path, submitted):
 
 @needs_slurm
 @pytest.mark.slurm
-def test_dependency_same_job(tmp_path, submitted):
+def test_dependency_same_job(front_end, tmp_path, submitted):
     base = subprocess.run(["sbatch", "--parsable", "-H", "--wrap", "true"], capture_output=True, text=True, check=False)
     submitted.append(base.stdout.strip())
     args = ["--parsable", "--dependency=afterok:%s" % base.stdout.strip(), "--wrap", "sleep 1"]
-    want, got = _submit(["sbatch"], args, tmp_path), _submit(PSBATCH, args, tmp_path)
+    want, got = _submit(["sbatch"], args, tmp_path), _submit(front_end, args, tmp_path)
     submitted.extend([want.stdout.decode().strip(), got.stdout.decode().strip()])
     assert got.returncode == want.returncode == 0
     assert _fields(got.stdout.decode().strip()) == _fields(want.stdout.decode().strip())
@@ -109,12 +131,12 @@ def test_dependency_same_job(tmp_path, submitted):
 
 @needs_slurm
 @pytest.mark.slurm
-def test_megatron_job_reaches_slurm_enriched(tmp_path, submitted):
+def test_megatron_job_reaches_slurm_enriched(front_end, tmp_path, submitted):
     text = ("#!/bin/bash\n#SBATCH --gpus=4\n#SBATCH --comment=mine\n"
             "torchrun --nproc-per-node 4 pretrain_gpt.py --num-layers 8 --hidden-size 256"
             " --num-attention-heads 8 --seq-length 256 --global-batch-size 16 --train-iters 10\n")
     (tmp_path / "train.sh").write_text(text)
-    got = _submit(PSBATCH, ["-H", "--parsable", "--pipeswift-gpus=2-8", "train.sh"], tmp_path)
+    got = _submit(front_end, ["-H", "--parsable", "--pipeswift-gpus=2-8", "train.sh"], tmp_path)
     assert got.returncode == 0 and got.stderr == b"", got.stderr
     job_id = got.stdout.decode().strip()
     submitted.append(job_id)
@@ -124,6 +146,22 @@ def test_megatron_job_reaches_slurm_enriched(tmp_path, submitted):
     assert batch == text.replace("torchrun", "pipeswift-launch -- torchrun", 1)
     comment = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%k"], capture_output=True, text=True, check=False).stdout
     assert comment.startswith("mine pswift1;args=") and "gpus=2-8" in comment
+
+
+@needs_slurm
+@pytest.mark.slurm
+def test_megatron_stdin_job_reaches_slurm_enriched(front_end, tmp_path, submitted):
+    text = ("#!/bin/bash\n#SBATCH --gpus=2\n"
+            "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4"
+            " --seq-length 64 --global-batch-size 8\n")
+    got = _submit(front_end, ["-H", "--parsable", "-J", "fromstdin"], tmp_path, text.encode())
+    assert got.returncode == 0 and got.stderr == b"", got.stderr
+    job_id = got.stdout.decode().strip()
+    submitted.append(job_id)
+    batch = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False).stdout
+    assert batch == text.replace("torchrun", "pipeswift-launch -- torchrun", 1)
+    comment = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%k"], capture_output=True, text=True, check=False).stdout
+    assert comment.startswith("pswift1;args=")
 
 
 # ---------------------------------------------------------------- fuzz
@@ -169,10 +207,10 @@ def test_fuzz_never_crashes_fake_sbatch(raw, text, monkeypatch, tmp_path):
 @pytest.mark.slurm
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=_args, text=_script)
-def test_fuzz_real_sbatch_submits_or_refuses_like_sbatch(raw, text, tmp_path):
+def test_fuzz_real_sbatch_submits_or_refuses_like_sbatch(raw, text, front_end, tmp_path):
     (tmp_path / "job.sh").write_text("#!/bin/bash\n" + text.replace("\x00", ""), errors="surrogateescape")
     args = ["-H"] + [a for a in raw if "\x00" not in a]
-    got = _submit(PSBATCH, args, tmp_path)
+    got = _submit(front_end, args, tmp_path)
     ids = _job_ids(got.stdout)
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True, check=False)

@@ -1,0 +1,456 @@
+/*
+ * psbatch's compiled front end: the common case (a job that is not a Megatron job) at
+ * sbatch's own cost.
+ *
+ * It reads the job's script the way pipeswift_slurm/psbatch.py does (read_source: the last
+ * --wrap, else the script file, else stdin when sbatch would read it). When the text holds
+ * none of psbatch's markers, it execs the real sbatch with argv unchanged (and, when it
+ * read stdin, the same bytes on stdin). Otherwise, and whenever a --pipeswift option is
+ * present, it execs the Python psbatch with the same argv and stdin, and the real sbatch
+ * in $PIPESWIFT_SBATCH. The outcome is the Python psbatch's in every case.
+ *
+ * Every table (sbatch's options, the markers, the size bound, messages, the interpreter)
+ * comes from psbatch_tables.h, which pipeswift_slurm/fast/build.py generates from the
+ * Python modules: `pipeswift build-psbatch` or `python -m pipeswift_slurm.fast.build`.
+ * Plain C99 + POSIX/Linux, no libraries.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "psbatch_tables.h"
+
+#ifndef PATH_MAX
+#define PATH_MAX 4096
+#endif
+
+/* ------------------------------------------------------------------ argv */
+
+struct scan {
+    int script_index;   /* into argv (argv[0] is the program), -1: none */
+    int has_wrap;
+    const char *wrap;   /* last --wrap value; NULL when it had none */
+    int unknown;        /* an option sbatch does not know (sbatch judges it) */
+    int no_stdin;       /* an option after which sbatch reads no script */
+    unsigned char *own; /* own[i]: argv[i] is (part of) a --pipeswift option */
+};
+
+static void take(struct scan *s, const char *name, const char *value)
+{
+    int k;
+    if (strcmp(name, "wrap") == 0) {
+        s->has_wrap = 1;
+        s->wrap = value;
+    }
+    for (k = 0; psb_no_stdin[k]; k++)
+        if (strcmp(name, psb_no_stdin[k]) == 0)
+            s->no_stdin = 1;
+}
+
+/* getopt_long's lookup: an exact name, else a unique prefix. NULL: unknown. */
+static const struct psb_long *long_option(const char *body, size_t len)
+{
+    const struct psb_long *hit = NULL;
+    int k, hits = 0;
+    for (k = 0; psb_long[k].name; k++) {
+        if (strncmp(psb_long[k].name, body, len) != 0)
+            continue;
+        if (psb_long[k].name[len] == '\0')
+            return &psb_long[k];
+        hit = &psb_long[k];
+        hits++;
+    }
+    return hits == 1 ? hit : NULL;
+}
+
+static int scan_long(int argc, char **argv, int i, struct scan *s)
+{
+    const char *body = argv[i] + 2;
+    const char *eq = strchr(body, '=');
+    size_t len = eq ? (size_t)(eq - body) : strlen(body);
+    size_t own_len = strlen(PSB_OWN_PREFIX) - 2;
+    const struct psb_long *opt;
+    int end;
+
+    if (strncmp(argv[i], PSB_OWN_PREFIX, strlen(PSB_OWN_PREFIX)) == 0) {
+        end = (eq || len == own_len || i + 1 >= argc) ? i + 1 : i + 2;
+        for (; i < end; i++)
+            s->own[i] = 1;
+        return end;
+    }
+    opt = long_option(body, len);
+    if (opt == NULL) {
+        s->unknown = 1;
+        return i + 1;
+    }
+    if (eq || opt->kind != PSB_REQUIRED) {
+        take(s, opt->name, eq ? eq + 1 : NULL);
+        return i + 1;
+    }
+    if (i + 1 >= argc) {
+        take(s, opt->name, NULL);
+        return i + 1;
+    }
+    take(s, opt->name, argv[i + 1]);
+    return i + 2;
+}
+
+static int scan_short(int argc, char **argv, int i, struct scan *s)
+{
+    const char *text = argv[i];
+    size_t k;
+    for (k = 1; text[k]; k++) {
+        unsigned char c = (unsigned char)text[k];
+        const struct psb_short *opt = c < 128 ? &psb_short[c] : NULL;
+        if (opt == NULL || opt->name == NULL) {
+            s->unknown = 1;
+            continue;
+        }
+        if (opt->kind != PSB_REQUIRED) {
+            take(s, opt->name, NULL);
+            continue;
+        }
+        if (text[k + 1]) {
+            take(s, opt->name, text + k + 1);
+            return i + 1;
+        }
+        if (i + 1 < argc) {
+            take(s, opt->name, argv[i + 1]);
+            return i + 2;
+        }
+        take(s, opt->name, NULL);
+        return i + 1;
+    }
+    return i + 1;
+}
+
+/* sbatch_args.scan_argv: options up to the first positional word (the script) or "--". */
+static void scan_argv(int argc, char **argv, struct scan *s)
+{
+    int i = 1;
+    while (i < argc) {
+        const char *arg = argv[i];
+        if (strcmp(arg, ":") == 0) {
+            i++;
+        } else if (strcmp(arg, "--") == 0) {
+            s->script_index = i + 1 < argc ? i + 1 : -1;
+            return;
+        } else if (arg[0] == '-' && arg[1] == '-') {
+            i = scan_long(argc, argv, i, s);
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            i = scan_short(argc, argv, i, s);
+        } else {
+            s->script_index = i;
+            return;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ input */
+
+struct buf {
+    char *data;
+    size_t len, cap;
+};
+
+/* Read fd to EOF, or until more than `limit` bytes (0: no limit). -1 on a read error. */
+static int read_all(int fd, struct buf *b, size_t limit)
+{
+    for (;;) {
+        ssize_t n;
+        size_t want;
+        if (limit && b->len > limit)
+            return 0;
+        if (b->cap - b->len < 65536) {
+            size_t cap = b->cap ? b->cap * 2 : 131072;
+            char *data = realloc(b->data, cap);
+            if (data == NULL)
+                return -1;
+            b->data = data;
+            b->cap = cap;
+        }
+        want = b->cap - b->len;
+        if (limit && want > limit + 1 - b->len)
+            want = limit + 1 - b->len;
+        n = read(fd, b->data + b->len, want);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            return 0;
+        b->len += (size_t)n;
+    }
+}
+
+static int has_marker(const char *text, size_t len)
+{
+    int k;
+    for (k = 0; psb_markers[k]; k++)
+        if (memmem(text, len, psb_markers[k], strlen(psb_markers[k])) != NULL)
+            return 1;
+    return 0;
+}
+
+static int write_all(int fd, const char *data, size_t len)
+{
+    while (len) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        data += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int tmp_fd(void)
+{
+    int fd = -1;
+#ifdef SYS_memfd_create
+#ifndef MFD_CLOEXEC
+#define MFD_CLOEXEC 0x0001U
+#endif
+    fd = (int)syscall(SYS_memfd_create, "psbatch-stdin", MFD_CLOEXEC);
+#endif
+    if (fd < 0) {
+        const char *dir = getenv("TMPDIR");
+        char path[PATH_MAX];
+        if (dir == NULL || *dir == '\0')
+            dir = "/tmp";
+        if (snprintf(path, sizeof path, "%s/psbatch-stdin-XXXXXX", dir) < (int)sizeof path) {
+            fd = mkstemp(path);
+            if (fd >= 0)
+                unlink(path);
+        }
+    }
+    return fd;
+}
+
+/* Make fd 0 deliver exactly these bytes again (sbatch or Python reads them next). */
+static int restore_stdin(const struct buf *b)
+{
+    int fd = tmp_fd();
+    if (fd >= 0) {
+        if (write_all(fd, b->data, b->len) == 0 && lseek(fd, 0, SEEK_SET) == 0 && dup2(fd, 0) == 0) {
+            close(fd);
+            return 0;
+        }
+        close(fd);
+    }
+    { /* no memfd and no writable temp folder: feed a pipe from a child */
+        int p[2];
+        pid_t pid;
+        if (pipe(p) != 0)
+            return -1;
+        pid = fork();
+        if (pid == 0) {
+            close(p[0]);
+            _exit(write_all(p[1], b->data, b->len) == 0 ? 0 : 1);
+        }
+        close(p[1]);
+        if (pid < 0 || dup2(p[0], 0) != 0) {
+            close(p[0]);
+            return -1;
+        }
+        close(p[0]);
+        return 0;
+    }
+}
+
+/* ------------------------------------------------------------------ running */
+
+static int executable_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* The first executable `name` in $PATH (os.defpath when unset; "" is "."), as
+ * os.path.join builds it, whose real path is not `skip`; NULL when none. */
+static char *search_path(const char *name, const char *skip)
+{
+    const char *path = getenv("PATH");
+    size_t nlen = strlen(name);
+    if (path == NULL)
+        path = PSB_DEFPATH;
+    for (;;) {
+        const char *end = strchr(path, ':');
+        size_t flen = end ? (size_t)(end - path) : strlen(path);
+        const char *folder = flen ? path : ".";
+        size_t dlen = flen ? flen : 1;
+        char *candidate = malloc(dlen + nlen + 2);
+        char real[PATH_MAX];
+        if (candidate == NULL)
+            return NULL;
+        memcpy(candidate, folder, dlen);
+        if (folder[dlen - 1] != '/')
+            candidate[dlen++] = '/';
+        memcpy(candidate + dlen, name, nlen + 1);
+        if (executable_file(candidate) &&
+            !(skip && realpath(candidate, real) && strcmp(real, skip) == 0))
+            return candidate;
+        free(candidate);
+        if (end == NULL)
+            return NULL;
+        path = end + 1;
+    }
+}
+
+/* This binary's real path: /proc/self/exe, else argv[0] as the shell found it. */
+static const char *self_path(char *buf, const char *argv0)
+{
+    char *found;
+    if (realpath("/proc/self/exe", buf))
+        return buf;
+    if (argv0 == NULL || *argv0 == '\0')
+        return NULL;
+    if (strchr(argv0, '/'))
+        return realpath(argv0, buf);
+    found = search_path(argv0, NULL);
+    if (found && realpath(found, buf)) {
+        free(found);
+        return buf;
+    }
+    free(found);
+    return NULL;
+}
+
+/* psbatch.find_sbatch: $PIPESWIFT_SBATCH, else the first sbatch on PATH that is not me. */
+static char *find_sbatch(const char *me)
+{
+    const char *wanted = getenv("PIPESWIFT_SBATCH");
+    if (wanted == NULL || *wanted == '\0')
+        wanted = "sbatch";
+    if (strchr(wanted, '/'))
+        return executable_file(wanted) ? strdup(wanted) : NULL;
+    return search_path(wanted, me);
+}
+
+static void exec_sbatch(const char *sbatch, char **argv)
+{
+    argv[0] = "sbatch"; /* as typed: sbatch's messages name it */
+    execv(sbatch, argv);
+    fprintf(stderr, "psbatch: error: cannot run %s: %s\n", sbatch, strerror(errno));
+    exit(126);
+}
+
+/* Hand the submission to the Python psbatch; if it cannot start, submit unchanged. */
+static void exec_python(int argc, char **argv, const char *sbatch, const struct scan *s)
+{
+    const char *saved = getenv("PIPESWIFT_SBATCH");
+    char *old = saved ? strdup(saved) : NULL;
+    char **args = malloc(((size_t)argc + 8) * sizeof *args);
+    int n = 0, i, err;
+    if (args == NULL) {
+        fputs("psbatch: error: out of memory\n", stderr);
+        exit(1);
+    }
+    args[n++] = (char *)PSB_PYTHON;
+    for (i = 0; psb_python_flags[i]; i++)
+        args[n++] = (char *)psb_python_flags[i];
+    for (i = 1; i < argc; i++)
+        args[n++] = argv[i];
+    args[n] = NULL;
+    setenv("PIPESWIFT_SBATCH", sbatch, 1);
+    execv(PSB_PYTHON, args);
+    err = errno;
+    if (old)
+        setenv("PIPESWIFT_SBATCH", old, 1);
+    else
+        unsetenv("PIPESWIFT_SBATCH");
+    fprintf(stderr, "%scannot run the Python psbatch (%s: %s)%s", PSB_WARN_PREFIX, PSB_PYTHON,
+            strerror(err), PSB_WARN_SUFFIX);
+    for (i = 1, n = 1; i < argc; i++)  /* without psbatch's own options, as Python would */
+        if (!s->own[i])
+            argv[n++] = argv[i];
+    argv[n] = NULL;
+    exec_sbatch(sbatch, argv);
+}
+
+static char *sbatch_or_exit(const char *me)
+{
+    char *sbatch = find_sbatch(me);
+    if (sbatch == NULL) {
+        fputs(PSB_NO_SBATCH_MESSAGE, stderr);
+        exit(PSB_NO_SBATCH_RC);
+    }
+    return sbatch;
+}
+
+int main(int argc, char **argv)
+{
+    static char *no_args[] = {"psbatch", NULL};
+    char mebuf[PATH_MAX];
+    const char *me;
+    struct scan s;
+    struct buf in = {NULL, 0, 0};
+    const char *text = NULL;
+    size_t text_len = 0;
+    int consumed = 0, i;
+    char *sbatch;
+
+    if (argc < 1 || argv[0] == NULL) { /* exec'd with no argv at all */
+        argc = 1;
+        argv = no_args;
+    }
+    me = self_path(mebuf, argv[0]);
+    memset(&s, 0, sizeof s);
+    s.script_index = -1;
+    s.own = calloc((size_t)argc + 1, 1);
+    if (s.own == NULL) {
+        fputs("psbatch: error: out of memory\n", stderr);
+        return 1;
+    }
+    scan_argv(argc, argv, &s);
+    for (i = 1; i < argc; i++)
+        if (s.own[i]) /* psbatch's own options (where strip_own_options finds them) */
+            exec_python(argc, argv, sbatch_or_exit(me), &s);
+
+    if (s.has_wrap) {
+        text = s.wrap ? s.wrap : "";
+        text_len = strlen(text);
+    } else if (s.script_index >= 0) {
+        int fd = open(argv[s.script_index], O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            if (read_all(fd, &in, PSB_MAX_SCRIPT_BYTES) == 0 && in.len <= PSB_MAX_SCRIPT_BYTES) {
+                text = in.data ? in.data : "";
+                text_len = in.len;
+            }
+            close(fd);
+        } /* unreadable: sbatch reports it */
+    } else if (!s.unknown && !s.no_stdin && fcntl(0, F_GETFD) != -1 && !isatty(0)) {
+        int rc = read_all(0, &in, 0);
+        consumed = 1;
+        if (rc != 0) { /* Python's read fails too: it warns and submits unchanged */
+            if (in.len)
+                restore_stdin(&in);
+            exec_python(argc, argv, sbatch_or_exit(me), &s);
+        }
+        if (in.len <= PSB_MAX_SCRIPT_BYTES) {
+            text = in.data ? in.data : "";
+            text_len = in.len;
+        }
+    }
+
+    sbatch = sbatch_or_exit(me);
+    if (consumed && restore_stdin(&in) != 0) {
+        fprintf(stderr, "psbatch: error: cannot hand the script read from stdin to sbatch: %s\n", strerror(errno));
+        return 1;
+    }
+    if (text && has_marker(text, text_len))
+        exec_python(argc, argv, sbatch, &s);
+    exec_sbatch(sbatch, argv);
+    return 126;
+}
