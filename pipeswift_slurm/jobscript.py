@@ -253,7 +253,8 @@ def routed(cmd: Command) -> bool:
 
 
 def megatron_words(words: Sequence[str]) -> list[str]:
-    """Only the known Megatron flags and their values (what the profile token records)."""
+    """Only the known Megatron flags and their values (what the profile token records);
+    paths (``--save``, ``--load``) are recorded as ``-``: only that they are given."""
     from .megatron import FLAGS
 
     out, i = [], 0
@@ -261,7 +262,9 @@ def megatron_words(words: Sequence[str]) -> list[str]:
         flag, eq, _ = words[i].partition("=")
         kind = FLAGS.get(flag)
         width = 1 if kind is None or kind == "bool" or eq else (4 if kind == "int3" else 2)
-        if kind is not None:
+        if kind == "path":
+            out.extend([flag + "=-"] if eq else [flag, "-"][:width])
+        elif kind is not None:
             out.extend(words[i:i + width])
         i += width
     return out

@@ -32,6 +32,8 @@ FLAGS: dict[str, str] = {
     "--use-distributed-optimizer": "bool", "--bf16": "bool", "--fp16": "bool",
     "--model-parallel-size": "int", "--pipeline-model-parallel-layout": "str",
     "--untie-embeddings-and-output-weights": "bool",
+    # checkpointing: whether a requeued job resumes, and how much work it loses
+    "--save": "path", "--load": "path", "--save-interval": "int",
 }
 REQUIRED_SHAPE_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
 
@@ -183,11 +185,14 @@ def plan_from_args(values: dict[str, object], micro_batch_size: int, dp: int) ->
     if recompute not in (None, "full", "selective"):
         raise MegatronArgError("--recompute-granularity", "must be 'full' or 'selective' (got %r)" % recompute)
     rampup = values.get("--rampup-batch-size")
+    save_interval = _positive(values, "--save-interval")
+    resumes = bool(values.get("--save")) and bool(values.get("--load")) and save_interval is not None
     return TrainingPlan(global_batch_size=gbs, train_iters=iters, train_samples=samples,
                         rampup_batch_size=rampup, precision=precision,  # type: ignore[arg-type]
                         use_distributed_optimizer=bool(values.get("--use-distributed-optimizer")),
                         recompute_granularity=recompute,
-                        sequence_parallel=bool(values.get("--sequence-parallel")))
+                        sequence_parallel=bool(values.get("--sequence-parallel")),
+                        save_interval=save_interval if resumes else None)
 
 
 def _vp_from_args(values: dict[str, object], layers: int, pp: int) -> int:

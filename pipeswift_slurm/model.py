@@ -75,6 +75,9 @@ class TrainingPlan:
 
     Exactly one of ``train_iters`` / ``train_samples`` is set (Megatron's rule).
     ``rampup_batch_size`` is (start, increment, ramp-up samples) or None.
+    ``save_interval`` is the iterations between checkpoints when the job both saves and
+    loads them (``--save``, ``--load``, ``--save-interval``), so that a requeued job
+    resumes; None when a requeue would start it over.
     """
 
     global_batch_size: int
@@ -85,6 +88,7 @@ class TrainingPlan:
     use_distributed_optimizer: bool = False
     recompute_granularity: Optional[str] = None
     sequence_parallel: bool = False
+    save_interval: Optional[int] = None
 
     @property
     def iterations(self) -> int:
@@ -268,6 +272,12 @@ class Job:
         begin = self.eligible_time if self.eligible_time is not None else self.submit_time
         end = self.start_time if self.start_time is not None else now
         return max(0.0, end - begin)
+
+    def queued_s(self, now: float) -> float:
+        """Seconds spent queued in all: ``wait_s`` less the time the job ran before a
+        requeue (its attained GPU-seconds over its GPUs)."""
+        ran_s = self.attained_gpu_s / self.gpus if self.restarts and self.gpus else 0.0
+        return max(0.0, self.wait_s(now) - ran_s)
 
 
 @dataclass(frozen=True)

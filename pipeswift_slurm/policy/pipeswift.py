@@ -21,6 +21,11 @@ Each tick (pure; only ``view.now`` as the clock):
    ``reshape_running`` is on, and then only when no pending job waits, into GPUs left
    idle beyond ``expand_reserve_fraction`` of the cluster, and when the predicted gain
    exceeds the switch cost (a restart) by ``reshape_margin``.
+Preemption (``preempt``, off by default; needs requeue allowed at the site): a long
+running job is requeued when the shorter waiting jobs that would start at once on its
+GPUs save, in total, more waiting than it loses (until they end, plus its restart and
+the work since its last checkpoint) by ``preempt_margin`` (``_preemptions``). Only jobs
+that save and resume checkpoints are ever requeued.
 Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer than
 ``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs; a long job that would
 exceed it is held (Slurm's hold, marked in the decision token) until the plan starts it,
@@ -49,13 +54,16 @@ class _Plan:
 class PipeSwiftPolicy:
     name: ClassVar[str] = "pipeswift"
     scheduler: ClassVar[str] = "backfill"
-    preempts: ClassVar[bool] = False
+    preempts: bool = False  # True when ``preempt`` is on (the simulator then keeps ticking)
 
     def __init__(self, wait_bound_s: float = 48 * 3600.0, promote_fraction: float = 0.5, aging: float = 0.5,
                  start_margin: float = 0.1, plan_depth: int = 64, site_factor_max: int = 100_000_000,
                  reshape_running: bool = False, reshape_margin: float = 0.2, resize: bool = True,
                  reconfigure: bool = True, expand_reserve_fraction: float = 0.1, reservations: int = 64,
-                 short_lane_fraction: float = 0.0, short_lane_max_s: float = 2 * 3600.0):
+                 short_lane_fraction: float = 0.0, short_lane_max_s: float = 2 * 3600.0,
+                 preempt: bool = False, preempt_margin: float = 0.2,
+                 preempt_ratio: float = 2.0, preempt_min_run_s: float = 1800.0, preempt_per_tick: int = 8,
+                 preempt_max_restarts: int = 3):
         self.wait_bound_s = wait_bound_s
         self.promote_fraction = promote_fraction
         self.aging = aging
@@ -70,6 +78,12 @@ class PipeSwiftPolicy:
         self.reservations = reservations
         self.short_lane_fraction = short_lane_fraction
         self.short_lane_max_s = short_lane_max_s
+        self.preempts = self.preempt = preempt
+        self.preempt_margin = preempt_margin
+        self.preempt_ratio = preempt_ratio
+        self.preempt_min_run_s = preempt_min_run_s
+        self.preempt_per_tick = preempt_per_tick
+        self.preempt_max_restarts = preempt_max_restarts
         self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...]]] = {}
 
     # ------------------------------------------------------------ options and order
@@ -93,12 +107,12 @@ class PipeSwiftPolicy:
 
     def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float) -> list[Job]:
         promote_s = self.promote_fraction * self.wait_bound_s
-        starving = sorted((j for j in pending if j.wait_s(now) >= promote_s), key=lambda j: (j.submit_time, j.job_id))
-        rest = [j for j in pending if j.wait_s(now) < promote_s]
+        starving = sorted((j for j in pending if j.queued_s(now) >= promote_s), key=lambda j: (j.submit_time, j.job_id))
+        rest = [j for j in pending if j.queued_s(now) < promote_s]
 
         def key(job: Job) -> tuple[float, float, int]:
             best = min((o.run_s for o in opts[job.job_id]), default=float("inf"))
-            return best - self.aging * job.wait_s(now), job.submit_time, job.job_id
+            return best - self.aging * job.queued_s(now), job.submit_time, job.job_id
 
         return starving + sorted(rest, key=key)
 
@@ -152,7 +166,7 @@ class PipeSwiftPolicy:
             return False if job.held else None
         long_job = plan.option.run_s > self.short_lane_max_s
         lane_full = self._long_busy + plan.option.gpus > self._long_cap
-        if long_job and plan.start_s != now and lane_full and job.wait_s(now) < self.promote_fraction * self.wait_bound_s:
+        if long_job and plan.start_s != now and lane_full and job.queued_s(now) < self.promote_fraction * self.wait_bound_s:
             return None if job.held else True
         return False if job.held else None
 
@@ -180,11 +194,14 @@ class PipeSwiftPolicy:
                               > self.short_lane_max_s)
         plans: dict[int, _Plan] = {}
         for job in ordered[:self.plan_depth]:
-            plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.wait_s(now) >= promote_s,
+            plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.queued_s(now) >= promote_s,
                                            profiles[job.job_id].requested.gpus)
         # Jobs planned to start now go first: they fit, so Slurm starts them before it
         # reserves for the first job that waits (the timeline already checked that they
         # do not delay the planned reservations).
+        preempted: list[Decision] = []
+        if self.preempt:
+            preempted = self._preemptions(view, profiles, estimator, ordered, plans, free)
         starting = [j for j in ordered if j.job_id in plans and plans[j.job_id].start_s == now]
         final = starting + [j for j in ordered if j not in starting]
         factors = rank_factors([j.job_id for j in final], self.site_factor_max)
@@ -202,11 +219,89 @@ class PipeSwiftPolicy:
                 option = None
             decision = decision_for(job, profile, option, factors[job.job_id], plan.reason, estimator, plan.start_s)
             out.append(replace(decision, hold=hold) if hold is not None and decision.config is not None else decision)
+        out += preempted
         nobody_waits = len(plans) == len(ordered) and all(p.start_s == now for p in plans.values())
         if self.reshape_running and nobody_waits:
             idle = sum(free) - int(self.expand_reserve_fraction * total)
             out += self._reshapes(view, profiles, estimator, idle)
         return out
+
+    def _preemptions(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
+                     ordered: list[Job], plans: dict[int, _Plan], free: list[int]) -> list[Decision]:
+        """Switch-cost-gated preemption (``preempt``): requeue a long running job when the
+        short jobs that would start at once on its GPUs save more waiting, in total, than
+        the victim loses: until they end, plus its restart (startup) and the work since its
+        last checkpoint (half its save interval, expected), times (1 + ``preempt_margin``).
+        Victims: opted-in jobs that checkpoint and resume (``--save``, ``--load``,
+        ``--save-interval``) and have run ``preempt_min_run_s`` since their last start, were requeued fewer
+        than ``preempt_max_restarts`` times and have queued less than half the starvation
+        threshold,
+        longest predicted remaining first; beneficiaries: planned jobs that wait and are
+        ``preempt_ratio`` times shorter than the victim's remaining run. The jobs packed
+        onto the freed GPUs are re-planned to start now; ``free`` is updated."""
+        now, promote_s = view.now, self.promote_fraction * self.wait_bound_s
+
+        def waits(job: Job) -> bool:
+            plan = plans.get(job.job_id)
+            return plan is not None and plan.option is not None and plan.start_s is not None and plan.start_s > now
+
+        waiting = [j for j in ordered if waits(j)]
+        if not waiting:
+            return []
+        index = {n.name: i for i, n in enumerate(view.nodes)}
+        victims = sorted(((predicted_end_s(r, profiles, estimator, now) - now, r) for r in view.running
+                          if r.job_id in profiles and profiles[r.job_id].plan.save_interval
+                          and r.restarts < self.preempt_max_restarts
+                          and r.start_time is not None and now - r.start_time >= self.preempt_min_run_s
+                          and r.queued_s(now) < promote_s / 2 and r.node_list),
+                         key=lambda pair: (-pair[0], pair[1].job_id))
+        out: list[Decision] = []
+        for remaining_s, victim in victims:
+            if len(out) >= self.preempt_per_tick or not waiting:
+                break
+            trial = list(free)
+            per_node = victim.gpus // len(victim.node_list)
+            for name in victim.node_list:
+                if name in index:
+                    trial[index[name]] += per_node
+            packed, saved_s, longest_s = [], 0.0, 0.0
+            for job in waiting:
+                plan = plans[job.job_id]
+                opt = plan.option
+                assert opt is not None and plan.start_s is not None
+                if opt.run_s * self.preempt_ratio > remaining_s:
+                    continue
+                nodes = fits_now(trial, opt.config)
+                if nodes is None:
+                    continue
+                for node in nodes:
+                    trial[node] -= opt.config.gpus_per_node
+                packed.append(job)
+                saved_s += plan.start_s - now
+                longest_s = max(longest_s, opt.run_s)
+            lost_s = longest_s + self._restart_cost_s(victim, profiles[victim.job_id], estimator, now)
+            if not packed or saved_s < (1 + self.preempt_margin) * lost_s:
+                continue
+            free[:] = trial
+            for job in packed:
+                plan = plans[job.job_id]
+                plans[job.job_id] = _Plan(plan.option, now, "start now on GPUs freed by requeueing job %d"
+                                          % victim.job_id)
+            waiting = [j for j in waiting if j not in packed]
+            out.append(Decision(victim.job_id, requeue=True, site_factor=0,
+                                reason="requeued for %d shorter jobs: they save %.0f s of waiting, it loses %.0f s"
+                                % (len(packed), saved_s, lost_s)))
+        return out
+
+    @staticmethod
+    def _restart_cost_s(job: Job, profile: JobProfile, estimator: Any, now: float) -> float:
+        """What a requeue costs a job besides waiting: its startup, and the work since its
+        last checkpoint: half a save interval on average, at most what it ran since its
+        last start."""
+        config = current_config(job, profile)
+        iter_s = float(estimator.run_time_s(profile, config, 1) - estimator.run_time_s(profile, config, 0))
+        ran_s = now - (job.start_time if job.start_time is not None else now)
+        return float(estimator.startup_s(profile)) + min(ran_s, 0.5 * (profile.plan.save_interval or 0) * iter_s)
 
     def _reshapes(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
                   idle_gpus: int) -> list[Decision]:

@@ -8,7 +8,8 @@ backend's Slurm-like scheduling pass starts what fits. Ticks also run every
 with nothing pending or nothing free, no lever can change anything, so those ticks are
 skipped. Truth: a job's run time in config c is (startup + remaining iterations x
 iteration time of c) x its truth factor (class bias x noise, see workload.py); every
-(re)start pays the startup again, and a requeued job keeps the iterations it finished.
+(re)start pays the startup again, and a requeued job resumes from its last checkpoint
+(``--save-interval``; a job that does not save and load checkpoints starts over).
 No policy code lives here.
 """
 
@@ -171,6 +172,9 @@ class Simulation:
         if rec.config is not None and ran > startup:
             iter_true = self.truth.iter_time_s(wjob.profile, rec.config) * wjob.truth_factor
             rec.iters_done += (ran - startup) / iter_true
+        # a requeued job resumes from its last checkpoint; without checkpoints it starts over
+        interval = wjob.profile.plan.save_interval
+        rec.iters_done = float(int(rec.iters_done // interval) * interval) if interval else 0.0
 
     # ------------------------------------------------------------ loop
     def _tick(self, now: float, result: SimResult) -> None:

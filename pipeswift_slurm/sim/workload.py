@@ -14,7 +14,14 @@ job (``to_megatron_job``):
     config reproduces the recorded duration;
   * a share ``flex`` of jobs (seeded) allows resizing over half to double its GPUs
     (within the cluster); the others are rigid at their recorded count;
-  * the user's time limit over-estimates the true run time: 1.5x, rounded up to 30 min.
+  * the user's time limit over-estimates the true run time: 1.5x, rounded up to 30 min;
+  * every job saves and loads checkpoints (``--save``, ``--load``) about every 30 min of
+    its user config's run (``--save-interval``), so a requeued job resumes from its last
+    checkpoint (see sim/engine.py);
+Optional knobs (all off by default; the default conversion never reads them):
+``Conversion.bands`` replaces ``_BANDS`` with another table over ``ZOO`` and
+``EXTRA_ZOO`` (e.g. a gpt and a llama-style model in the same band, so the model
+family is drawn per row); ``synthetic_trace(mix=...)`` replaces ``SYNTHETIC_MIX``.
 Pure except for reading the CSV file in ``read_trace``.
 """
 
@@ -36,6 +43,7 @@ from ..model import JobProfile
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
 TIME_LIMIT_FACTOR = 1.5
 TIME_LIMIT_ROUND_S = 1800
+CHECKPOINT_EVERY_S = 1800.0  # every job saves a checkpoint about every 30 min of its run
 
 
 class WorkloadError(ValueError):
@@ -105,6 +113,20 @@ ZOO = {m.name: m for m in (
 _BANDS = ((1, ("gpt-125m", "gpt-350m")), (2, ("gpt-350m", "gpt-760m")), (4, ("gpt-760m", "gpt-1.3b")),
           (8, ("gpt-1.3b", "gpt-2.7b")), (16, ("gpt-2.7b", "gpt-6.7b")), (32, ("gpt-6.7b", "gpt-13b")),
           (64, ("gpt-13b", "gpt-30b")), (10 ** 9, ("gpt-30b", "llama-70b")))
+
+# Small llama-style models (SwiGLU, grouped-query attention, 32k vocabulary; after
+# Llama-3.2-1B/3B with Llama-2's vocabulary): job classes "gpt-swiglu-gqa-<2B" and
+# "gpt-swiglu-gqa-<8B", a second model FAMILY at the sizes of gpt-1.3b and gpt-2.7b.
+# Kept out of ZOO so the default conversion (bands and fallback order) is unchanged;
+# only a ``Conversion.bands`` table that names them draws them.
+EXTRA_ZOO = {m.name: m for m in (
+    ZooModel("llama-1b", 16, 2048, 32, tp=1, pp=2, micro_batch_size=2, global_batch_size=512,
+             num_query_groups=8, ffn_hidden_size=8192, swiglu=True, vocab_size=32000),
+    ZooModel("llama-3b", 28, 3072, 24, tp=2, pp=2, micro_batch_size=2, global_batch_size=512,
+             num_query_groups=8, ffn_hidden_size=8192, swiglu=True, vocab_size=32000),
+)}
+ALL_MODELS = {**ZOO, **EXTRA_ZOO}
+Bands = tuple[tuple[int, tuple[str, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -214,6 +236,7 @@ def rescale_load(rows: Sequence[TraceRow], cluster_gpus: int, load: float) -> li
 # ---------------------------------------------------------------- synthetic generator
 
 # category: (share, GPU counts and weights, median duration s, log-sigma, min s, max s)
+MixCategory = tuple[str, float, tuple[tuple[int, float], ...], float, float, float, float]
 SYNTHETIC_MIX = (
     ("debug-eval", 0.55, ((1, 0.4), (2, 0.25), (4, 0.2), (8, 0.15)), 900.0, 1.0, 120.0, 4 * 3600.0),
     ("finetune", 0.35, ((8, 0.5), (16, 0.35), (32, 0.15)), 2 * 3600.0, 0.8, 1200.0, 24 * 3600.0),
@@ -221,18 +244,21 @@ SYNTHETIC_MIX = (
 )
 
 
-def synthetic_trace(num_jobs: int, cluster_gpus: int, load: float, seed: int, num_users: int = 20) -> list[TraceRow]:
+def synthetic_trace(num_jobs: int, cluster_gpus: int, load: float, seed: int, num_users: int = 20,
+                    mix: Optional[Sequence[MixCategory]] = None) -> list[TraceRow]:
     """A seeded LLM-development-cluster trace (after the Acme trace's published shape:
     most jobs are short small debugging/evaluation runs, a few multi-node pretraining
     runs hold most GPU-time). ``SYNTHETIC_MIX`` documents the distributions: category
     share, GPU-count weights (capped at the cluster), log-normal duration (median,
-    sigma, clipped). Arrivals are Poisson, rescaled to the offered ``load``.
+    sigma, clipped). Arrivals are Poisson, rescaled to the offered ``load``. ``mix``
+    (optional, same layout) replaces ``SYNTHETIC_MIX``; None keeps it.
     """
+    mix = SYNTHETIC_MIX if mix is None else tuple(mix)
     rng = random.Random(seed)
     rows = []
     t = 0.0
     for i in range(num_jobs):
-        cat = rng.choices(SYNTHETIC_MIX, weights=[c[1] for c in SYNTHETIC_MIX])[0]
+        cat = rng.choices(mix, weights=[c[1] for c in mix])[0]
         name, _, counts, median, sigma, lo, hi = cat
         gpus = min(rng.choices([c for c, _ in counts], weights=[w for _, w in counts])[0], cluster_gpus)
         duration = min(hi, max(lo, median * math.exp(rng.gauss(0.0, sigma))))
@@ -245,7 +271,14 @@ def synthetic_trace(num_jobs: int, cluster_gpus: int, load: float, seed: int, nu
 
 @dataclass(frozen=True)
 class Conversion:
-    """How trace rows become Megatron jobs (see the module docstring)."""
+    """How trace rows become Megatron jobs (see the module docstring).
+
+    ``bands`` (optional): a table like ``_BANDS`` ((largest GPU count, model names), the
+    last band taking everything above) naming models of ``ZOO`` or ``EXTRA_ZOO``; the
+    seeded draw within a band is the same as the default's, and the fallback when no
+    model of the band fits is every other model of the table, last named first. None
+    (the default) is ``_BANDS`` over ``ZOO``, unchanged.
+    """
 
     cost: CostModel
     cluster_gpus: int
@@ -254,15 +287,32 @@ class Conversion:
     seed: int = 0
     class_bias: tuple[tuple[str, float], ...] = ()
     noise_sigma: float = 0.0
+    bands: Optional[Bands] = None
+
+
+def _candidates(row: TraceRow, conv: Conversion, rng: random.Random) -> tuple[list[str], dict[str, ZooModel]]:
+    """Model names to try for a row, in order, and the table they come from."""
+    if conv.bands is None:
+        band = next(models for top, models in _BANDS if row.num_gpus <= top)
+        order = list(band)
+        rng.shuffle(order)
+        smaller = [name for name in ZOO if name not in band][::-1]
+        return order + smaller, ZOO
+    unknown = sorted({n for _, names in conv.bands for n in names} - set(ALL_MODELS))
+    if unknown or not conv.bands:
+        raise WorkloadError("bands: unknown model(s) %s; known: %s" % (", ".join(unknown) or "(none given)",
+                                                                        ", ".join(ALL_MODELS)))
+    band = next((models for top, models in conv.bands if row.num_gpus <= top), conv.bands[-1][1])
+    order = list(band)
+    rng.shuffle(order)
+    named = list(dict.fromkeys(n for _, names in conv.bands for n in names))
+    return order + [name for name in named if name not in band][::-1], ALL_MODELS
 
 
 def _fit_model(row: TraceRow, conv: Conversion, rng: random.Random) -> tuple[ZooModel, JobProfile]:
-    band = next(models for top, models in _BANDS if row.num_gpus <= top)
-    order = list(band)
-    rng.shuffle(order)
-    smaller = [name for name in ZOO if name not in band][::-1]
-    for name in order + smaller:
-        model = ZOO[name]
+    names, table = _candidates(row, conv, rng)
+    for name in names:
+        model = table[name]
         if row.num_gpus % (model.tp * model.pp):
             continue
         dp = row.num_gpus // (model.tp * model.pp)
@@ -294,8 +344,11 @@ def to_megatron_job(index: int, row: TraceRow, conv: Conversion) -> WorkloadJob:
     model, profile = _fit_model(row, conv, rng)
     iter_s = conv.cost.iter_time_s(profile, profile.requested)
     iters = max(1, round((row.duration_s - conv.cost.startup_s(profile)) / iter_s))
-    argv = tuple(model.argv(row.num_gpus, profile.plan.global_batch_size, iters))
-    profile = replace(profile, plan=replace(profile.plan, train_iters=iters))
+    save_interval = max(1, round(CHECKPOINT_EVERY_S / iter_s))
+    ckpt = "/checkpoints/%s" % row.name
+    argv = tuple(model.argv(row.num_gpus, profile.plan.global_batch_size, iters)
+                 + ["--save", ckpt, "--load", ckpt, "--save-interval", str(save_interval)])
+    profile = replace(profile, plan=replace(profile.plan, train_iters=iters, save_interval=save_interval))
     if rng.random() < conv.flex:
         lo, hi = max(1, row.num_gpus // 2), min(2 * row.num_gpus, conv.cluster_gpus)
         profile = profile.with_range(lo, hi)

@@ -541,3 +541,34 @@ def test_layer_mapping_agrees_with_megatron_core(mcore: types.SimpleNamespace, p
         chunk = ours[0] // vp
         offsets = [mcore.get_transformer_layer_offset(tc, vp_stage=v, pp_rank=0) for v in range(vp)]
         assert offsets == [v * pp * chunk for v in range(vp)]
+
+
+# ------------------------------------------------------------------ checkpoints (preemption)
+
+_BASE = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
+         "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "10"]
+
+
+@pytest.mark.parametrize("extra, interval", [
+    (["--save", "/ck", "--load", "/ck", "--save-interval", "5"], 5),
+    (["--save=/ck", "--load=/ck", "--save-interval=5"], 5),
+    (["--save", "/ck", "--save-interval", "5"], None),  # saves but never loads: a requeue starts over
+    (["--save", "/ck", "--load", "/ck"], None),  # no interval: Megatron saves only at the end
+    ([], None),
+])
+def test_a_job_resumes_only_when_it_saves_and_loads_checkpoints(extra: list[str], interval: int | None) -> None:
+    profile = megatron.profile_from_argv(_BASE + extra, world_size=1)
+    assert profile.plan.save_interval == interval
+
+
+def test_the_profile_token_records_that_checkpoints_exist_but_never_their_paths() -> None:
+    from pipeswift_slurm.jobscript import megatron_words
+
+    words = ["pretrain_gpt.py", *_BASE, "--save", "/home/alice/secret", "--load=/home/alice/secret",
+             "--save-interval", "5", "--data-path", "/home/alice/data"]
+    recorded = megatron_words(words)
+    assert not any("alice" in w for w in recorded)
+    assert recorded[-5:] == ["--save", "-", "--load=-", "--save-interval", "5"]
+    assert megatron.profile_from_argv(recorded, world_size=1).plan.save_interval == 5
+    with pytest.raises(megatron.MegatronArgError, match="--save-interval"):
+        megatron.profile_from_argv(_BASE + ["--save", "/ck", "--load", "/ck", "--save-interval", "0"], world_size=1)

@@ -174,10 +174,13 @@ def test_apply_changes_only_pending_jobs() -> None:
 
 # ------------------------------------------------------------------ hand-built views
 
-def _profile(world: int, hours: float, gpn: int, gpu_range: tuple[int, int] | None = None) -> Any:
+def _profile(world: int, hours: float, gpn: int, gpu_range: tuple[int, int] | None = None,
+             save_interval: int | None = None) -> Any:
     model = ZOO["gpt-1.3b"]
     args = model.argv(world, 512, 1)
     args[args.index("--pipeline-model-parallel-size") + 1] = "1"
+    if save_interval:
+        args += ["--save", "/ckpt", "--load", "/ckpt", "--save-interval", str(save_interval)]
     probe = megatron.profile_from_argv(args, world_size=world, gpus_per_node=gpn)
     iters = max(1, round(hours * HOUR / COST.iter_time_s(probe, probe.requested)))
     args[args.index("--train-iters") + 1] = str(iters)
@@ -291,6 +294,65 @@ def test_tiresias_requeues_a_long_running_job_for_a_new_one() -> None:
         view, profiles, Estimator(COST, 8)))
 
 
+def _long_job_blocking_short_ones(victim_hours: float, short_hours: float, shorts: int = 4,
+                                  save_interval: int | None = 100, now_h: float = 1.0) -> tuple[ClusterView, dict[int, Any]]:
+    """One node of 8 GPUs held by job 1 (8 GPUs, ``victim_hours`` long, started at 0,
+    checkpoints every ``save_interval`` iterations); ``shorts`` jobs of 2 GPUs x
+    ``short_hours`` wait; now = ``now_h`` hours."""
+    _, big = _profile(8, victim_hours, 8, save_interval=save_interval)
+    _, small = _profile(2, short_hours, 8)
+    now = now_h * HOUR
+    jobs = [(1, "RUNNING", 8, 0.0, big)] + [(10 + i, "PENDING", 2, now - 60.0, small) for i in range(shorts)]
+    return _view(1, 8, jobs, now=now, busy={0: 8})
+
+
+def test_pipeswift_preempts_a_long_job_when_the_short_ones_gain_more() -> None:
+    view, profiles = _long_job_blocking_short_ones(8.0, 0.25)
+    est = Estimator(COST, 8)
+    assert not any(d.requeue for d in get_policy("pipeswift").decide(view, profiles, est))  # off by default
+    decisions = get_policy("pipeswift", preempt=True).decide(view, profiles, est)
+    requeued = [d for d in decisions if d.requeue]
+    assert [d.job_id for d in requeued] == [1]
+    assert requeued[0].reason.startswith("requeued for 4 shorter jobs")
+    shorts = [d for d in decisions if d.job_id >= 10]
+    assert len(shorts) == 4
+    assert all(d.predicted_start_s == HOUR and "freed by requeueing job 1" in d.reason for d in shorts)
+    # the short jobs outrank everything else, so Slurm starts them on the freed GPUs
+    assert min(d.site_factor or 0 for d in shorts) > max(d.site_factor or 0 for d in requeued)
+
+
+def test_pipeswift_preemption_is_gated_by_the_switch_cost() -> None:
+    est = Estimator(COST, 8)
+    # a job that does not save and load checkpoints would start over: never requeued
+    view, profiles = _long_job_blocking_short_ones(8.0, 0.25, save_interval=None)
+    assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(view, profiles, est))
+    # at 2 h into a 5 h job, one 1.4 h job waits 3 h for it: worth it with frequent
+    # checkpoints (it loses 1.4 h), not with none since its start (1.4 h + 2 h of work)
+    view, profiles = _long_job_blocking_short_ones(5.0, 1.4, shorts=1, now_h=2.0)
+    assert [d.job_id for d in get_policy("pipeswift", preempt=True).decide(view, profiles, est) if d.requeue] == [1]
+    rare = profiles[1].plan.iterations
+    view, profiles = _long_job_blocking_short_ones(5.0, 1.4, shorts=1, now_h=2.0, save_interval=rare)
+    assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(view, profiles, est))
+    view, profiles = _long_job_blocking_short_ones(8.0, 0.25)
+    # short jobs that are not much shorter than what is left of the victim
+    view, profiles = _long_job_blocking_short_ones(4.0, 2.0)
+    assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(view, profiles, est))
+    # a victim that has run less than preempt_min_run_s since its start
+    view, profiles = _long_job_blocking_short_ones(8.0, 0.25)
+    early = get_policy("pipeswift", preempt=True, preempt_min_run_s=2 * HOUR).decide(view, profiles, est)
+    assert not any(d.requeue for d in early)
+    # a victim already requeued preempt_max_restarts times (no ping-pong)
+    jobs = tuple(replace(j, restarts=3, attained_gpu_s=8 * 600.0) if j.running else j for j in view.jobs)
+    tired = replace(view, jobs=jobs)
+    assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(tired, profiles, est))
+
+
+def test_queued_time_leaves_out_earlier_runs() -> None:
+    job = Job(1, "PENDING", 0.0, gpus=4, attained_gpu_s=4 * 3 * HOUR, restarts=1)
+    assert job.wait_s(5 * HOUR) == 5 * HOUR
+    assert job.queued_s(5 * HOUR) == 2 * HOUR  # ran 3 h before its requeue
+
+
 # ------------------------------------------------------------------ invariants on random views
 
 @st.composite
@@ -324,7 +386,7 @@ def views(draw: Any) -> tuple[ClusterView, dict[int, Any], int]:
     return view, profiles, gpn
 
 
-@pytest.mark.parametrize("name", ["fifo", "slurm", "sjf", "tiresias", "pipeswift"])
+@pytest.mark.parametrize("name", ["fifo", "slurm", "sjf", "tiresias", "pipeswift", "pipeswift:preempt"])
 @settings(max_examples=25, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow])
 @seed(1234)
@@ -332,17 +394,20 @@ def views(draw: Any) -> tuple[ClusterView, dict[int, Any], int]:
 def test_decisions_respect_the_invariants(name: str, data: tuple[ClusterView, dict[int, Any], int]) -> None:
     view, profiles, gpn = data
     est = Estimator(COST, gpn)
-    decisions = get_policy(name).decide(view, profiles, est)
-    again = get_policy(name).decide(view, profiles, est)
+    base, _, variant = name.partition(":")
+    knobs = {"preempt": True} if variant == "preempt" else {}
+    decisions = get_policy(base, **knobs).decide(view, profiles, est)
+    again = get_policy(base, **knobs).decide(view, profiles, est)
     assert decisions == again  # same input, same output
     by_id = {j.job_id: j for j in view.jobs}
-    start_now = 0
+    start_now = freed = 0
     for d in decisions:
         job = by_id[d.job_id]
         assert d.job_id in profiles
         if job.running:
             assert d.config is None and d.time_limit_s is None  # running jobs are never resized
-            assert d.requeue and name == "tiresias"  # only a preempting policy touches them
+            assert d.requeue and name in ("tiresias", "pipeswift:preempt")  # only preempting policies touch them
+            freed += job.gpus
         if d.config is not None:
             c, profile = d.config, profiles[d.job_id]
             assert c.gpus == c.tp * c.pp * c.cp * c.dp == c.num_nodes * c.gpus_per_node
@@ -354,4 +419,4 @@ def test_decisions_respect_the_invariants(name: str, data: tuple[ClusterView, di
             assert profile.plan.global_batch_size == c.micro_batch_size * c.num_micro_batches * c.dp
         if d.predicted_start_s == view.now and job.pending:
             start_now += d.config.gpus if d.config is not None else job.gpus
-    assert start_now <= view.free_gpus  # GPUs granted never exceed the free GPUs
+    assert start_now <= view.free_gpus + freed  # GPUs granted never exceed the free (or freed) GPUs
