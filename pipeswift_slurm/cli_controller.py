@@ -125,7 +125,9 @@ def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Option
             fail("database busy: %s" % exc, 1)
         if cfg.calibrate and not cfg.dry_run:
             refit_calibration(controller.store, report.view.now)
-            controller.estimator = controller.estimator.with_bias(_bias_map(controller.store))
+            bias = _bias_map(controller.store)
+            if bias != controller.estimator.bias_by_class:  # a new estimator resets the policy's caches
+                controller.estimator = controller.estimator.with_bias(bias)
         return report
 
 

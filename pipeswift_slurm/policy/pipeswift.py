@@ -84,14 +84,15 @@ class PipeSwiftPolicy:
         self.preempt_min_run_s = preempt_min_run_s
         self.preempt_per_tick = preempt_per_tick
         self.preempt_max_restarts = preempt_max_restarts
-        self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...]]] = {}
+        self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...], Any]] = {}
 
     # ------------------------------------------------------------ options and order
     def options(self, job: Job, profile: JobProfile, estimator: Any, cluster: tuple[int, int]) -> tuple[Option, ...]:
-        """Cached per job (the profile object and the cluster's (GPUs, nodes) must match)."""
+        """Cached per job (the profile and estimator objects and the cluster's (GPUs,
+        nodes) must match: a calibration refit brings a new estimator)."""
         hit = self._options.get(job.job_id)
-        if hit is None or hit[0] is not profile or hit[1] != cluster:
-            hit = (profile, cluster, self._job_options(profile, estimator, cluster))
+        if hit is None or hit[0] is not profile or hit[1] != cluster or hit[3] is not estimator:
+            hit = (profile, cluster, self._job_options(profile, estimator, cluster), estimator)
             self._options[job.job_id] = hit
         return hit[2]
 

@@ -298,10 +298,11 @@ def _candidates(row: TraceRow, conv: Conversion, rng: random.Random) -> tuple[li
         rng.shuffle(order)
         smaller = [name for name in ZOO if name not in band][::-1]
         return order + smaller, ZOO
+    if not conv.bands:
+        raise WorkloadError("bands: empty table; give (largest GPU count, model names) pairs or None")
     unknown = sorted({n for _, names in conv.bands for n in names} - set(ALL_MODELS))
-    if unknown or not conv.bands:
-        raise WorkloadError("bands: unknown model(s) %s; known: %s" % (", ".join(unknown) or "(none given)",
-                                                                        ", ".join(ALL_MODELS)))
+    if unknown:
+        raise WorkloadError("bands: unknown model(s) %s; known: %s" % (", ".join(unknown), ", ".join(ALL_MODELS)))
     band = next((models for top, models in conv.bands if row.num_gpus <= top), conv.bands[-1][1])
     order = list(band)
     rng.shuffle(order)

@@ -243,6 +243,23 @@ def test_pipeswift_starts_now_on_a_fragment_when_waiting_is_worse() -> None:
     assert d.predicted_end_s == pytest.approx(60.0 + est.run_time_s(flex_p, d.config))
 
 
+def test_pipeswift_replans_a_seen_job_after_a_calibration_refit() -> None:
+    """The policy caches each pending job's options; a new estimator (a refit) must not
+    be answered from the old one's cache."""
+    _, running_p = _profile(2, 8.0, 8)
+    _, flex_p = _profile(8, 4.0, 8, gpu_range=(4, 8))
+    view, profiles = _view(1, 8, [(1, "RUNNING", 2, 0.0, running_p), (2, "RUNNING", 2, 0.0, running_p),
+                                  (3, "PENDING", 8, 60.0, flex_p)], now=60.0, busy={0: 4})
+    policy = get_policy("pipeswift")
+    est = Estimator(COST, 8)
+    first = policy.decide(view, profiles, est)[0]
+    slower = est.with_bias({flex_p.job_class: 2.0})
+    second = policy.decide(view, profiles, slower)[0]
+    assert first.config is not None and first.config == second.config
+    assert second.predicted_end_s == pytest.approx(60.0 + slower.run_time_s(flex_p, second.config))
+    assert second.predicted_end_s - 60.0 == pytest.approx(2 * (first.predicted_end_s - 60.0))
+
+
 def test_pipeswift_waits_when_waiting_is_faster() -> None:
     """The seed's case: B, C (2 GPUs x 1 h) run; A (8 GPUs x 4 h, allows 4..8) waits 1 h for 8 GPUs."""
     _, bc = _profile(2, 1.0, 8)
