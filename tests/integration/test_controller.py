@@ -213,6 +213,39 @@ def test_tick_never_modifies_unmanaged_or_running_jobs(
     assert site.rows("SELECT job_id FROM decisions WHERE job_id IN (%s)" % ",".join(map(str, untouched))) == []
 
 
+# ------------------------------------------------------------------ preemption (opt-in), for real
+def test_preempting_tick_requeues_a_long_checkpointing_job_for_short_ones(
+        site: Site, slurm: SubprocessRunner, submit_job: Callable[..., int],
+        wait_state: Callable[..., dict[str, str]], job_fields: Callable[..., dict[str, str]]) -> None:
+    """pipeswift with ``preempt`` on and requeue allowed: a long opted-in job that saves and
+    loads checkpoints holds every GPU; two short opted-in jobs wait. One tick requeues the
+    long job in Slurm (Restarts=1, pending again) and the short ones start in its place.
+    A long job without checkpoints would never be requeued (unit-tested)."""
+    site.config.write_text(
+        '[store]\nurl = "%s"\n[slurm]\nbackend = "cli"\n[policy]\nname = "pipeswift"\n'
+        '[policy.knobs]\npreempt = true\npreempt_min_run_s = 0\n'
+        '[controller]\nlock_file = "%s"\nallow_requeue = true\ndry_run = false\n' % (site.db, site.lock))
+    nodes = int(slurm(["sinfo", "-h", "-o", "%D"]).split()[0])
+    args = list(MEGATRON)
+    args[args.index("--global-batch-size") + 1] = str(4 * 8 * nodes * 2)
+    args[args.index("--train-iters") + 1] = "1000000"
+    args += ["--save", "-", "--load", "-", "--save-interval", "100"]
+    long_token = token.encode_profile(token.ProfileRequest(tuple(args)))
+    long_job = submit_job("-N%d" % nodes, "--exclusive", "--gpus-per-node=8", "--requeue", "-J", "long",
+                          "--comment", long_token)
+    wait_state(long_job, "RUNNING", 30)
+    shorts = [opted_in(submit_job, "-J", "short") for _ in range(2)]
+
+    site.tick_ok()
+    row = decision_row(site, long_job)
+    assert row["requeue"] == 1 and row["applied"] == 1 and row["error"] is None, dict(row)
+    assert row["reason"].startswith("requeued for 2 shorter jobs")
+    for job_id in shorts:
+        wait_state(job_id, "RUNNING", 60)
+    fields = job_fields(long_job)
+    assert fields["JobState"] == "PENDING" and fields["Restarts"] == "1", fields
+
+
 # ------------------------------------------------------------------ a job leaves between observe and act
 class CancelAfterSnapshot:
     """The real CLI backend, but ``victim`` is cancelled (real scancel) right after the
