@@ -22,10 +22,12 @@ Each tick (pure; only ``view.now`` as the clock):
    idle beyond ``expand_reserve_fraction`` of the cluster, and when the predicted gain
    exceeds the switch cost (a restart) by ``reshape_margin``.
 Preemption (``preempt``, off by default; needs requeue allowed at the site): a long
-running job is requeued when the shorter waiting jobs that would start at once on its
-GPUs save, in total, more waiting than it loses (until they end, plus its restart and
-the work since its last checkpoint) by ``preempt_margin`` (``_preemptions``). Only jobs
-that save and resume checkpoints are ever requeued.
+running job is requeued when the waiting saved by it exceeds what it loses (until the
+shorter jobs that start at once on its GPUs end, plus its restart and the work since its
+last checkpoint) by ``preempt_margin`` (``_preemptions``). The waiting saved is those
+jobs' predicted waits, plus, for every other queued job, its share of the freed
+GPU-seconds (a saturated queue drains that much sooner). Only jobs that save and resume
+checkpoints are ever requeued, and never past their own share of the wait bound.
 Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer than
 ``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs; a long job that would
 exceed it is held (Slurm's hold, marked in the decision token) until the plan starts it,
@@ -63,7 +65,7 @@ class PipeSwiftPolicy:
                  short_lane_fraction: float = 0.0, short_lane_max_s: float = 2 * 3600.0,
                  preempt: bool = False, preempt_margin: float = 0.2,
                  preempt_ratio: float = 2.0, preempt_min_run_s: float = 1800.0, preempt_per_tick: int = 8,
-                 preempt_max_restarts: int = 3):
+                 preempt_max_restarts: int = 3, preempt_wait_share: float = 0.75):
         self.wait_bound_s = wait_bound_s
         self.promote_fraction = promote_fraction
         self.aging = aging
@@ -84,6 +86,7 @@ class PipeSwiftPolicy:
         self.preempt_min_run_s = preempt_min_run_s
         self.preempt_per_tick = preempt_per_tick
         self.preempt_max_restarts = preempt_max_restarts
+        self.preempt_wait_share = preempt_wait_share
         self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...], Any]] = {}
 
     # ------------------------------------------------------------ options and order
@@ -230,17 +233,17 @@ class PipeSwiftPolicy:
     def _preemptions(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
                      ordered: list[Job], plans: dict[int, _Plan], free: list[int]) -> list[Decision]:
         """Switch-cost-gated preemption (``preempt``): requeue a long running job when the
-        short jobs that would start at once on its GPUs save more waiting, in total, than
-        the victim loses: until they end, plus its restart (startup) and the work since its
+        short jobs that would start at once on its GPUs, and the queue behind them, save
+        more waiting, in total, than the victim loses: until they end, plus its restart (startup) and the work since its
         last checkpoint (half its save interval, expected), times (1 + ``preempt_margin``).
-        Victims: opted-in jobs that checkpoint and resume (``--save``, ``--load``,
-        ``--save-interval``) and have run ``preempt_min_run_s`` since their last start, were requeued fewer
-        than ``preempt_max_restarts`` times and have queued less than half the starvation
-        threshold,
-        longest predicted remaining first; beneficiaries: planned jobs that wait and are
-        ``preempt_ratio`` times shorter than the victim's remaining run. The jobs packed
-        onto the freed GPUs are re-planned to start now; ``free`` is updated."""
-        now, promote_s = view.now, self.promote_fraction * self.wait_bound_s
+        Victims, longest predicted remaining first: opted-in jobs that checkpoint and
+        resume (``--save``, ``--load``, ``--save-interval``), have run
+        ``preempt_min_run_s`` since their last start, were requeued fewer than
+        ``preempt_max_restarts`` times, and whose queue time plus this loss stays within
+        ``preempt_wait_share`` of the wait bound. Beneficiaries: planned jobs that wait and
+        are ``preempt_ratio`` times shorter than the victim's remaining run. The jobs
+        packed onto the freed GPUs are re-planned to start now; ``free`` is updated."""
+        now = view.now
 
         def waits(job: Job) -> bool:
             plan = plans.get(job.job_id)
@@ -249,12 +252,16 @@ class PipeSwiftPolicy:
         waiting = [j for j in ordered if waits(j)]
         if not waiting:
             return []
+        # jobs that wait, planned or beyond the planning depth: each gets the freed
+        # GPU-seconds' share of the cluster sooner (a saturated queue drains that much faster)
+        queued = sum(1 for j in ordered if j.job_id not in plans or waits(j))
+        total_gpus = max(view.total_gpus, 1)
         index = {n.name: i for i, n in enumerate(view.nodes)}
         victims = sorted(((predicted_end_s(r, profiles, estimator, now) - now, r) for r in view.running
                           if r.job_id in profiles and profiles[r.job_id].plan.save_interval
                           and r.restarts < self.preempt_max_restarts
                           and r.start_time is not None and now - r.start_time >= self.preempt_min_run_s
-                          and r.queued_s(now) < promote_s / 2 and r.node_list),
+                          and r.node_list),
                          key=lambda pair: (-pair[0], pair[1].job_id))
         out: list[Decision] = []
         for remaining_s, victim in victims:
@@ -280,9 +287,15 @@ class PipeSwiftPolicy:
                 packed.append(job)
                 saved_s += plan.start_s - now
                 longest_s = max(longest_s, opt.run_s)
+            queued -= len(packed)
+            saved_s += queued * victim.gpus * longest_s / total_gpus
             lost_s = longest_s + self._restart_cost_s(victim, profiles[victim.job_id], estimator, now)
             if not packed or saved_s < (1 + self.preempt_margin) * lost_s:
+                queued += len(packed)
                 continue
+            if victim.queued_s(now) + (1 + self.preempt_margin) * lost_s > self.preempt_wait_share * self.wait_bound_s:
+                queued += len(packed)
+                continue  # the victim's own wait bound comes first
             free[:] = trial
             for job in packed:
                 plan = plans[job.job_id]

@@ -364,6 +364,39 @@ def test_pipeswift_preemption_is_gated_by_the_switch_cost() -> None:
     assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(tired, profiles, est))
 
 
+def test_pipeswift_preemption_respects_the_victims_own_wait_bound() -> None:
+    est = Estimator(COST, 8)
+    view, profiles = _long_job_blocking_short_ones(8.0, 0.25)
+    policy = {"preempt": True, "wait_bound_s": 10 * HOUR}  # victims may queue at most 7.5 h in all
+    assert any(d.requeue for d in get_policy("pipeswift", **policy).decide(view, profiles, est))
+    queued_long = replace(view, jobs=tuple(replace(j, submit_time=-7.4 * HOUR) if j.running else j
+                                           for j in view.jobs))
+    assert not any(d.requeue for d in get_policy("pipeswift", **policy).decide(queued_long, profiles, est))
+
+
+def test_pipeswift_preemption_counts_the_queue_behind_the_packed_jobs() -> None:
+    """Two nodes: job 1 (8 GPUs, 8 h, checkpoints rarely: a requeue loses its whole hour)
+    on node1; job 2 (8 GPUs, no checkpoints) on node2 ends in 5 min. Short 1-GPU jobs wait.
+    The 8 that would start on job 1's GPUs save only 5 min each, less than job 1 loses;
+    but with 100 jobs queued, its GPUs drain the whole queue sooner, and that pays."""
+    est = Estimator(COST, 8)
+    _, big = _profile(8, 8.0, 8, save_interval=10_000_000)
+    _, ending = _profile(8, 65 / 60, 8)
+    _, small = _profile(1, 0.25, 8)
+
+    def view_with(shorts: int) -> tuple[ClusterView, dict[int, Any]]:
+        jobs = [(1, "RUNNING", 8, 0.0, big), (2, "RUNNING", 8, 0.0, ending)] + [
+            (10 + i, "PENDING", 1, HOUR - 60.0, small) for i in range(shorts)]
+        view, profiles = _view(2, 8, jobs, now=HOUR, busy={0: 8, 1: 8})
+        placed = tuple(replace(j, node_list=("node2",)) if j.job_id == 2 else j for j in view.jobs)
+        return replace(view, jobs=placed), profiles
+
+    few = get_policy("pipeswift", preempt=True).decide(*view_with(8), est)
+    assert not any(d.requeue for d in few)
+    many = get_policy("pipeswift", preempt=True).decide(*view_with(100), est)
+    assert [d.job_id for d in many if d.requeue] == [1]
+
+
 def test_queued_time_leaves_out_earlier_runs() -> None:
     job = Job(1, "PENDING", 0.0, gpus=4, attained_gpu_s=4 * 3 * HOUR, restarts=1)
     assert job.wait_s(5 * HOUR) == 5 * HOUR
