@@ -234,8 +234,9 @@ class PipeSwiftPolicy:
                      ordered: list[Job], plans: dict[int, _Plan], free: list[int]) -> list[Decision]:
         """Switch-cost-gated preemption (``preempt``): requeue a long running job when the
         short jobs that would start at once on its GPUs, and the queue behind them, save
-        more waiting, in total, than the victim loses: until they end, plus its restart (startup) and the work since its
-        last checkpoint (half its save interval, expected), times (1 + ``preempt_margin``).
+        more waiting, in total, than the victim loses: until they end, plus its restart
+        (startup) and the work since its last checkpoint (half its save interval,
+        expected), times (1 + ``preempt_margin``).
         Victims, longest predicted remaining first: opted-in jobs that checkpoint and
         resume (``--save``, ``--load``, ``--save-interval``), have run
         ``preempt_min_run_s`` since their last start, were requeued fewer than
