@@ -57,6 +57,9 @@ from pipeswift_slurm.estimator import Estimator
 from pipeswift_slurm.hardware import builtin_gpu_types
 from pipeswift_slurm.megatron import profile_from_argv
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "slurm"))
+from testbed_env import testbed_env  # noqa: E402  (tests/slurm/testbed_env.py)
+
 BIN = Path(sys.executable).parent
 BASE_GPU = "A100-80GB"
 EMU_GPU = "A100-80GB-emu"
@@ -283,13 +286,7 @@ def run_phase(mode: str, jobs: list[JobSpec], env: dict[str, str], work: Path, c
 
 
 def slurm_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env_sh = Path(os.environ.get("SLURM_TESTBED_DIR", "/tmp/pipeswift-testbed")) / "env.sh"
-    if env_sh.is_file():
-        for line in env_sh.read_text().splitlines():
-            key, sep, value = line.removeprefix("export ").partition("=")
-            if sep and key.isidentifier() and "$" not in value:
-                env[key] = value.strip().strip("'\"")
+    env = testbed_env()
     if not env.get("SLURM_CONF"):
         sys.exit("no Slurm test cluster: run tests/slurm/testbed.sh up and set SLURM_TESTBED_DIR")
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", os.defpath)])

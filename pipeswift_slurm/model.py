@@ -273,11 +273,14 @@ class Job:
         end = self.start_time if self.start_time is not None else now
         return max(0.0, end - begin)
 
+    @property
+    def ran_before_s(self) -> float:
+        """Seconds the job ran before its last requeue (attained GPU-seconds over its GPUs)."""
+        return self.attained_gpu_s / self.gpus if self.restarts and self.gpus else 0.0
+
     def queued_s(self, now: float) -> float:
-        """Seconds spent queued in all: ``wait_s`` less the time the job ran before a
-        requeue (its attained GPU-seconds over its GPUs)."""
-        ran_s = self.attained_gpu_s / self.gpus if self.restarts and self.gpus else 0.0
-        return max(0.0, self.wait_s(now) - ran_s)
+        """Seconds spent queued in all: ``wait_s`` less the time it ran before a requeue."""
+        return max(0.0, self.wait_s(now) - self.ran_before_s)
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,8 @@ def predicted_end_s(job: Job, profiles: Mapping[int, JobProfile], estimator: Any
     profile = profiles.get(job.job_id)
     if profile is not None:
         run_s = float(estimator.run_time_s(profile, current_config(job, profile)))
-        if job.restarts and job.gpus:  # a requeued job resumes from its checkpoint
-            run_s = max(float(estimator.startup_s(profile)), run_s - job.attained_gpu_s / job.gpus)
+        if job.ran_before_s:  # a requeued job resumes from its checkpoint
+            run_s = max(float(estimator.startup_s(profile)), run_s - job.ran_before_s)
         end = start + run_s
     elif job.time_limit_s:
         end = start + job.time_limit_s

@@ -56,7 +56,6 @@ class _Plan:
 class PipeSwiftPolicy:
     name: ClassVar[str] = "pipeswift"
     scheduler: ClassVar[str] = "backfill"
-    preempts: bool = False  # True when ``preempt`` is on (the simulator then keeps ticking)
 
     def __init__(self, wait_bound_s: float = 48 * 3600.0, promote_fraction: float = 0.5, aging: float = 0.5,
                  start_margin: float = 0.1, plan_depth: int = 64, site_factor_max: int = 100_000_000,
@@ -80,7 +79,7 @@ class PipeSwiftPolicy:
         self.reservations = reservations
         self.short_lane_fraction = short_lane_fraction
         self.short_lane_max_s = short_lane_max_s
-        self.preempts = self.preempt = preempt
+        self.preempt = preempt
         self.preempt_margin = preempt_margin
         self.preempt_ratio = preempt_ratio
         self.preempt_min_run_s = preempt_min_run_s
@@ -88,6 +87,11 @@ class PipeSwiftPolicy:
         self.preempt_max_restarts = preempt_max_restarts
         self.preempt_wait_share = preempt_wait_share
         self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...], Any]] = {}
+
+    @property
+    def preempts(self) -> bool:
+        """Whether it may requeue running jobs (the simulator then keeps ticking)."""
+        return self.preempt
 
     # ------------------------------------------------------------ options and order
     def options(self, job: Job, profile: JobProfile, estimator: Any, cluster: tuple[int, int]) -> tuple[Option, ...]:
@@ -288,15 +292,13 @@ class PipeSwiftPolicy:
                 packed.append(job)
                 saved_s += plan.start_s - now
                 longest_s = max(longest_s, opt.run_s)
-            queued -= len(packed)
-            saved_s += queued * victim.gpus * longest_s / total_gpus
+            saved_s += (queued - len(packed)) * victim.gpus * longest_s / total_gpus
             lost_s = longest_s + self._restart_cost_s(victim, profiles[victim.job_id], estimator, now)
             if not packed or saved_s < (1 + self.preempt_margin) * lost_s:
-                queued += len(packed)
                 continue
             if victim.queued_s(now) + (1 + self.preempt_margin) * lost_s > self.preempt_wait_share * self.wait_bound_s:
-                queued += len(packed)
                 continue  # the victim's own wait bound comes first
+            queued -= len(packed)
             free[:] = trial
             for job in packed:
                 plan = plans[job.job_id]

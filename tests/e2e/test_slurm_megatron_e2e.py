@@ -44,6 +44,9 @@ if _MISSING:
 
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "slurm"))
+from testbed_env import testbed_env  # noqa: E402  (tests/slurm/testbed_env.py)
+
 BIN = Path(sys.executable).parent  # `pip install -e .` put psbatch / pipeswift / pipeswift-launch here
 GPU_TYPE = "A100-80GB"
 ONE_F_ONE_B = "forward_backward_pipelining_without_interleaving"
@@ -62,13 +65,7 @@ JOB_TIMEOUT_S = 150.0
 def _testbed_env() -> dict[str, str]:
     """This process's environment plus the test cluster's env.sh, with our python's bin dir
     first on PATH (the job inherits it: pipeswift-launch and torchrun must resolve there)."""
-    env = dict(os.environ)
-    env_sh = Path(os.environ.get("SLURM_TESTBED_DIR", "/tmp/pipeswift-testbed")) / "env.sh"
-    if env_sh.is_file():
-        for line in env_sh.read_text().splitlines():
-            key, sep, value = line.removeprefix("export ").partition("=")
-            if sep and key.isidentifier() and "$" not in value:
-                env[key] = value.strip().strip("'\"")
+    env = testbed_env()
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", os.defpath)])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["PYTHONWARNINGS"] = "ignore"

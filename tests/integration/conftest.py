@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -18,25 +19,14 @@ import pytest
 
 from pipeswift_slurm.backends.slurm_cli import SubprocessRunner, parse_kv_line
 
-DEFAULT_TESTBED = "/tmp/pipeswift-testbed"
-
-
-def _env_file_vars(path: Path) -> dict[str, str]:
-    found = {}
-    for line in path.read_text().splitlines():
-        key, sep, value = line.removeprefix("export ").partition("=")
-        if sep and key.isidentifier() and "$" not in value:
-            found[key] = value.strip().strip("'\"")
-    return found
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
+from testbed_env import testbed_env  # noqa: E402  (tests/slurm/testbed_env.py)
 
 
 @pytest.fixture(scope="session")
 def slurm_env() -> dict[str, str]:
     """The environment for Slurm commands of the test cluster (skips if none answers)."""
-    env = dict(os.environ)
-    env_sh = Path(os.environ.get("SLURM_TESTBED_DIR", DEFAULT_TESTBED)) / "env.sh"
-    if env_sh.is_file():
-        env.update(_env_file_vars(env_sh))
+    env = testbed_env()
     if not env.get("SLURM_CONF") or not os.path.isfile(env["SLURM_CONF"]):
         pytest.skip("no Slurm test cluster: run tests/slurm/testbed.sh up (no env.sh / SLURM_CONF)")
     if not shutil.which("squeue"):

@@ -129,6 +129,20 @@ def test_dependency_same_job(front_end, tmp_path, submitted):
     assert _fields(got.stdout.decode().strip()) == _fields(want.stdout.decode().strip())
 
 
+def _submit_enriched(front_end, args, tmp_path, submitted, stdin=None):
+    """Submit a Megatron job that psbatch must enrich; returns (job id, the batch script
+    Slurm stored, the job's comment)."""
+    got = _submit(front_end, args, tmp_path, stdin)
+    assert got.returncode == 0 and got.stderr == b"", got.stderr
+    job_id = got.stdout.decode().strip()
+    submitted.append(job_id)
+    batch = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True,
+                           check=False).stdout
+    comment = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%k"], capture_output=True, text=True,
+                             check=False).stdout
+    return job_id, batch, comment
+
+
 @needs_slurm
 @pytest.mark.slurm
 def test_megatron_job_reaches_slurm_enriched(front_end, tmp_path, submitted):
@@ -136,15 +150,11 @@ def test_megatron_job_reaches_slurm_enriched(front_end, tmp_path, submitted):
             "torchrun --nproc-per-node 4 pretrain_gpt.py --num-layers 8 --hidden-size 256"
             " --num-attention-heads 8 --seq-length 256 --global-batch-size 16 --train-iters 10\n")
     (tmp_path / "train.sh").write_text(text)
-    got = _submit(front_end, ["-H", "--parsable", "--pipeswift-gpus=2-8", "train.sh"], tmp_path)
-    assert got.returncode == 0 and got.stderr == b"", got.stderr
-    job_id = got.stdout.decode().strip()
-    submitted.append(job_id)
+    job_id, batch, comment = _submit_enriched(front_end, ["-H", "--parsable", "--pipeswift-gpus=2-8", "train.sh"],
+                                              tmp_path, submitted)
     fields = _fields(job_id)
     assert fields["JobName"] == "train.sh" and fields["WorkDir"] == str(tmp_path)
-    batch = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False).stdout
     assert batch == text.replace("torchrun", "pipeswift-launch -- torchrun", 1)
-    comment = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%k"], capture_output=True, text=True, check=False).stdout
     assert comment.startswith("mine pswift1;args=") and "gpus=2-8" in comment
 
 
@@ -154,13 +164,9 @@ def test_megatron_stdin_job_reaches_slurm_enriched(front_end, tmp_path, submitte
     text = ("#!/bin/bash\n#SBATCH --gpus=2\n"
             "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4"
             " --seq-length 64 --global-batch-size 8\n")
-    got = _submit(front_end, ["-H", "--parsable", "-J", "fromstdin"], tmp_path, text.encode())
-    assert got.returncode == 0 and got.stderr == b"", got.stderr
-    job_id = got.stdout.decode().strip()
-    submitted.append(job_id)
-    batch = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False).stdout
+    _, batch, comment = _submit_enriched(front_end, ["-H", "--parsable", "-J", "fromstdin"], tmp_path, submitted,
+                                         text.encode())
     assert batch == text.replace("torchrun", "pipeswift-launch -- torchrun", 1)
-    comment = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%k"], capture_output=True, text=True, check=False).stdout
     assert comment.startswith("pswift1;args=")
 
 

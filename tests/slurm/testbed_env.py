@@ -1,0 +1,32 @@
+"""The Slurm test cluster's environment as tests and benches use it: this process's
+environment plus the plain ``KEY=value`` lines (``export`` optional) of
+``$SLURM_TESTBED_DIR/env.sh`` (default /tmp/pipeswift-testbed), which
+``tests/slurm/testbed.sh up`` writes. Read, never executed; lines that expand ``$`` are
+left out (the caller sets PATH itself)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+DEFAULT_TESTBED = "/tmp/pipeswift-testbed"
+
+
+def env_file_vars(path: Path) -> dict[str, str]:
+    """``KEY=value`` pairs of a shell env file, quotes stripped."""
+    found = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.removeprefix("export ").partition("=")
+        if sep and key.isidentifier() and "$" not in value:
+            found[key] = value.strip().strip("'\"")
+    return found
+
+
+def testbed_env(base: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """``base`` (default: os.environ) overlaid with the test cluster's env.sh, if any."""
+    env = dict(os.environ if base is None else base)
+    env_sh = Path(env.get("SLURM_TESTBED_DIR", DEFAULT_TESTBED)) / "env.sh"
+    if env_sh.is_file():
+        env.update(env_file_vars(env_sh))
+    return env
