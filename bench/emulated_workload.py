@@ -58,7 +58,7 @@ from pipeswift_slurm.hardware import builtin_gpu_types
 from pipeswift_slurm.megatron import profile_from_argv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "slurm"))
-from testbed_env import testbed_env  # noqa: E402  (tests/slurm/testbed_env.py)
+from testbed_env import cluster_env  # noqa: E402  (tests/slurm/testbed_env.py)
 
 BIN = Path(sys.executable).parent
 BASE_GPU = "A100-80GB"
@@ -286,7 +286,7 @@ def run_phase(mode: str, jobs: list[JobSpec], env: dict[str, str], work: Path, c
 
 
 def slurm_env() -> dict[str, str]:
-    env = testbed_env()
+    env = cluster_env()
     if not env.get("SLURM_CONF"):
         sys.exit("no Slurm test cluster: run tests/slurm/testbed.sh up and set SLURM_TESTBED_DIR")
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", os.defpath)])

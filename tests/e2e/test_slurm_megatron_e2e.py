@@ -45,7 +45,7 @@ if _MISSING:
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "slurm"))
-from testbed_env import testbed_env  # noqa: E402  (tests/slurm/testbed_env.py)
+from testbed_env import cluster_env  # noqa: E402  (tests/slurm/testbed_env.py)
 
 BIN = Path(sys.executable).parent  # `pip install -e .` put psbatch / pipeswift / pipeswift-launch here
 GPU_TYPE = "A100-80GB"
@@ -65,7 +65,7 @@ JOB_TIMEOUT_S = 150.0
 def _testbed_env() -> dict[str, str]:
     """This process's environment plus the test cluster's env.sh, with our python's bin dir
     first on PATH (the job inherits it: pipeswift-launch and torchrun must resolve there)."""
-    env = testbed_env()
+    env = cluster_env()
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", os.defpath)])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["PYTHONWARNINGS"] = "ignore"

@@ -20,13 +20,13 @@ import pytest
 from pipeswift_slurm.backends.slurm_cli import SubprocessRunner, parse_kv_line
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
-from testbed_env import testbed_env  # noqa: E402  (tests/slurm/testbed_env.py)
+from testbed_env import cluster_env  # noqa: E402  (tests/slurm/testbed_env.py)
 
 
 @pytest.fixture(scope="session")
 def slurm_env() -> dict[str, str]:
     """The environment for Slurm commands of the test cluster (skips if none answers)."""
-    env = testbed_env()
+    env = cluster_env()
     if not env.get("SLURM_CONF") or not os.path.isfile(env["SLURM_CONF"]):
         pytest.skip("no Slurm test cluster: run tests/slurm/testbed.sh up (no env.sh / SLURM_CONF)")
     if not shutil.which("squeue"):

@@ -23,7 +23,7 @@ def env_file_vars(path: Path) -> dict[str, str]:
     return found
 
 
-def testbed_env(base: Optional[dict[str, str]] = None) -> dict[str, str]:
+def cluster_env(base: Optional[dict[str, str]] = None) -> dict[str, str]:
     """``base`` (default: os.environ) overlaid with the test cluster's env.sh, if any."""
     env = dict(os.environ if base is None else base)
     env_sh = Path(env.get("SLURM_TESTBED_DIR", DEFAULT_TESTBED)) / "env.sh"
