@@ -1,6 +1,8 @@
-"""psbatch overhead: median wall time of N submissions with sbatch, the Python psbatch and
-the compiled psbatch front end (pipeswift_slurm/fast), for a Megatron script (enriched:
-parsed, validated, rewritten) and a plain one (passed through).
+"""psbatch overhead: median wall time of N submissions with sbatch, the Python psbatch,
+the compiled psbatch front end (pipeswift_slurm/fast) with its resident helper off, and
+with it running (pipeswift_slurm/psbatch_helper), for a Megatron script (enriched: parsed,
+validated, rewritten) and a plain one (passed through). Also the time of a Megatron
+submission that finds no helper (it goes through the Python psbatch and starts one).
 
 Needs a Slurm controller (tests/slurm/testbed.sh up; source its env.sh) and, for the
 compiled front end, a C compiler (it is built into a temporary folder). Jobs are submitted
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import shutil
@@ -37,9 +40,9 @@ PLAIN = "#!/bin/bash\n#SBATCH --gpus=1\n#SBATCH --time=10\nsrun hostname\n"
 GOAL_RATIO = 1.2
 
 
-def _time(cmd: list[str], cwd: Path, ids: list[str]) -> float:
+def _time(cmd: list[str], cwd: Path, ids: list[str], env: Optional[dict[str, str]] = None) -> float:
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, check=False)
     elapsed = time.perf_counter() - start
     if done.returncode:
         sys.exit("submission failed (%s): %s" % (" ".join(cmd), done.stderr.strip()))
@@ -61,6 +64,54 @@ def _fast_front_end(args: argparse.Namespace, folder: Path) -> Optional[str]:
         sys.exit("cannot build the compiled psbatch: %s (or pass --no-fast)" % exc)
 
 
+def _helper(command: str, folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeswift_slurm.psbatch_helper", command, "--dir", str(folder)],
+                          capture_output=True, text=True, check=False)
+
+
+def _stop_helper(folder: Path) -> None:
+    _helper("stop", folder)
+    deadline = time.monotonic() + 30
+    while (folder / "psbatch.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _first_submissions(fast: str, cwd: Path, ids: list[str], env: dict[str, str], folder: Path,
+                       rounds: int = 5) -> dict[str, float]:
+    """A Megatron submission that finds no helper: the Python psbatch, plus starting one.
+    Leaves a helper running."""
+    times = []
+    for _ in range(rounds):
+        _stop_helper(folder)
+        times.append(_time([fast, "-H", "megatron.sh"], cwd, ids, env))
+        deadline = time.monotonic() + 60
+        while _helper("status", folder).returncode and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return {"median_s": round(statistics.median(times), 5), "rounds": rounds}
+
+
+def _compare(variants: dict[str, tuple[list[str], dict[str, str]]], name: str, n: int, cwd: Path,
+             ids: list[str]) -> dict[str, object]:
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    names = list(variants)
+    for k in range(n):  # interleaved and rotated, so drift and order hit every variant alike
+        for variant in names[k % len(names):] + names[:k % len(names)]:
+            cmd, env = variants[variant]
+            times[variant].append(_time(cmd + ["-H", name + ".sh"], cwd, ids, env))
+    medians = {v: statistics.median(t) for v, t in times.items()}
+    sb = medians["sbatch"]
+    row: dict[str, object] = {"sbatch_median_s": round(sb, 5),
+                              "psbatch_median_s": round(medians["psbatch"], 5),
+                              "ratio": round(medians["psbatch"] / sb, 3)}
+    for variant, key in (("psbatch_fast", "fast"), ("psbatch_fast_helper", "fast_helper")):
+        if variant in medians:
+            row.update({variant + "_median_s": round(medians[variant], 5),
+                        key + "_ratio": round(medians[variant] / sb, 3),
+                        key + "_overhead_ms": round(1000 * (medians[variant] - sb), 2)})
+    row["goal_ratio"] = GOAL_RATIO
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("-n", type=int, default=30, help="submissions per variant")
@@ -74,30 +125,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         fast = _fast_front_end(args, cwd)
-        variants = {"sbatch": ["sbatch"], "psbatch": shlex.split(args.psbatch)}
+        helper_dir = cwd / "helper"
+        plain_env = dict(os.environ, PIPESWIFT_PSBATCH_HELPER="off")
+        helped_env = dict(os.environ, PIPESWIFT_PSBATCH_HELPER="on", PIPESWIFT_PSBATCH_HELPER_DIR=str(helper_dir))
+        variants = {"sbatch": (["sbatch"], plain_env), "psbatch": (shlex.split(args.psbatch), plain_env)}
         if fast:
-            variants["psbatch_fast"] = [fast]
+            variants["psbatch_fast"] = ([fast], plain_env)
+            variants["psbatch_fast_helper"] = ([fast], helped_env)
         result: dict[str, object] = {"n": args.n, "psbatch": args.psbatch, "psbatch_fast": fast}
         for name, text in (("megatron", MEGATRON), ("plain", PLAIN)):
             (cwd / (name + ".sh")).write_text(text)
-            times: dict[str, list[float]] = {v: [] for v in variants}
-            names = list(variants)
-            for k in range(args.n):  # interleaved and rotated, so drift and order hit every variant alike
-                for variant in names[k % len(names):] + names[:k % len(names)]:
-                    times[variant].append(_time(variants[variant] + ["-H", name + ".sh"], cwd, ids))
-            medians = {v: statistics.median(t) for v, t in times.items()}
-            sb = medians["sbatch"]
-            row: dict[str, object] = {"sbatch_median_s": round(sb, 5),
-                                      "psbatch_median_s": round(medians["psbatch"], 5),
-                                      "ratio": round(medians["psbatch"] / sb, 3)}
+        try:
             if fast:
-                row.update({"psbatch_fast_median_s": round(medians["psbatch_fast"], 5),
-                            "fast_ratio": round(medians["psbatch_fast"] / sb, 3),
-                            "fast_overhead_ms": round(1000 * (medians["psbatch_fast"] - sb), 2)})
-            row["goal_ratio"] = GOAL_RATIO
-            result[name] = row
-        for chunk in range(0, len(ids), 200):
-            subprocess.run(["scancel", *ids[chunk:chunk + 200]], capture_output=True, check=False)
+                result["megatron_no_helper_yet_s"] = _first_submissions(fast, cwd, ids, helped_env, helper_dir)
+            for name in ("megatron", "plain"):
+                result[name] = _compare(variants, name, args.n, cwd, ids)
+        finally:
+            if fast:
+                _stop_helper(helper_dir)
+            for chunk in range(0, len(ids), 200):
+                subprocess.run(["scancel", *ids[chunk:chunk + 200]], capture_output=True, check=False)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
 

@@ -20,15 +20,22 @@ from .cli import fail, pipeswift
               help="Where to write the binary (a folder gets 'psbatch' in it); replaced atomically.")
 @click.option("--cc", help="C compiler command [default: $CC, else cc].")
 @click.option("--python", "python", help="Interpreter that runs Megatron jobs' Python psbatch "
-              "[default: this one, %s]." % (sys.executable or "?"))
-def build_psbatch(out: str, cc: Optional[str], python: Optional[str]) -> None:
+              "and its resident helper [default: this one, %s]." % (sys.executable or "?"))
+@click.option("--helper/--no-helper", default=True, show_default=True,
+              help="Whether the resident helper answers Megatron jobs when $PIPESWIFT_PSBATCH_HELPER "
+              "does not say (off, 0, no or false: off; anything else: on).")
+def build_psbatch(out: str, cc: Optional[str], python: Optional[str], helper: bool) -> None:
     """Compile psbatch's fast front end: a drop-in psbatch that costs sbatch's time plus
-    well under a millisecond for jobs that are not Megatron jobs, and hands Megatron jobs
-    (and --pipeswift options) to the Python psbatch. Install it on PATH as psbatch."""
+    well under a millisecond for jobs that are not Megatron jobs. Megatron jobs (and
+    --pipeswift options) are decided by a per-user resident helper (started in the
+    background the first time, gone after 10 idle minutes: python -m
+    pipeswift_slurm.psbatch_helper status|stop), else by the Python psbatch. Install it on
+    PATH as psbatch."""
     from .fast.build import BuildError, build
 
     try:
-        path = build(out, cc=cc, python=python)
+        path = build(out, cc=cc, python=python, helper=helper)
     except BuildError as exc:
         fail(str(exc), exc.code)
-    click.echo("wrote %s (Megatron jobs run %s)" % (path, python or sys.executable))
+    click.echo("wrote %s (Megatron jobs run %s%s)" % (path, python or sys.executable,
+                                                      "" if helper else "; resident helper off"))

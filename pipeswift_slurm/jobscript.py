@@ -70,15 +70,28 @@ def _split_words(text: str) -> list[str]:
         return text.split("#", 1)[0].split()
 
 
+_OUTSIDE_QUOTES = re.compile(r"[\\'\"`#();&|]")  # the characters _scan_shell acts on
+_INSIDE_QUOTES = {'"': re.compile(r'[\\"]'), "'": re.compile("'"), "`": re.compile("`")}
+
+
 def _scan_shell(text: str) -> tuple[bool, list[int], str]:
     """Quote-aware pass over shell text: (incomplete?, segment starts, text without comments).
 
     Segments are split at top-level ``;``, ``&``, ``|`` (and ``&&``, ``||``). The text
     is incomplete when a quote, a ``(`` or a backslash-newline continues on the next line.
+    Runs of other characters are copied whole (psbatch's resident helper parses every
+    Megatron submission with this).
     """
     starts, keep = [0], []
     quote, depth, i, n = "", 0, 0, len(text)
     while i < n:
+        found = (_INSIDE_QUOTES[quote] if quote else _OUTSIDE_QUOTES).search(text, i)
+        if found is None:
+            keep.append(text[i:])
+            break
+        if found.start() > i:
+            keep.append(text[i:found.start()])
+            i = found.start()
         c = text[i]
         if quote:
             if c == "\\" and quote == '"' and i + 1 < n:
@@ -181,6 +194,17 @@ def _record_assignment(words: list[str], env: dict[str, list[str]]) -> bool:
     return True
 
 
+_SHLEX_WHITESPACE = re.compile(r"[^ \t\r\n]+")  # shlex's whitespace, not str.split's
+
+
+def shell_words(code: str) -> list[str]:
+    """``shlex.split(code)``; text with no quote or backslash is split without shlex's
+    character-by-character reader (the same words, far sooner)."""
+    if "'" in code or '"' in code or "\\" in code:
+        return shlex.split(code)
+    return _SHLEX_WHITESPACE.findall(code)
+
+
 def find_commands(lines: Sequence[str], environ: Optional[dict[str, str]] = None) -> list[Command]:
     """Every simple command of the script with its words (known variables expanded).
 
@@ -196,7 +220,7 @@ def find_commands(lines: Sequence[str], environ: Optional[dict[str, str]] = None
             segment = text[start:bounds[k + 1] - 1]
             code = _scan_shell(segment)[2].replace("\\\n", " ")
             try:
-                words = shlex.split(code)
+                words = shell_words(code)
             except ValueError:
                 continue
             if not words or _record_assignment(list(words), env):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 from .jobscript import find_training_command, megatron_words, read_header, rewrite_lines, routed
 from .jobscript import Command, LAUNCHER, MAX_LOGICAL_LINES, Script, find_commands  # noqa: F401
@@ -119,8 +119,13 @@ def find_sbatch(environ: dict[str, str]) -> Optional[str]:
     return None
 
 
+def warning_line(message: str) -> str:
+    """The one line psbatch writes when it submits a job unchanged."""
+    return "psbatch: warning: %s; submitted unchanged\n" % message
+
+
 def _warn(message: str) -> None:
-    sys.stderr.write("psbatch: warning: %s; submitted unchanged\n" % message)
+    sys.stderr.write(warning_line(message))
     sys.stderr.flush()
 
 
@@ -140,7 +145,8 @@ def _run(sbatch: str, argv: list[str], stdin: Optional[bytes], script: Optional[
             with open(path, "wb") as fh:
                 fh.write(text.encode("utf-8", "surrogateescape"))
             argv = argv[:index] + [path] + argv[index + 1:]
-        return subprocess.run(["sbatch"] + argv, executable=sbatch, input=stdin, check=False).returncode
+        rc = subprocess.run(["sbatch"] + argv, executable=sbatch, input=stdin, check=False).returncode
+        return rc if rc >= 0 else 128 - rc  # killed by a signal: as a shell reports it
     finally:
         if folder:
             for entry in os.listdir(folder):
@@ -178,13 +184,29 @@ def read_source(argv: Sequence[str], stdin: object) -> Source:
     return Source(text, data)
 
 
-def submit(raw: Sequence[str], environ: dict[str, str], stdin: object = None) -> int:
-    """Submit like sbatch, enriching a Megatron job; returns sbatch's exit code."""
+class Action(NamedTuple):
+    """What psbatch does, decided before anything runs: sbatch's argv (no argv[0]), the
+    bytes to give it on stdin (None: stdin as it is), the script to write to a temporary
+    file (argv index, file name, text) and a warning for stderr (``warning_line``).
+
+    The Python psbatch carries it out itself (``_run``); the compiled front end gets it
+    from the resident helper (``psbatch_helper``) and carries it out in C."""
+
+    argv: list[str]
+    stdin: Optional[bytes]
+    script: Optional[tuple[int, str, str]]
+    warning: Optional[str]
+
+
+def decide(raw: Sequence[str], environ: dict[str, str], read: Callable[[list[str]], Source]) -> Action:
+    """Decide the submission: ``raw`` is psbatch's argv, ``read`` gives the script of
+    sbatch's argv (own options removed) as ``read_source`` does. Never raises for a job:
+    anything psbatch cannot enrich is submitted as written, with a warning."""
     argv, pairs = list(raw), []
     warning, plan, source = None, None, Source(None, None)
     try:
         argv, pairs = strip_own_options(raw)
-        source = read_source(argv, stdin)
+        source = read(argv)
         if source.text is not None:
             plan = plan_job(argv, pairs, source.text, environ)
         elif pairs:
@@ -193,21 +215,28 @@ def submit(raw: Sequence[str], environ: dict[str, str], stdin: object = None) ->
         log.debug("psbatch could not enrich the job", exc_info=True)
         warning = _describe(exc)
         plan = None
+    if plan is None:
+        return Action(argv, source.stdin, None, warning)
+    scan = scan_argv(plan.argv)
+    text = plan.text or ""
+    if any(o.name == "wrap" for o in scan.opts):
+        return Action(plan.argv, None, None, warning)
+    if scan.script_index is None:
+        return Action(plan.argv, text.encode("utf-8", "surrogateescape"), None, warning)
+    name = os.path.basename(plan.argv[scan.script_index]) or "script"
+    return Action(plan.argv, None, (scan.script_index, name, text), warning)
+
+
+def submit(raw: Sequence[str], environ: dict[str, str], stdin: object = None) -> int:
+    """Submit like sbatch, enriching a Megatron job; returns sbatch's exit code."""
+    action = decide(raw, environ, lambda argv: read_source(argv, stdin))
     sbatch = find_sbatch(environ)
     if sbatch is None:
         sys.stderr.write("psbatch: error: sbatch not found (set PIPESWIFT_SBATCH or PATH)\n")
         return 127
-    if warning:
-        _warn(warning)
-    if plan is None:
-        return _run(sbatch, argv, source.stdin, None)
-    scan = scan_argv(plan.argv)
-    if scan.script_index is None or any(o.name == "wrap" for o in scan.opts):
-        stdin_bytes = None if any(o.name == "wrap" for o in scan.opts) else \
-            (plan.text or "").encode("utf-8", "surrogateescape")
-        return _run(sbatch, plan.argv, stdin_bytes, None)
-    name = os.path.basename(plan.argv[scan.script_index]) or "script"
-    return _run(sbatch, plan.argv, None, (scan.script_index, name, plan.text or ""))
+    if action.warning:
+        _warn(action.warning)
+    return _run(sbatch, action.argv, action.stdin, action.script)
 
 
 def _describe(exc: Exception) -> str:

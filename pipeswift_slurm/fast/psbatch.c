@@ -6,8 +6,12 @@
  * --wrap, else the script file, else stdin when sbatch would read it). When the text holds
  * none of psbatch's markers, it execs the real sbatch with argv unchanged (and, when it
  * read stdin, the same bytes on stdin). Otherwise, and whenever a --pipeswift option is
- * present, it execs the Python psbatch with the same argv and stdin, and the real sbatch
- * in $PIPESWIFT_SBATCH. The outcome is the Python psbatch's in every case.
+ * present, it asks psbatch's resident helper (pipeswift_slurm/psbatch_helper.py) what the
+ * Python psbatch would do, and does it: exec sbatch with the new argv, the rewritten script
+ * on stdin or in a temporary file. With no helper (the first time: it starts one in the
+ * background), or anything amiss, it execs the Python psbatch with the same argv and stdin,
+ * and the real sbatch in $PIPESWIFT_SBATCH. Nothing is submitted before that choice, so
+ * the outcome is the Python psbatch's in every case.
  *
  * Every table (sbatch's options, the markers, the size bound, messages, the interpreter)
  * comes from psbatch_tables.h, which pipeswift_slurm/fast/build.py generates from the
@@ -21,10 +25,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "psbatch_tables.h"
@@ -389,6 +398,362 @@ static char *sbatch_or_exit(const char *me)
     return sbatch;
 }
 
+/* ------------------------------------------------------------------ the resident helper */
+
+enum { HELPER_ABSENT = 1, HELPER_UNUSABLE = 2 };
+
+static int buf_add(struct buf *b, const void *data, size_t len)
+{
+    if (b->cap - b->len < len) {
+        size_t cap = b->cap ? b->cap : 4096;
+        char *grown;
+        while (cap - b->len < len)
+            cap *= 2;
+        grown = realloc(b->data, cap);
+        if (grown == NULL)
+            return -1;
+        b->data = grown;
+        b->cap = cap;
+    }
+    if (len)
+        memcpy(b->data + b->len, data, len);
+    b->len += len;
+    return 0;
+}
+
+/* psbatch_helper's record: a tag byte, a 4-byte big-endian length, the bytes. */
+static int put_record(struct buf *b, char tag, const char *data, size_t len)
+{
+    unsigned char head[5];
+    if (len > 0xffffffffUL)
+        return -1;
+    head[0] = (unsigned char)tag;
+    head[1] = (unsigned char)(len >> 24);
+    head[2] = (unsigned char)(len >> 16);
+    head[3] = (unsigned char)(len >> 8);
+    head[4] = (unsigned char)len;
+    return buf_add(b, head, sizeof head) || buf_add(b, data, len) ? -1 : 0;
+}
+
+/* $PIPESWIFT_PSBATCH_HELPER: off, 0, no or false turn it off; any other value on; unset
+ * or empty: as built (pipeswift build-psbatch --no-helper). */
+static int helper_enabled(void)
+{
+    const char *v = getenv("PIPESWIFT_PSBATCH_HELPER");
+    if (v == NULL || *v == '\0')
+        return PSB_HELPER_DEFAULT_ON;
+    return !(strcmp(v, "off") == 0 || strcmp(v, "0") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0);
+}
+
+/* psbatch_helper.helper_dir */
+static int helper_dir(char *out, size_t size)
+{
+    const char *dir = getenv("PIPESWIFT_PSBATCH_HELPER_DIR");
+    const char *runtime = getenv("XDG_RUNTIME_DIR");
+    int n;
+    if (dir && *dir)
+        n = snprintf(out, size, "%s", dir);
+    else if (runtime && runtime[0] == '/')
+        n = snprintf(out, size, "%s/pipeswift", runtime);
+    else
+        n = snprintf(out, size, "/tmp/pipeswift-%lu", (unsigned long)getuid());
+    return n > 0 && (size_t)n < size;
+}
+
+/* Mine, a folder, and nobody else's: 0 (missing: HELPER_ABSENT; else HELPER_UNUSABLE). */
+static int private_dir(const char *dir)
+{
+    struct stat st;
+    if (lstat(dir, &st) != 0)
+        return errno == ENOENT ? HELPER_ABSENT : HELPER_UNUSABLE;
+    return S_ISDIR(st.st_mode) && st.st_uid == getuid() && (st.st_mode & 077) == 0 ? 0 : HELPER_UNUSABLE;
+}
+
+/* Start the helper in the background, detached, for the next submissions. */
+static void start_helper(const char *dir)
+{
+    const char *args[16];
+    int n = 0, i;
+    pid_t pid;
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return;
+    if (private_dir(dir) != 0)
+        return;
+    args[n++] = PSB_PYTHON;
+    for (i = 0; psb_helper_flags[i] && n < 12; i++)
+        args[n++] = psb_helper_flags[i];
+    args[n++] = "serve";
+    args[n++] = "--dir";
+    args[n++] = dir;
+    args[n] = NULL;
+    pid = fork();
+    if (pid == 0) {
+        int fd, null = open("/dev/null", O_RDWR);
+        if (null < 0 || setsid() < 0 || chdir("/") != 0)
+            _exit(1);
+        if (fork() != 0)
+            _exit(0);
+        dup2(null, 0);
+        dup2(null, 1);
+        dup2(null, 2);
+        for (fd = 3; fd < 1024; fd++) /* keep no pipe of the caller's open */
+            close(fd);
+        execv(PSB_PYTHON, (char *const *)args);
+        _exit(127);
+    }
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
+}
+
+static int helper_connect(const char *dir)
+{
+    struct sockaddr_un addr;
+    struct timeval tv = {PSB_HELPER_TIMEOUT_S, 0};
+    struct ucred peer;
+    socklen_t len = sizeof peer;
+    int fd;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    if (snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%s", dir, PSB_HELPER_SOCKET) >= (int)sizeof addr.sun_path)
+        return -HELPER_UNUSABLE;
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -HELPER_UNUSABLE;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        int absent = errno == ENOENT || errno == ECONNREFUSED;
+        close(fd);
+        return absent ? -HELPER_ABSENT : -HELPER_UNUSABLE;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != getuid()) {
+        close(fd);
+        return -HELPER_UNUSABLE;
+    }
+    return fd;
+}
+
+/* What the helper said the Python psbatch would do. */
+struct answer {
+    char **argv;        /* argv[0] "sbatch", then the words; NULL-terminated */
+    int argc;
+    const char *warning, *in, *name, *script;
+    size_t warning_len, in_len, script_len;
+    int has_in, has_script;
+    long index;         /* argv index (without argv[0]) of the script to write */
+};
+
+static char *word(const char *data, size_t len)
+{
+    char *w;
+    if (memchr(data, '\0', len))
+        return NULL;
+    w = malloc(len + 1);
+    if (w) {
+        memcpy(w, data, len);
+        w[len] = '\0';
+    }
+    return w;
+}
+
+/* 0 when `b` is a whole, well-formed answer that does not say "fall back". */
+static int parse_answer(const struct buf *b, struct answer *a)
+{
+    size_t at = 0, cap = 16;
+    memset(a, 0, sizeof *a);
+    a->argv = malloc(cap * sizeof *a->argv);
+    if (a->argv == NULL)
+        return -1;
+    a->argv[a->argc++] = "sbatch";
+    a->index = -1;
+    for (;;) {
+        const unsigned char *head = (const unsigned char *)b->data + at;
+        size_t len;
+        const char *data;
+        if (b->len - at < 5)
+            return -1;
+        len = (size_t)head[1] << 24 | (size_t)head[2] << 16 | (size_t)head[3] << 8 | head[4];
+        if (b->len - at - 5 < len)
+            return -1;
+        data = b->data + at + 5;
+        at += 5 + len;
+        switch (head[0]) {
+        case 'z':
+            a->argv[a->argc] = NULL;
+            if (a->has_script && (a->index < 0 || a->index + 1 >= a->argc || a->name == NULL))
+                return -1;
+            return 0;
+        case 'x':
+            return -1;
+        case 'w':
+            a->warning = data;
+            a->warning_len = len;
+            break;
+        case 'a':
+            if ((size_t)a->argc + 2 > cap) {
+                char **grown = realloc(a->argv, (cap *= 2) * sizeof *a->argv);
+                if (grown == NULL)
+                    return -1;
+                a->argv = grown;
+            }
+            if ((a->argv[a->argc++] = word(data, len)) == NULL)
+                return -1;
+            break;
+        case 'i':
+            a->in = data;
+            a->in_len = len;
+            a->has_in = 1;
+            break;
+        case 'n': {
+            char *text = word(data, len), *end;
+            a->index = text ? strtol(text, &end, 10) : -1;
+            if (text == NULL || *text == '\0' || *end != '\0')
+                a->index = -1;
+            free(text);
+            break;
+        }
+        case 'f':
+            a->name = word(data, len);
+            if (a->name == NULL || strchr(a->name, '/') || strcmp(a->name, ".") == 0 ||
+                strcmp(a->name, "..") == 0 || *a->name == '\0')
+                return -1;
+            break;
+        case 's':
+            a->script = data;
+            a->script_len = len;
+            a->has_script = 1;
+            break;
+        default:
+            return -1;
+        }
+    }
+}
+
+/* The request: protocol, argv, environment, and the script text as read. */
+static int build_request(struct buf *req, int argc, char **argv, const char *text, size_t text_len)
+{
+    extern char **environ;
+    char **e;
+    int i;
+    if (put_record(req, 'v', PSB_HELPER_PROTOCOL, strlen(PSB_HELPER_PROTOCOL)))
+        return -1;
+    for (i = 1; i < argc; i++)
+        if (put_record(req, 'a', argv[i], strlen(argv[i])))
+            return -1;
+    for (e = environ; e && *e; e++)
+        if (put_record(req, 'e', *e, strlen(*e)))
+            return -1;
+    if (text && put_record(req, 't', text, text_len))
+        return -1;
+    return put_record(req, 'z', "", 0);
+}
+
+/* Write the rewritten script to a fresh temporary folder, run sbatch on it, clean up,
+ * and exit with sbatch's status (128 + signal when it was killed). Returns only when
+ * nothing was run. */
+static void run_with_script(const char *sbatch, struct answer *a)
+{
+    const char *tmp = getenv("TMPDIR");
+    char dir[PATH_MAX], path[PATH_MAX];
+    struct sigaction ignore, old_int, old_quit;
+    int fd, status, written;
+    pid_t pid;
+    if (tmp == NULL || *tmp == '\0')
+        tmp = "/tmp";
+    if (snprintf(dir, sizeof dir, "%s/psbatch-XXXXXX", tmp) >= (int)sizeof dir || mkdtemp(dir) == NULL)
+        return;
+    if (snprintf(path, sizeof path, "%s/%s", dir, a->name) >= (int)sizeof path) {
+        rmdir(dir);
+        return;
+    }
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    written = fd >= 0 && write_all(fd, a->script, a->script_len) == 0;
+    if (fd >= 0 && close(fd) != 0)
+        written = 0;
+    if (!written) {
+        unlink(path);
+        rmdir(dir);
+        return;
+    }
+    a->argv[a->index + 1] = path;
+    if (a->warning_len)
+        write_all(2, a->warning, a->warning_len);
+    memset(&ignore, 0, sizeof ignore);
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGINT, &ignore, &old_int); /* as system(3): the terminal's signals reach sbatch */
+    sigaction(SIGQUIT, &ignore, &old_quit);
+    pid = fork();
+    if (pid == 0) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGQUIT, &old_quit, NULL);
+        execv(sbatch, a->argv);
+        fprintf(stderr, "psbatch: error: cannot run %s: %s\n", sbatch, strerror(errno));
+        _exit(126);
+    }
+    while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    unlink(path);
+    rmdir(dir);
+    if (pid < 0) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGQUIT, &old_quit, NULL);
+        a->warning_len = 0; /* said once already */
+        return;
+    }
+    exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
+/* Ask the helper and carry out its answer (never returns then); returns 0 when the
+ * helper answered "fall back", HELPER_ABSENT when none runs, HELPER_UNUSABLE otherwise. */
+static int ask_helper(const char *dir, int argc, char **argv, const char *sbatch, const char *text,
+                      size_t text_len)
+{
+    struct buf req = {NULL, 0, 0}, ans = {NULL, 0, 0};
+    struct answer a;
+    int fd, why = private_dir(dir);
+    if (why)
+        return why;
+    fd = helper_connect(dir);
+    if (fd < 0)
+        return -fd;
+    if (build_request(&req, argc, argv, text, text_len) != 0 || write_all(fd, req.data, req.len) != 0 ||
+        read_all(fd, &ans, PSB_HELPER_MAX_ANSWER_BYTES) != 0 || ans.len > PSB_HELPER_MAX_ANSWER_BYTES) {
+        close(fd);
+        return HELPER_UNUSABLE;
+    }
+    close(fd);
+    free(req.data);
+    if (parse_answer(&ans, &a) != 0)
+        return 0;
+    if (a.has_script) {
+        run_with_script(sbatch, &a);
+        return HELPER_UNUSABLE;
+    }
+    if (a.has_in) {
+        struct buf in = {(char *)a.in, a.in_len, a.in_len};
+        if (restore_stdin(&in) != 0)
+            return HELPER_UNUSABLE;
+    }
+    if (a.warning_len)
+        write_all(2, a.warning, a.warning_len);
+    execv(sbatch, a.argv);
+    fprintf(stderr, "psbatch: error: cannot run %s: %s\n", sbatch, strerror(errno));
+    exit(126);
+}
+
+/* A job psbatch enriches: the helper's answer, else the Python psbatch. */
+static void hand_off(int argc, char **argv, const char *sbatch, const struct scan *s, const char *text,
+                     size_t text_len)
+{
+    char dir[PATH_MAX];
+    if (helper_enabled() && helper_dir(dir, sizeof dir)) {
+        int why = ask_helper(dir, argc, argv, sbatch, text, text_len);
+        if (why == HELPER_ABSENT && getenv("SLURM_JOB_ID") == NULL) /* none left behind in jobs */
+            start_helper(dir);
+    }
+    exec_python(argc, argv, sbatch, s);
+}
+
 int main(int argc, char **argv)
 {
     static char *no_args[] = {"psbatch", NULL};
@@ -398,7 +763,7 @@ int main(int argc, char **argv)
     struct buf in = {NULL, 0, 0};
     const char *text = NULL;
     size_t text_len = 0;
-    int consumed = 0, i;
+    int consumed = 0, own = 0, i;
     char *sbatch;
 
     if (argc < 1 || argv[0] == NULL) { /* exec'd with no argv at all */
@@ -415,8 +780,7 @@ int main(int argc, char **argv)
     }
     scan_argv(argc, argv, &s);
     for (i = 1; i < argc; i++)
-        if (s.own[i]) /* psbatch's own options (where strip_own_options finds them) */
-            exec_python(argc, argv, sbatch_or_exit(me), &s);
+        own |= s.own[i]; /* psbatch's own options (where strip_own_options finds them) */
 
     if (s.has_wrap) {
         text = s.wrap ? s.wrap : "";
@@ -449,8 +813,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "psbatch: error: cannot hand the script read from stdin to sbatch: %s\n", strerror(errno));
         return 1;
     }
-    if (text && has_marker(text, text_len))
-        exec_python(argc, argv, sbatch, &s);
+    if (own || (text && has_marker(text, text_len)))
+        hand_off(argc, argv, sbatch, &s, text, text_len);
     exec_sbatch(sbatch, argv);
     return 126;
 }

@@ -3,8 +3,9 @@ Slurm sees it), print the same thing (modulo job ids) and return the same exit c
 Megatron job reaches Slurm enriched; and random argument lists and scripts never make
 psbatch crash (fake sbatch for most examples, the real one for a handful).
 
-The real-Slurm tests run through both front ends: the Python psbatch and the compiled one
-(pipeswift_slurm/fast, built once per session; skipped only without a C compiler)."""
+The real-Slurm tests run through every front end: the Python psbatch, the compiled one
+(pipeswift_slurm/fast, built once per session; skipped only without a C compiler), and the
+compiled one answered by its resident helper (pipeswift_slurm/psbatch_helper)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from hypothesis import strategies as st
 from pipeswift_slurm import psbatch
 
 PSBATCH = [sys.executable, "-m", "pipeswift_slurm.psbatch"]
-FRONT_ENDS = ("python", "compiled")
+FRONT_ENDS = ("python", "compiled", "compiled+helper")
 VOLATILE = {"JobId", "ArrayJobId", "HetJobId", "SubmitTime", "EligibleTime", "AccrueTime", "StartTime",
             "EndTime", "LastSchedEval", "AllocNode:Sid", "Command", "StdErr", "StdOut", "StdIn", "Priority",
             "Dependency", "RunTime", "Reason", "JobState", "NodeList", "BatchHost", "SecsPreSuspend"}
@@ -47,22 +49,44 @@ def _fields(job_id: str) -> dict[str, str]:
     return {k: v for k, v in pairs if k not in VOLATILE}
 
 
-@pytest.fixture(scope="session")
-def compiled_psbatch(tmp_path_factory) -> list[str]:
-    """The compiled front end, built once per session."""
+def _build(folder: Path, **kw) -> str:
     from pipeswift_slurm.fast.build import BuildError, build, compiler
 
     try:
         compiler()
     except BuildError as exc:  # no C compiler here (tests/run-all.sh installs gcc)
         pytest.skip(str(exc))
-    return [str(build(tmp_path_factory.mktemp("psbatch-fast") / "psbatch"))]
+    return str(build(folder / "psbatch", **kw))
+
+
+@pytest.fixture(scope="session")
+def compiled_psbatch(tmp_path_factory) -> list[str]:
+    """The compiled front end, built once per session, with its resident helper off:
+    Megatron jobs go through the Python psbatch."""
+    return ["env", "PIPESWIFT_PSBATCH_HELPER=off", _build(tmp_path_factory.mktemp("psbatch-fast"))]
+
+
+@pytest.fixture(scope="session")
+def helped_psbatch(tmp_path_factory) -> list[str]:
+    """The compiled front end answered by a resident helper (started for the session).
+    Its Python is missing, so a job the helper did not serve would show a warning."""
+    exe = _build(tmp_path_factory.mktemp("psbatch-helped"), python="/nonexistent/python3", check_python=False)
+    folder = tmp_path_factory.mktemp("helper") / "h"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.psbatch_helper", "serve", "--dir", str(folder)])
+    deadline = time.monotonic() + 60
+    while not (folder / "psbatch.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield ["env", "PIPESWIFT_PSBATCH_HELPER=on", "PIPESWIFT_PSBATCH_HELPER_DIR=%s" % folder, exe]
+    proc.terminate()
+    proc.wait(timeout=30)
 
 
 @pytest.fixture(params=FRONT_ENDS)
 def front_end(request) -> list[str]:
-    """psbatch's command line: the Python one, or the compiled front end."""
-    return PSBATCH if request.param == "python" else request.getfixturevalue("compiled_psbatch")
+    """psbatch's command line: the Python one, the compiled front end, or the compiled
+    front end with its resident helper."""
+    return PSBATCH if request.param == "python" else request.getfixturevalue(
+        "compiled_psbatch" if request.param == "compiled" else "helped_psbatch")
 
 
 @pytest.fixture

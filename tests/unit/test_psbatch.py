@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pipeswift_slurm import psbatch
+from pipeswift_slurm import jobscript, psbatch
 from pipeswift_slurm.megatron import MegatronArgError
 from pipeswift_slurm.token import decode_profile
 
@@ -165,6 +168,67 @@ def test_rewrite_preserves_every_other_byte():
     plan = psbatch.plan_job(["x.sh"], [], text, {})
     assert plan is not None and plan.text is not None
     assert plan.text.replace("pipeswift-launch -- ", "", 1) == text
+
+
+# ---------------------------------------------------------------- the shell scanner
+
+
+def _reference_scan(text: str) -> tuple[bool, list[int], str]:
+    """jobscript._scan_shell as first written, one character at a time: the oracle for the
+    faster one (which copies runs of ordinary characters whole)."""
+    starts, keep = [0], []
+    quote, depth, i, n = "", 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if quote:
+            if c == "\\" and quote == '"' and i + 1 < n:
+                keep.append(text[i:i + 2])
+                i += 2
+                continue
+            if c == quote:
+                quote = ""
+        elif c == "\\":
+            if i + 1 >= n:
+                return True, starts, "".join(keep)
+            keep.append(text[i:i + 2])
+            i += 2
+            continue
+        elif c in "'\"`":
+            quote = c
+        elif c == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c in "(":
+            depth += 1
+        elif c == ")":
+            depth = max(0, depth - 1)
+        elif c in ";&|" and depth == 0:
+            while i + 1 < n and text[i + 1] in ";&|":
+                keep.append(c)
+                i += 1
+            starts.append(i + 1)
+        keep.append(c)
+        i += 1
+    return bool(quote) or depth > 0, starts, "".join(keep)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.text(alphabet="ab \t\n\\'\"`#();&|$=", max_size=40))
+def test_shell_scan_is_the_character_by_character_one(text):
+    assert jobscript._scan_shell(text) == _reference_scan(text)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.text(alphabet="ab \t\r\n\x0b\x0c\u00a0\u2003\\'\"#$=", max_size=30))
+def test_shell_words_are_shlex_words(text):
+    try:
+        want = shlex.split(text)
+    except ValueError:
+        with pytest.raises(ValueError):
+            jobscript.shell_words(text)
+    else:
+        assert jobscript.shell_words(text) == want
 
 
 # ---------------------------------------------------------------- submission (fake sbatch)

@@ -195,7 +195,7 @@ def _run(bins: Bins, front: list[str] | tuple[str, ...], args: list[str], stdin:
     if log.exists():
         log.unlink()
     run_env = _env(PIPESWIFT_SBATCH=bins.fake, FAKE_SBATCH_LOG=str(log), FAKE_SBATCH_TMP=str(bins.tmp),
-                   FAKE_SBATCH_RC=str(rc), TMPDIR=str(bins.tmp))
+                   FAKE_SBATCH_RC=str(rc), TMPDIR=str(bins.tmp), PIPESWIFT_PSBATCH_HELPER="off")
     run_env.pop("PIPESWIFT_DEBUG", None)
     run_env.update(env or {})
     for key in [k for k, v in run_env.items() if v is None]:
@@ -313,7 +313,8 @@ def test_terminal_stdin_is_not_read(bins, front):
         log = bins.tmp / "calls.log"
         if log.exists():
             log.unlink()
-        env = _env(PIPESWIFT_SBATCH=bins.fake, FAKE_SBATCH_LOG=str(log), TMPDIR=str(bins.tmp))
+        env = _env(PIPESWIFT_SBATCH=bins.fake, FAKE_SBATCH_LOG=str(log), TMPDIR=str(bins.tmp),
+                   PIPESWIFT_PSBATCH_HELPER="off")
         cmd = [bins.fast] if front == "fast" else list(PYTHON_PSBATCH)
         done = subprocess.run(cmd, stdin=follower, env=env, cwd=bins.work, capture_output=True, timeout=30,
                               check=False)
@@ -473,6 +474,200 @@ def test_same_outcome_as_the_python_psbatch(bins, args, job, stdin, rc):
     slow = _run(bins, PYTHON_PSBATCH, args, stdin, rc)
     assert fast == slow
     assert b"Traceback" not in fast.stderr
+
+
+# ---------------------------------------------------------------- the resident helper
+
+HELPER_MODULE = (sys.executable, "-m", "pipeswift_slurm.psbatch_helper")
+
+
+def _helper_env(folder: Path, **extra: str) -> dict[str, str]:
+    return {"PIPESWIFT_PSBATCH_HELPER": "on", "PIPESWIFT_PSBATCH_HELPER_DIR": str(folder), **extra}
+
+
+def _wait_for(check, timeout_s: float = 60.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _helper_cmd(command: str, folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*HELPER_MODULE, command, "--dir", str(folder)], env=_env(), capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def _serving(folder: Path) -> bool:
+    from pipeswift_slurm import psbatch_helper
+
+    return psbatch_helper.running_pid(str(folder)) is not None and (folder / "psbatch.sock").exists()
+
+
+@pytest.fixture(scope="module")
+def helper(bins) -> Path:
+    """A helper serving this checkout, for the module; stopped at the end."""
+    folder = bins.tmp.parent / "helper"
+    proc = subprocess.Popen([*HELPER_MODULE, "serve", "--dir", str(folder), "--idle-s", "600"], env=_env())
+    try:
+        assert _wait_for(lambda: _serving(folder)), "the helper did not start"
+        yield folder
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@needs_cc
+@settings(max_examples=2 * EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(args=_argv, job=_job, stdin=_stdin, rc=st.sampled_from([0, 0, 1]))
+def test_helper_answers_exactly_as_the_python_psbatch(bins, helper, args, job, stdin, rc):
+    """Through the helper, a front end that cannot start Python (any hand-off to Python
+    would show as a warning) hands sbatch what the Python psbatch would, every time."""
+    (bins.work / "job.sh").write_bytes(job)
+    got = _run(bins, [bins.no_python], args, stdin, rc, env=_helper_env(helper))
+    assert got == _run(bins, PYTHON_PSBATCH, args, stdin, rc)
+    assert b"cannot run the Python psbatch" not in got.stderr
+
+
+@needs_cc
+def test_helper_serves_megatron_jobs_and_own_options(bins, helper):
+    for args, stdin in [(["-p", "gpu", "meg.sh", "x"], b""), (["-J", "m"], MEGATRON),
+                        (["--pipeswift-gpus=2-8", "--parsable", "meg.sh"], b""), (["bad.sh"], b"")]:
+        if args == ["bad.sh"]:
+            (bins.work / "bad.sh").write_bytes(b"#!/bin/bash\npython pretrain_gpt.py --num-layers 3\n")
+        got = _run(bins, [bins.no_python], args, stdin, env=_helper_env(helper))
+        assert got == _run(bins, PYTHON_PSBATCH, args, stdin), args
+    [call] = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh", "x"], env=_helper_env(helper)).calls
+    assert call["argv"][0].startswith(b"--comment=pswift1;") and call["scripts"] == [ROUTED]
+    assert not [p for p in bins.tmp.iterdir() if p.name.startswith("psbatch-")]  # temp scripts removed
+
+
+@needs_cc
+def test_first_use_starts_a_helper_and_stop_ends_it(bins, tmp_path):
+    folder = tmp_path / "h"
+    first = _run(bins, [bins.fast], ["meg.sh"], env=_helper_env(folder))  # no helper yet: Python
+    assert first == _run(bins, PYTHON_PSBATCH, ["meg.sh"])
+    try:
+        assert _wait_for(lambda: _serving(folder)), "the front end did not start a helper"
+        assert (folder.stat().st_mode & 0o777) == 0o700
+        assert _run(bins, [bins.no_python], ["meg.sh"], env=_helper_env(folder)) == first
+        status = _helper_cmd("status", folder)
+        assert status.returncode == 0 and status.stdout.startswith("running (pid ")
+    finally:
+        stop = _helper_cmd("stop", folder)
+    assert stop.returncode == 0 and stop.stdout.startswith("stopped pid ")
+    assert _wait_for(lambda: not (folder / "psbatch.sock").exists())
+    assert _helper_cmd("status", folder).stdout.startswith("not running")
+
+
+@needs_cc
+@pytest.mark.parametrize("how", ["off", "unsafe_folder", "in_a_job", "stale_socket"])
+def test_no_helper_means_the_python_psbatch(bins, tmp_path, how):
+    """Off, a folder others can enter, or inside a Slurm job: no helper is asked or
+    started. A socket left by a dead helper: the Python psbatch, and a new helper."""
+    import socket
+
+    folder = tmp_path / "h"
+    env = _helper_env(folder)
+    if how == "off":
+        env["PIPESWIFT_PSBATCH_HELPER"] = "off"
+    elif how == "unsafe_folder":
+        folder.mkdir(mode=0o755)
+        folder.chmod(0o755)
+    elif how == "in_a_job":
+        env["SLURM_JOB_ID"] = "7"
+    else:
+        folder.mkdir(mode=0o700)
+        dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dead.bind(str(folder / "psbatch.sock"))
+        dead.close()
+    got = _run(bins, [bins.no_python], ["meg.sh"], env=env)
+    assert got.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")
+    assert got.calls == _sent(["meg.sh"], b"")
+    try:
+        assert _run(bins, [bins.fast], ["meg.sh"], env=env) == _run(bins, PYTHON_PSBATCH, ["meg.sh"])
+        if how == "stale_socket":
+            assert _wait_for(lambda: _serving(folder))
+        else:
+            import time
+
+            time.sleep(2.0)  # a helper, had one been started, binds within a second here
+            assert not (folder / "psbatch.sock").exists()
+    finally:
+        _helper_cmd("stop", folder)
+
+
+@needs_cc
+def test_a_helper_in_a_folder_others_can_enter_is_not_asked(bins, tmp_path):
+    folder = tmp_path / "h"
+    proc = subprocess.Popen([*HELPER_MODULE, "serve", "--dir", str(folder)], env=_env())
+    try:
+        assert _wait_for(lambda: _serving(folder))
+        assert _run(bins, [bins.no_python], ["meg.sh"], env=_helper_env(folder)).stderr == b""
+        folder.chmod(0o755)  # someone else could have put that socket there: not trusted
+        got = _run(bins, [bins.no_python], ["meg.sh"], env=_helper_env(folder))
+        assert got.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@needs_cc
+def test_built_without_the_helper_it_asks_only_when_told(bins, helper, tmp_path):
+    exe = str(fast_build.build(tmp_path / "psbatch", python="/nonexistent/python3", check_python=False,
+                               helper=False))
+    env = _helper_env(helper, PIPESWIFT_PSBATCH_HELPER="")
+    assert _run(bins, [exe], ["meg.sh"], env=env).stderr.startswith(b"psbatch: warning: cannot run the Python")
+    env["PIPESWIFT_PSBATCH_HELPER"] = "1"
+    assert _run(bins, [exe], ["meg.sh"], env=env) == _run(bins, PYTHON_PSBATCH, ["meg.sh"])
+
+
+@needs_cc
+def test_a_helper_that_never_answers_costs_a_timeout_not_the_job(bins, tmp_path):
+    import socket
+    import time
+
+    folder = tmp_path / "h"
+    folder.mkdir(mode=0o700)
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(str(folder / "psbatch.sock"))
+    mute.listen(4)
+    try:
+        start = time.monotonic()
+        got = _run(bins, [bins.fast], ["meg.sh"], env=_helper_env(folder))
+        waited_s = time.monotonic() - start
+    finally:
+        mute.close()
+    assert got == _run(bins, PYTHON_PSBATCH, ["meg.sh"])
+    assert waited_s >= 4.0  # the front end waited for the answer, then went to the Python psbatch
+
+
+def test_helper_answer_falls_back_on_another_checkout_or_new_code():
+    import socket
+
+    from pipeswift_slurm import psbatch_helper as ph
+
+    request = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"e", b"A=1"),
+               (b"t", MEGATRON)]
+    said = dict(ph.answer(request))
+    assert said[b"a"] == b"-H" and said[b"i"] == ROUTED  # the stdin script, routed
+    assert ph.answer([(b"v", os.fsencode(ph.protocol_id("/elsewhere")))] + request[1:]) == [(b"x", b"")]
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(ph.encode(request))
+        code = ph._Code()
+        code.stamp, code.checked_at = {"changed": 1}, 0.0
+        assert ph._serve_one(ours, code) is False  # the code changed under the helper
+        assert ph.read_records(theirs) == [(b"x", b"")]
+    with pytest.raises(ValueError):
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            theirs.sendall(ph.encode([(b"t", b"#" * 100)]))
+            ph.read_records(ours, limit=64)
 
 
 # ---------------------------------------------------------------- pipeswift build-psbatch

@@ -1,0 +1,325 @@
+"""psbatch's resident helper: Megatron submissions at sbatch's cost, without starting Python.
+
+Owns: a per-user process that the compiled psbatch front end (``fast/psbatch.c``) asks
+what to do with a Megatron job (``psbatch.decide``: the same function the Python psbatch
+runs) and the local socket protocol between them. The helper only decides; it never runs
+sbatch, never runs anything else, and never reads a file: the front end sends the argv,
+the environment and the script text it read, and carries out the answer itself (exec of
+sbatch, with a rewritten script on stdin or in a temporary file), so the job is submitted
+by the user's own process, with its limits, umask, session and signals, exactly as the
+Python psbatch would submit it.
+
+The front end starts the helper in the background the first time it needs one (that
+submission goes through the Python psbatch as before); the helper exits after
+``PIPESWIFT_PSBATCH_HELPER_IDLE_S`` seconds without a request (default 600), when the
+package's code changes under it, or on SIGTERM. ``PIPESWIFT_PSBATCH_HELPER=off`` turns it
+off. Its folder (``helper_dir``) must be the user's own and mode 0700; the helper also
+checks that each peer is the same user (SO_PEERCRED). Whenever anything is off (no
+helper, a timeout, a protocol or version mismatch, an error), the front end falls back to
+the Python psbatch: nothing was submitted yet, so a submission is never lost or doubled.
+
+Protocol (version ``PROTOCOL``): each side sends records, a tag byte, a 4-byte big-endian
+length and the bytes, ending with a ``z`` record.
+    request: ``v`` ``protocol_id``, ``a`` each argument after argv[0], ``e`` each ``NAME=value``,
+             ``t`` the script text as read (absent: unreadable or none).
+    answer:  ``x`` fall back to the Python psbatch; else ``w`` a warning line for stderr,
+             ``a`` each argument for sbatch, ``i`` bytes for sbatch's stdin, or ``n`` the
+             argv index, ``f`` the file name and ``s`` the text of a script to write.
+
+    python -m pipeswift_slurm.psbatch_helper {serve,status,stop} [--dir DIR] [--idle-s S]
+
+Must not import SQLAlchemy, click, the store or any backend (like psbatch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import logging
+import os
+import select
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from . import psbatch
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "pswift-psbatch-helper-1"
+SOCKET_NAME = "psbatch.sock"
+LOCK_NAME = "psbatch.lock"
+IDLE_S_DEFAULT = 600.0
+IO_TIMEOUT_S = 5.0
+MAX_REQUEST_BYTES = 16 << 20
+_HEAD = struct.Struct(">cI")
+_WARM_UP_SCRIPT = ("#!/bin/bash\n#SBATCH --gpus=2\ntorchrun pretrain_gpt.py --num-layers 4 --hidden-size 64"
+                   " --num-attention-heads 4 --seq-length 64 --global-batch-size 8\n")
+
+Record = tuple[bytes, bytes]
+
+
+class HelperError(Exception):
+    """The helper cannot serve from this folder (a one-line reason)."""
+
+
+def package_root() -> str:
+    """The folder holding this ``pipeswift_slurm`` package."""
+    return str(Path(psbatch.__file__).resolve().parent.parent)
+
+
+def protocol_id(root: Optional[str] = None) -> str:
+    """What both sides must send: the protocol and the package's folder, so a front end
+    built from one checkout is never answered by a helper running another."""
+    return "%s %s" % (PROTOCOL, root or package_root())
+
+
+def helper_dir(environ: dict[str, str], uid: int) -> str:
+    """The helper's folder: ``$PIPESWIFT_PSBATCH_HELPER_DIR``, else
+    ``$XDG_RUNTIME_DIR/pipeswift``, else ``/tmp/pipeswift-<uid>`` (the front end uses the
+    same rule)."""
+    if environ.get("PIPESWIFT_PSBATCH_HELPER_DIR"):
+        return environ["PIPESWIFT_PSBATCH_HELPER_DIR"]
+    runtime = environ.get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/"):
+        return os.path.join(runtime, "pipeswift")
+    return "/tmp/pipeswift-%d" % uid
+
+
+# ---------------------------------------------------------------- records
+
+
+def encode(records: Sequence[Record]) -> bytes:
+    return b"".join(_HEAD.pack(tag, len(data)) + data for tag, data in records) + _HEAD.pack(b"z", 0)
+
+
+def read_records(conn: socket.socket, limit: int = MAX_REQUEST_BYTES) -> list[Record]:
+    """Records up to the ``z`` one. Raises ValueError past ``limit`` bytes or on EOF."""
+    data = bytearray()
+    records: list[Record] = []
+    at = 0
+    while True:
+        while len(data) - at >= _HEAD.size:
+            tag, size = _HEAD.unpack_from(data, at)
+            if at + _HEAD.size + size > limit:
+                raise ValueError("request over %d bytes" % limit)
+            if tag == b"z":
+                return records
+            if len(data) - at - _HEAD.size < size:
+                break
+            records.append((tag, bytes(data[at + _HEAD.size:at + _HEAD.size + size])))
+            at += _HEAD.size + size
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            raise ValueError("connection closed mid-request")
+        data += chunk
+
+
+# ---------------------------------------------------------------- answers
+
+
+def answer(request: Sequence[Record]) -> list[Record]:
+    """The answer to one request: what the Python psbatch would do, or fall back."""
+    version = [data for tag, data in request if tag == b"v"]
+    if version != [os.fsencode(protocol_id())]:
+        return [(b"x", b"")]
+    argv = [os.fsdecode(data) for tag, data in request if tag == b"a"]
+    environ = {}
+    for tag, data in request:
+        if tag == b"e":
+            name, sep, value = os.fsdecode(data).partition("=")
+            if sep and name:
+                environ.setdefault(name, value)  # the first wins, as getenv(3) finds it
+    texts = [data for tag, data in request if tag == b"t"]
+    text = texts[0].decode("utf-8", "surrogateescape") if texts else None
+    action = psbatch.decide(argv, environ, lambda _argv: psbatch.Source(text, None))
+    out: list[Record] = []
+    if action.warning:
+        out.append((b"w", psbatch.warning_line(action.warning).encode("utf-8", "backslashreplace")))
+    out.extend((b"a", os.fsencode(word)) for word in action.argv)
+    if action.stdin is not None:
+        out.append((b"i", action.stdin))
+    if action.script is not None:
+        index, name, script = action.script
+        out += [(b"n", str(index).encode()), (b"f", os.fsencode(name)),
+                (b"s", script.encode("utf-8", "surrogateescape"))]
+    return out
+
+
+# ---------------------------------------------------------------- serving
+
+
+def _own_folder(folder: str) -> None:
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise HelperError("cannot create %s: %s" % (folder, exc.strerror)) from None
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise HelperError("%s is not a folder of this user with mode 0700; remove it or set "
+                          "PIPESWIFT_PSBATCH_HELPER_DIR" % folder)
+
+
+def _same_user(conn: socket.socket) -> bool:
+    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return uid == os.getuid()
+
+
+def _code_stamp() -> dict[str, int]:
+    """Modification times of this package's loaded modules (a new install stops the helper)."""
+    stamp = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.split(".")[0] == __name__.split(".")[0] and path:
+            try:
+                stamp[path] = os.stat(path).st_mtime_ns
+            except OSError:
+                stamp[path] = -1
+    return stamp
+
+
+class _Code:
+    """This package's code as the helper loaded it; ``changed()`` looks at most once a second."""
+
+    def __init__(self) -> None:
+        self.stamp = _code_stamp()
+        self.checked_at = time.monotonic()
+
+    def changed(self) -> bool:
+        now = time.monotonic()
+        if now - self.checked_at < 1.0:
+            return False
+        self.checked_at = now
+        return _code_stamp() != self.stamp
+
+
+def _serve_one(conn: socket.socket, code: _Code) -> bool:
+    """Answer one connection; False when the helper must stop (its code changed)."""
+    conn.settimeout(IO_TIMEOUT_S)
+    if not _same_user(conn):
+        return True
+    try:
+        request = read_records(conn)
+    except (OSError, ValueError):
+        return True
+    keep = not code.changed()
+    try:
+        reply = answer(request) if keep else [(b"x", b"")]
+    except Exception:  # decide() never raises for a job; anything else: the Python psbatch
+        log.debug("helper answer failed", exc_info=True)
+        reply = [(b"x", b"")]
+    try:
+        conn.sendall(encode(reply))
+    except OSError:
+        pass
+    return keep
+
+
+def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
+    """Serve until ``idle_s`` without a request; 0 also when another helper already serves."""
+    _own_folder(folder)
+    lock_fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return 0
+        raise
+    os.ftruncate(lock_fd, 0)
+    os.write(lock_fd, b"%d\n" % os.getpid())
+    path = os.path.join(folder, SOCKET_NAME)
+    if os.path.lexists(path):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_mask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_mask)
+    bound = os.lstat(path).st_ino
+    listener.listen(64)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    psbatch.decide(["-H"], {}, lambda _argv: psbatch.Source(_WARM_UP_SCRIPT, None))  # imports, caches
+    code = _Code()
+    try:
+        while select.select([listener], [], [], idle_s)[0]:
+            conn, _ = listener.accept()
+            with conn:
+                if not _serve_one(conn, code):
+                    break
+    finally:
+        try:
+            if os.lstat(path).st_ino == bound:
+                os.unlink(path)
+        except OSError:
+            pass
+        listener.close()
+    return 0
+
+
+def running_pid(folder: str) -> Optional[int]:
+    """The pid of the helper serving ``folder``, None when none does."""
+    try:
+        fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            return int(text) if text.isdigit() else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeswift_slurm.psbatch_helper",
+                                 description="psbatch's resident helper for the compiled front end.")
+    ap.add_argument("command", choices=("serve", "status", "stop"), nargs="?", default="status")
+    ap.add_argument("--dir", help="the helper's folder (default: as the front end finds it)")
+    ap.add_argument("--idle-s", type=float, help="seconds without a request before it exits "
+                    "(default: $PIPESWIFT_PSBATCH_HELPER_IDLE_S, else %g)" % IDLE_S_DEFAULT)
+    args = ap.parse_args(argv)
+    folder = args.dir or helper_dir(dict(os.environ), os.getuid())
+    if args.command == "serve":
+        idle_s = args.idle_s
+        if idle_s is None:
+            try:
+                idle_s = float(os.environ.get("PIPESWIFT_PSBATCH_HELPER_IDLE_S") or IDLE_S_DEFAULT)
+            except ValueError:
+                idle_s = IDLE_S_DEFAULT
+        try:
+            return serve(folder, idle_s)
+        except (HelperError, OSError) as exc:
+            sys.stderr.write("psbatch helper: error: %s\n" % exc)
+            return 2
+    pid = running_pid(folder)
+    if args.command == "status":
+        sys.stdout.write("running (pid %d) in %s\n" % (pid, folder) if pid else "not running (%s)\n" % folder)
+        return 0 if pid else 1
+    if pid:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        sys.stdout.write("stopped pid %d\n" % pid)
+    else:
+        sys.stdout.write("not running (%s)\n" % folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
