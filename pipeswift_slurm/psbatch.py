@@ -3,8 +3,10 @@
 Owns: the submission. It reads the script as sbatch would (``--wrap``, the script file or
 stdin); decides whether and how to enrich a Megatron job (``plan_job``): validating its
 arguments, recording its profile request in its Comment (``token.encode_profile``) and
-routing its training command through ``pipeswift-launch``; and runs the real ``sbatch``
-with stdout, stderr and exit code passed straight through. Reading sbatch's argv is
+routing its training command through ``pipeswift-launch``; the whole submission is
+decided first (``decide``, an ``Action``: also what psbatch's resident helper answers the
+compiled front end with); then it runs the real ``sbatch`` with stdout, stderr and exit
+code passed straight through. Reading sbatch's argv is
 ``sbatch_args``; reading the script's text is ``jobscript``. Everything it does not own
 reaches sbatch unchanged, and any failure of its own logic submits the job exactly as
 written, with one warning line.
@@ -202,7 +204,7 @@ def decide(raw: Sequence[str], environ: dict[str, str], read: Callable[[list[str
     """Decide the submission: ``raw`` is psbatch's argv, ``read`` gives the script of
     sbatch's argv (own options removed) as ``read_source`` does. Never raises for a job:
     anything psbatch cannot enrich is submitted as written, with a warning."""
-    argv, pairs = list(raw), []
+    argv, pairs = list(raw), []  # type: list[str], list[tuple[str, str]]
     warning, plan, source = None, None, Source(None, None)
     try:
         argv, pairs = strip_own_options(raw)

@@ -130,7 +130,7 @@ def answer(request: Sequence[Record]) -> list[Record]:
     if version != [os.fsencode(protocol_id())]:
         return [(b"x", b"")]
     argv = [os.fsdecode(data) for tag, data in request if tag == b"a"]
-    environ = {}
+    environ: dict[str, str] = {}
     for tag, data in request:
         if tag == b"e":
             name, sep, value = os.fsdecode(data).partition("=")
@@ -171,7 +171,7 @@ def _own_folder(folder: str) -> None:
 def _same_user(conn: socket.socket) -> bool:
     _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                           struct.calcsize("3i")))
-    return uid == os.getuid()
+    return bool(uid == os.getuid())
 
 
 def _code_stamp() -> dict[str, int]:
