@@ -6,7 +6,8 @@ Prints JSON: per (window, load) the metrics of each policy and the ratios the go
 stated in (pipeswift / slurm, / sjf, / tiresias mean JCT; P99 JCT of large jobs vs
 slurm; max wait vs the bound), plus medians over windows and in how many runs each goal
 holds. ``pipeswift`` runs as shipped (non-preemptive) and as ``pipeswift:preempt``
-(its switch-cost-gated preemption on, as a site that allows requeue would run it). Reads
+(its switch-cost-gated changes to running jobs on, ``preempt`` and ``reshape_running``,
+as a site that allows requeue would run it). Reads
 ``../shared/workloads/philly_dev.csv.gz`` when present (or ``--workload``).
 
 Usage: python bench/policy_comparison.py [--windows 10,30,50] [--days 7] [--loads 0.8,0.9]
@@ -28,9 +29,10 @@ from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "workloads" / "philly_dev.csv.gz"
 
 
-# pipeswift with its switch-cost-gated preemption on (off by default, like requeue at a site)
+# pipeswift with its switch-cost-gated changes to running jobs on: preemption and reshaping
+# (both off by default, like requeue at a site)
 PREEMPT = "pipeswift:preempt"
-VARIANTS = {PREEMPT: {"preempt": True}}
+VARIANTS = {PREEMPT: {"preempt": True, "reshape_running": True}}
 GOALS = {"mean_jct_vs_slurm": 0.5, "mean_jct_vs_sjf": 0.75, "mean_jct_vs_tiresias": 0.75, "p99_large_vs_slurm": 1.2}
 
 

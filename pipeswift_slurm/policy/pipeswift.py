@@ -18,9 +18,12 @@ Each tick (pure; only ``view.now`` as the clock):
 4. Levers: each pending job gets its SiteFactor from its rank, and when its chosen size
    or config differs, a resize (nodes x GPUs), the decision token and a time limit
    scaled by the predicted run-time ratio. Running jobs are never touched unless
-   ``reshape_running`` is on, and then only when no pending job waits, into GPUs left
-   idle beyond ``expand_reserve_fraction`` of the cluster, and when the predicted gain
-   exceeds the switch cost (a restart) by ``reshape_margin``.
+   ``reshape_running`` is on (off by default; needs requeue allowed), and then only when
+   no pending job waits, into GPUs left idle beyond ``expand_reserve_fraction`` of the
+   cluster, in a shape that fits now, for jobs that checkpoint, and when the predicted
+   gain exceeds the switch cost (a restart and the work since the last checkpoint) by
+   ``reshape_margin`` (``_reshapes``). It gives back their GPUs to multi-day jobs that a
+   crowded queue started small.
 Preemption (``preempt``, off by default; needs requeue allowed at the site): a long
 running job is requeued when the waiting saved by it exceeds what it loses (until the
 shorter jobs that start at once on its GPUs end, plus its restart and the work since its
@@ -38,6 +41,7 @@ Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chose
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Mapping, Optional
 
@@ -185,7 +189,7 @@ class PipeSwiftPolicy:
         for gone in [k for k in self._options if k not in live]:
             del self._options[gone]
         if not pending:
-            return self._reshapes(view, profiles, estimator, view.free_gpus - int(
+            return self._reshapes(view, profiles, estimator, free_by_node(view), view.free_gpus - int(
                 self.expand_reserve_fraction * view.total_gpus)) if self.reshape_running else []
         total = self._total = view.total_gpus
         cluster = (total, sum(1 for n in view.nodes if n.usable))
@@ -231,7 +235,7 @@ class PipeSwiftPolicy:
         nobody_waits = len(plans) == len(ordered) and all(p.start_s == now for p in plans.values())
         if self.reshape_running and nobody_waits:
             idle = sum(free) - int(self.expand_reserve_fraction * total)
-            out += self._reshapes(view, profiles, estimator, idle)
+            out += self._reshapes(view, profiles, estimator, free, idle)
         return out
 
     def _preemptions(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
@@ -313,36 +317,59 @@ class PipeSwiftPolicy:
     @staticmethod
     def _restart_cost_s(job: Job, profile: JobProfile, estimator: Any, now: float) -> float:
         """What a requeue costs a job besides waiting: its startup, and the work since its
-        last checkpoint: half a save interval on average, at most what it ran since its
-        last start."""
+        last checkpoint (``_lost_work_s``)."""
+        return float(estimator.startup_s(profile)) + PipeSwiftPolicy._lost_work_s(job, profile, estimator, now)
+
+    @staticmethod
+    def _lost_work_s(job: Job, profile: JobProfile, estimator: Any, now: float) -> float:
+        """The work a requeue loses: since the last checkpoint, half a save interval on
+        average, at most what the job ran since its last start."""
         config = current_config(job, profile)
         iter_s = float(estimator.run_time_s(profile, config, 1) - estimator.run_time_s(profile, config, 0))
         ran_s = now - (job.start_time if job.start_time is not None else now)
-        return float(estimator.startup_s(profile)) + min(ran_s, 0.5 * (profile.plan.save_interval or 0) * iter_s)
+        return min(ran_s, 0.5 * (profile.plan.save_interval or 0) * iter_s)
 
     def _reshapes(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
-                  idle_gpus: int) -> list[Decision]:
-        """Requeue a running flexible job when restarting it on its GPUs plus the idle ones
-        is predicted to finish sooner than continuing, by more than the switch cost (the
-        restart's startup is inside the new run time) times (1 + reshape_margin)."""
+                  free: list[int], idle_gpus: int) -> list[Decision]:
+        """Requeue a running flexible job into a bigger shape when that is predicted to
+        finish it sooner than continuing by more than the switch cost times (1 +
+        reshape_margin). The new run counts its startup and the work since the job's last
+        checkpoint (``_lost_work_s``); a job without checkpoints would start over and is
+        never reshaped. The new shape must fit now on whole nodes (``free``: GPUs free per
+        node after this tick's starts, updated here) plus the job's own GPUs: a requeued job
+        that cannot restart at once would be planned again, often smaller."""
         now, out = view.now, []
+        index = {n.name: i for i, n in enumerate(view.nodes)}
         for job in sorted(view.running, key=lambda j: j.job_id):
             profile = profiles.get(job.job_id)
-            if profile is None or not profile.flexible or idle_gpus <= 0 or job.start_time is None:
+            if profile is None or not profile.flexible or idle_gpus <= 0 or job.start_time is None \
+                    or not profile.plan.save_interval:
                 continue
             config = current_config(job, profile)
-            iter_s = estimator.run_time_s(profile, config, 1) - estimator.run_time_s(profile, config, 0)
-            elapsed_iters = max(0.0, (now - job.start_time - estimator.startup_s(profile)) / max(iter_s, 1e-9))
-            remaining = max(0, profile.plan.iterations - int(elapsed_iters))
-            left_s = remaining * iter_s
-            target = min(profile.gpu_range[1], job.gpus + idle_gpus)
-            best = estimator.best(profile, target)
-            if best is None or best.config.gpus <= job.gpus or best.config.num_nodes > len(view.nodes):
+            iter_s = max(1e-9, float(estimator.run_time_s(profile, config, 1) - estimator.run_time_s(profile, config, 0)))
+            left_s = predicted_end_s(job, profiles, estimator, now) - now
+            redo = math.ceil((left_s + self._lost_work_s(job, profile, estimator, now)) / iter_s)
+            trial = list(free)
+            for name in job.node_list:
+                if name in index:
+                    trial[index[name]] += job.gpus // len(job.node_list)
+            best: Optional[tuple[float, Any, list[int]]] = None
+            for gpus in range(min(profile.gpu_range[1], job.gpus + idle_gpus), job.gpus, -1):
+                est = estimator.best(profile, gpus)
+                nodes = fits_now(trial, est.config) if est is not None else None
+                if est is None or nodes is None:
+                    continue
+                new_s = float(estimator.run_time_s(profile, est.config, min(redo, profile.plan.iterations)))
+                if best is None or new_s < best[0]:
+                    best = (new_s, est.config, nodes)
+            if best is None or best[0] * (1 + self.reshape_margin) >= left_s:
                 continue
-            new_s = estimator.run_time_s(profile, best.config, remaining)
-            if new_s * (1 + self.reshape_margin) < left_s:
-                out.append(Decision(job.job_id, requeue=True, config=best.config, site_factor=self.site_factor_max,
-                                    reason="reshape to %d GPUs: %.0f s instead of %.0f s left"
-                                    % (best.config.gpus, new_s, left_s)))
-                idle_gpus -= best.config.gpus - job.gpus
+            new_s, new_config, nodes = best
+            for node in nodes:
+                trial[node] -= new_config.gpus_per_node
+            free[:] = trial
+            idle_gpus -= new_config.gpus - job.gpus
+            out.append(Decision(job.job_id, requeue=True, config=new_config, site_factor=self.site_factor_max,
+                                reason="reshape to %d GPUs: %.0f s instead of %.0f s left"
+                                % (new_config.gpus, new_s, left_s)))
         return out

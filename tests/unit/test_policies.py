@@ -5,6 +5,8 @@ views (hypothesis)."""
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import replace
 from typing import Any
 
@@ -397,6 +399,47 @@ def test_pipeswift_preemption_counts_the_queue_behind_the_packed_jobs() -> None:
     assert [d.job_id for d in many if d.requeue] == [1]
 
 
+def _small_running_job(busy: dict[int, int], nodes: int = 2,
+                       save_interval: int | None = 100) -> tuple[ClusterView, dict[int, Any]]:
+    """Job 1 (flexible 4-16 GPUs, 48 h on 4, checkpointing) runs on 4 GPUs of node1 since
+    1 h; ``busy`` GPUs per node index include its 4; nothing is pending."""
+    _, profile = _profile(4, 48.0, 8, gpu_range=(4, 16), save_interval=save_interval)
+    return _view(nodes, 8, [(1, "RUNNING", 4, 0.0, profile)], now=HOUR, busy=busy)
+
+
+def _fits_whole_nodes(config: Any, free: list[int]) -> bool:
+    return sum(1 for f in free if f >= config.gpus_per_node) >= config.num_nodes
+
+
+def test_pipeswift_reshapes_a_running_job_onto_idle_gpus_when_it_pays() -> None:
+    est = Estimator(COST, 8)
+    view, profiles = _small_running_job({0: 4})
+    assert get_policy("pipeswift").decide(view, profiles, est) == []  # off by default
+    [d] = get_policy("pipeswift", reshape_running=True).decide(view, profiles, est)
+    assert d.job_id == 1 and d.requeue and d.config is not None and 4 < d.config.gpus <= 16
+    assert megatron.check_config(profiles[1], d.config, 8) == []
+    new_s, left_s = (float(x) for x in re.findall(r"([\d.]+) s", d.reason))
+    assert new_s * 1.2 < left_s  # the gain beats the switch cost by the margin
+    assert left_s == pytest.approx(47 * HOUR, rel=0.01)
+    # the restart pays its startup and the work since the last checkpoint
+    assert new_s >= est.run_time_s(profiles[1], d.config, profiles[1].plan.iterations) * (left_s / (48 * HOUR)) * 0.99
+
+
+@pytest.mark.parametrize("busy, nodes, save_interval, reshaped", [
+    ({0: 4}, 2, None, False),            # no checkpoints: it would start over
+    ({0: 8, 1: 7, 2: 7}, 3, 100, False),  # 2 idle GPUs on two nodes: no bigger shape fits now
+    ({0: 4, 1: 5, 2: 5}, 3, 100, True),   # 10 idle GPUs: only shapes that fit now
+])
+def test_pipeswift_reshapes_only_checkpointing_jobs_into_shapes_that_fit_now(busy, nodes, save_interval,
+                                                                            reshaped) -> None:
+    view, profiles = _small_running_job(busy, nodes, save_interval)
+    decisions = get_policy("pipeswift", reshape_running=True).decide(view, profiles, Estimator(COST, 8))
+    assert len(decisions) == int(reshaped)
+    own = [4] + [0] * (nodes - 1)
+    free = [8 - busy.get(i, 0) + own[i] for i in range(nodes)]
+    assert all(d.config is not None and _fits_whole_nodes(d.config, free) for d in decisions)
+
+
 def test_queued_time_leaves_out_earlier_runs() -> None:
     job = Job(1, "PENDING", 0.0, gpus=4, attained_gpu_s=4 * 3 * HOUR, restarts=1)
     assert job.wait_s(5 * HOUR) == 5 * HOUR
@@ -445,7 +488,7 @@ def test_decisions_respect_the_invariants(name: str, data: tuple[ClusterView, di
     view, profiles, gpn = data
     est = Estimator(COST, gpn)
     base, _, variant = name.partition(":")
-    knobs = {"preempt": True} if variant == "preempt" else {}
+    knobs = {"preempt": True, "reshape_running": True} if variant == "preempt" else {}
     decisions = get_policy(base, **knobs).decide(view, profiles, est)
     again = get_policy(base, **knobs).decide(view, profiles, est)
     assert decisions == again  # same input, same output
@@ -455,8 +498,12 @@ def test_decisions_respect_the_invariants(name: str, data: tuple[ClusterView, di
         job = by_id[d.job_id]
         assert d.job_id in profiles
         if job.running:
-            assert d.config is None and d.time_limit_s is None  # running jobs are never resized
             assert d.requeue and name in ("tiresias", "pipeswift:preempt")  # only preempting policies touch them
+            assert d.time_limit_s is None
+            if d.config is not None:  # a reshape: it restarts at once, from its last checkpoint
+                assert name == "pipeswift:preempt" and profiles[d.job_id].plan.save_interval
+                assert d.config.gpus > job.gpus
+                start_now += d.config.gpus
             freed += job.gpus
         if d.config is not None:
             c, profile = d.config, profiles[d.job_id]

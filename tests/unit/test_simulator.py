@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 HOUR = 3600.0
 POLICIES = ("fifo", "slurm", "sjf", "tiresias", "pipeswift", "pipeswift:preempt")
 NON_PREEMPTIVE = ("fifo", "slurm", "sjf", "pipeswift")
-VARIANTS = {"pipeswift:preempt": ("pipeswift", {"preempt": True})}
+VARIANTS = {"pipeswift:preempt": ("pipeswift", {"preempt": True, "reshape_running": True})}
 
 
 def make_policy(name: str) -> Any:
@@ -313,6 +313,9 @@ def _run_checked(nodes: int, gpn: int, jobs: list[WorkloadJob], policy_name: str
         start_now = sum((d.config.gpus if d.config is not None else by_id[d.job_id].gpus) for d in decisions
                         if d.predicted_start_s == view.now and not d.requeue and d.job_id in by_id
                         and by_id[d.job_id].pending)
+        # a reshaped running job restarts at once in its new shape
+        start_now += sum(d.config.gpus for d in decisions if d.requeue and d.config is not None
+                         and d.job_id in by_id and by_id[d.job_id].running)
         freed = sum(by_id[d.job_id].gpus for d in decisions if d.requeue and d.job_id in by_id
                     and by_id[d.job_id].running)
         if start_now > view.free_gpus + freed:
@@ -320,7 +323,8 @@ def _run_checked(nodes: int, gpn: int, jobs: list[WorkloadJob], policy_name: str
                             % (now, start_now, view.free_gpus, freed))
         for d in decisions:
             job = by_id.get(d.job_id)
-            if job is not None and job.running and d.config is not None:
+            if job is not None and job.running and d.config is not None and not (
+                    d.requeue and policy_name == "pipeswift:preempt" and d.config.gpus > job.gpus):
                 problems.append("t=%s: decision resizes running job %d" % (now, d.job_id))
             if d.config is not None:
                 c = d.config
