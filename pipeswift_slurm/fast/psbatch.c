@@ -686,18 +686,15 @@ static void run_with_script(const char *sbatch, struct answer *a)
     if (pid == 0) {
         sigaction(SIGINT, &old_int, NULL);
         sigaction(SIGQUIT, &old_quit, NULL);
-        execv(sbatch, a->argv);
-        fprintf(stderr, "psbatch: error: cannot run %s: %s\n", sbatch, strerror(errno));
-        _exit(126);
+        exec_sbatch(sbatch, a->argv);
     }
     while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     unlink(path);
     rmdir(dir);
-    if (pid < 0) {
+    if (pid < 0) { /* the Python psbatch takes over (and says the warning again) */
         sigaction(SIGINT, &old_int, NULL);
         sigaction(SIGQUIT, &old_quit, NULL);
-        a->warning_len = 0; /* said once already */
         return;
     }
     exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
@@ -736,9 +733,8 @@ static int ask_helper(const char *dir, int argc, char **argv, const char *sbatch
     }
     if (a.warning_len)
         write_all(2, a.warning, a.warning_len);
-    execv(sbatch, a.argv);
-    fprintf(stderr, "psbatch: error: cannot run %s: %s\n", sbatch, strerror(errno));
-    exit(126);
+    exec_sbatch(sbatch, a.argv);
+    return HELPER_UNUSABLE; /* not reached */
 }
 
 /* A job psbatch enriches: the helper's answer, else the Python psbatch. */

@@ -189,8 +189,7 @@ class PipeSwiftPolicy:
         for gone in [k for k in self._options if k not in live]:
             del self._options[gone]
         if not pending:
-            return self._reshapes(view, profiles, estimator, free_by_node(view), view.free_gpus - int(
-                self.expand_reserve_fraction * view.total_gpus)) if self.reshape_running else []
+            return self._reshapes(view, profiles, estimator, free_by_node(view)) if self.reshape_running else []
         total = self._total = view.total_gpus
         cluster = (total, sum(1 for n in view.nodes if n.usable))
         opts = {j.job_id: self.options(j, profiles[j.job_id], estimator, cluster) for j in pending}
@@ -234,8 +233,7 @@ class PipeSwiftPolicy:
         out += preempted
         nobody_waits = len(plans) == len(ordered) and all(p.start_s == now for p in plans.values())
         if self.reshape_running and nobody_waits:
-            idle = sum(free) - int(self.expand_reserve_fraction * total)
-            out += self._reshapes(view, profiles, estimator, free, idle)
+            out += self._reshapes(view, profiles, estimator, free)
         return out
 
     def _preemptions(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
@@ -330,17 +328,20 @@ class PipeSwiftPolicy:
         return min(ran_s, 0.5 * (profile.plan.save_interval or 0) * iter_s)
 
     def _reshapes(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
-                  free: list[int], idle_gpus: int) -> list[Decision]:
+                  free: list[int]) -> list[Decision]:
         """Requeue a running flexible job into a bigger shape when that is predicted to
         finish it sooner than continuing by more than the switch cost times (1 +
         reshape_margin). The new run counts its startup and the work since the job's last
         checkpoint (``_lost_work_s``); a job without checkpoints would start over and is
         never reshaped. The new shape must fit now on whole nodes (``free``: GPUs free per
         node after this tick's starts, updated here) plus the job's own GPUs: a requeued job
-        that cannot restart at once would be planned again, often smaller."""
+        that cannot restart at once would be planned again, often smaller. GPUs beyond
+        ``expand_reserve_fraction`` of the cluster stay idle for new jobs."""
         now, out = view.now, []
         index = {n.name: i for i, n in enumerate(view.nodes)}
+        reserve = int(self.expand_reserve_fraction * view.total_gpus)
         for job in sorted(view.running, key=lambda j: j.job_id):
+            idle_gpus = sum(free) - reserve
             profile = profiles.get(job.job_id)
             if profile is None or not profile.flexible or idle_gpus <= 0 or job.start_time is None \
                     or not profile.plan.save_interval:
@@ -368,7 +369,6 @@ class PipeSwiftPolicy:
             for node in nodes:
                 trial[node] -= new_config.gpus_per_node
             free[:] = trial
-            idle_gpus -= new_config.gpus - job.gpus
             out.append(Decision(job.job_id, requeue=True, config=new_config, site_factor=self.site_factor_max,
                                 reason="reshape to %d GPUs: %.0f s instead of %.0f s left"
                                 % (new_config.gpus, new_s, left_s)))
