@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import errno
 import fcntl
+import functools
 import logging
 import os
 import select
@@ -69,8 +70,10 @@ class HelperError(Exception):
     """The helper cannot serve from this folder (a one-line reason)."""
 
 
+@functools.lru_cache(maxsize=1)
 def package_root() -> str:
-    """The folder holding this ``pipeswift_slurm`` package."""
+    """The folder holding this ``pipeswift_slurm`` package (resolved once: every request
+    checks the protocol id)."""
     return str(Path(psbatch.__file__).resolve().parent.parent)
 
 

@@ -262,6 +262,9 @@ def test_reshaping_tick_grows_a_running_checkpointing_job_onto_idle_gpus(
     args[args.index("--train-iters") + 1] = "1000000"
     args += ["--save", "-", "--load", "-", "--save-interval", "100"]
     grow = token.encode_profile(token.ProfileRequest(tuple(args), gpus=(4, 16)))
+    deadline = time.monotonic() + 60  # earlier tests' jobs may still be ending: the GPUs must stay free
+    while slurm(["squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING"]).strip() and time.monotonic() < deadline:
+        time.sleep(0.5)
     job_id = submit_job("-N1", "--gpus-per-node=4", "--requeue", "-J", "grow", "--comment", grow)
     wait_state(job_id, "RUNNING", 30)
 
@@ -275,16 +278,10 @@ def test_reshaping_tick_grows_a_running_checkpointing_job_onto_idle_gpus(
     assert config.short() == row["config"]
     assert after["TresPerNode"] == "gres:gpu:%d" % row["gpus_per_node"]
     # (NumNodes still shows the old allocation's count until the job runs again.) Slurm
-    # makes a requeued job wait two minutes before it is eligible; the test skips that, again
-    # if the end of the requeue set the delay after the first skip.
-    deadline = time.monotonic() + 240
-    running = job_fields(job_id)
-    while running["JobState"] != "RUNNING" and time.monotonic() < deadline:
-        if running["JobState"] == "PENDING" and running.get("Reason") == "BeginTime":
-            slurm(["scontrol", "update", "JobId=%d" % job_id, "StartTime=now"])
-        time.sleep(1.0)
-        running = job_fields(job_id)
-    assert running["JobState"] == "RUNNING", running
+    # makes a requeued job wait two minutes before it is eligible again. Skipping that with
+    # StartTime=now made the restarted job fail now and then (its first run still ending on
+    # the node), so the test waits.
+    running = wait_state(job_id, "RUNNING", 240)
     assert running["NumNodes"] == str(row["num_nodes"]) and running["Restarts"] == "1"
     assert running["TresPerNode"] == "gres:gpu:%d" % row["gpus_per_node"]
     detail = slurm(["scontrol", "-d", "-o", "show", "job", str(job_id)])
