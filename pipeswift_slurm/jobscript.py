@@ -65,7 +65,7 @@ def _pswift_pairs(text: str) -> list[tuple[str, str]]:
 
 def _split_words(text: str) -> list[str]:
     try:
-        return shlex.split(text, comments=True)
+        return shell_words(text) if "#" not in text else shlex.split(text, comments=True)
     except ValueError:
         return text.split("#", 1)[0].split()
 
@@ -144,15 +144,22 @@ _NOT_COMMANDS = frozenset("echo printf export declare local readonly typeset set
 
 def logical_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
     """(first physical line, text) of each shell command line; heredoc bodies skipped."""
-    out: list[tuple[int, str]] = []
+    return [(first, text) for first, text, _ in _scanned_lines(lines)]
+
+
+def _scanned_lines(lines: Sequence[str]) -> list[tuple[int, str, tuple[bool, list[int], str]]]:
+    """``logical_lines`` with each one's ``_scan_shell``."""
+    out: list[tuple[int, str, tuple[bool, list[int], str]]] = []
     i = 0
     while i < len(lines):
         text, j = lines[i], i + 1
-        while _scan_shell(text)[0] and j < len(lines) and j - i < MAX_LOGICAL_LINES:
+        scan = _scan_shell(text)
+        while scan[0] and j < len(lines) and j - i < MAX_LOGICAL_LINES:
             text += "\n" + lines[j]
             j += 1
-        out.append((i, text))
-        heredoc = _HEREDOC_RE.search(text) if "<<<" not in text else None
+            scan = _scan_shell(text)
+        out.append((i, text, scan))
+        heredoc = _HEREDOC_RE.search(text) if "<<" in text and "<<<" not in text else None
         if heredoc:
             while j < len(lines) and lines[j].strip() != heredoc.group(1):
                 j += 1
@@ -161,20 +168,38 @@ def logical_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
     return out
 
 
-def _expand(words: Sequence[str], env: dict[str, list[str]]) -> list[str]:
+class _Vars:
+    """Shell variables as psbatch knows them: the script's plain assignments, over the
+    submit environment (an unquoted ``$X`` splits on blanks; split only when used)."""
+
+    def __init__(self, environ: Optional[dict[str, str]]) -> None:
+        self.assigned: dict[str, list[str]] = {}
+        self.environ = environ or {}
+
+    def get(self, name: str) -> Optional[list[str]]:
+        words = self.assigned.get(name)
+        if words is None and name in self.environ:
+            words = self.environ[name].split()
+        return words
+
+
+def _expand(words: Sequence[str], env: _Vars) -> list[str]:
     """Substitute known variables: a word that is exactly ``$X`` becomes X's words."""
     out: list[str] = []
     for word in words:
+        if "$" not in word:
+            out.append(word)
+            continue
         m = _VAR_RE.fullmatch(word)
-        name = m and (m.group(1) or m.group(2))
-        if name and name in env:
-            out.extend(env[name])
+        known = env.get(m.group(1) or m.group(2)) if m else None
+        if known is not None:
+            out.extend(known)
         else:
-            out.append(_VAR_RE.sub(lambda v: " ".join(env.get(v.group(1) or v.group(2), [v.group(0)])), word))
+            out.append(_VAR_RE.sub(lambda v: " ".join(env.get(v.group(1) or v.group(2)) or [v.group(0)]), word))
     return out
 
 
-def _record_assignment(words: list[str], env: dict[str, list[str]]) -> bool:
+def _record_assignment(words: list[str], env: _Vars) -> bool:
     """Remember ``X=value``, ``export X=value`` and ``X=( ... )``; True if the line is one."""
     while words and words[0] in ("export", "declare", "local", "readonly", "typeset"):
         words = [w for w in words[1:] if not w.startswith("-")]
@@ -186,23 +211,46 @@ def _record_assignment(words: list[str], env: dict[str, list[str]]) -> bool:
         items = [first[1:]] + words[1:]
         if items and items[-1].endswith(")"):
             items[-1] = items[-1][:-1]
-        env[name] = _expand([w for w in items if w], env)
+        env.assigned[name] = _expand([w for w in items if w], env)
     elif len(words) == 1:
-        env[name] = _expand(first.split(), env)
+        env.assigned[name] = _expand(first.split(), env)
     else:
         return False  # X=1 cmd ...: an assignment for one command
     return True
 
 
-_SHLEX_WHITESPACE = re.compile(r"[^ \t\r\n]+")  # shlex's whitespace, not str.split's
+# shlex.split's words (POSIX mode) as whole-word regexes: runs of plain characters,
+# backslash escapes, single-quoted and double-quoted runs; its whitespace is " \t\r\n"
+_WORD_RE = re.compile(r"""(?:[^ \t\r\n'"\\]+|\\.|'[^']*'|"(?:[^"\\]|\\.)*")+""", re.S)
+_BARE_RE = re.compile(r"""[^ \t\r\n'"\\]+""")
+_PIECE_RE = re.compile(r"""\\(.)|'([^']*)'|"((?:[^"\\]|\\.)*)"|([^'"\\]+)""", re.S)
+_DQ_ESCAPE_RE = re.compile(r'\\([\\"])')  # inside "...", a backslash escapes only " and itself
+_NOT_BLANK_RE = re.compile(r"[^ \t\r\n]")
+
+
+def _unquote(word: str) -> str:
+    if not ("'" in word or '"' in word or "\\" in word):
+        return word
+    out = []
+    for m in _PIECE_RE.finditer(word):
+        escaped, single, double, bare = m.groups()
+        if double is not None:
+            out.append(_DQ_ESCAPE_RE.sub(r"\1", double))
+        else:
+            out.append(escaped if escaped is not None else single if single is not None else bare)
+    return "".join(out)
 
 
 def shell_words(code: str) -> list[str]:
-    """``shlex.split(code)``; text with no quote or backslash is split without shlex's
-    character-by-character reader (the same words, far sooner)."""
-    if "'" in code or '"' in code or "\\" in code:
-        return shlex.split(code)
-    return _SHLEX_WHITESPACE.findall(code)
+    """``shlex.split(code)`` (the same words and the same ValueError), found by regexes
+    instead of shlex's character-by-character reader: psbatch's resident helper splits
+    every line of every Megatron submission with this."""
+    if not ("'" in code or '"' in code or "\\" in code):
+        return _BARE_RE.findall(code)
+    words = _WORD_RE.findall(code)
+    if _NOT_BLANK_RE.search(_WORD_RE.sub("", code)):  # an unclosed quote or a trailing backslash
+        return shlex.split(code)  # raises shlex's own ValueError
+    return [_unquote(w) for w in words]
 
 
 def find_commands(lines: Sequence[str], environ: Optional[dict[str, str]] = None) -> list[Command]:
@@ -211,14 +259,13 @@ def find_commands(lines: Sequence[str], environ: Optional[dict[str, str]] = None
     Variables come from the script's own plain assignments and from ``environ`` (the
     submit environment, which the job inherits); others stay as written. Nothing runs.
     """
-    env = {k: v.split() for k, v in (environ or {}).items()}  # unquoted $X splits on blanks
+    env = _Vars(environ)
     out: list[Command] = []
-    for first, text in logical_lines(lines):
-        _, starts, _ = _scan_shell(text)
+    for first, text, (_, starts, kept) in _scanned_lines(lines):
         bounds = starts + [len(text) + 1]
         for k, start in enumerate(starts):
             segment = text[start:bounds[k + 1] - 1]
-            code = _scan_shell(segment)[2].replace("\\\n", " ")
+            code = (kept if len(starts) == 1 else _scan_shell(segment)[2]).replace("\\\n", " ")
             try:
                 words = shell_words(code)
             except ValueError:

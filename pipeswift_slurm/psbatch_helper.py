@@ -58,6 +58,7 @@ SOCKET_NAME = "psbatch.sock"
 LOCK_NAME = "psbatch.lock"
 IDLE_S_DEFAULT = 600.0
 IO_TIMEOUT_S = 5.0
+CODE_CHECK_S = 1.0
 MAX_REQUEST_BYTES = 16 << 20
 _HEAD = struct.Struct(">cI")
 _WARM_UP_SCRIPT = ("#!/bin/bash\n#SBATCH --gpus=2\ntorchrun pretrain_gpt.py --num-layers 4 --hidden-size 64"
@@ -191,7 +192,8 @@ def _code_stamp() -> dict[str, int]:
 
 
 class _Code:
-    """This package's code as the helper loaded it; ``changed()`` looks at most once a second."""
+    """This package's code as the helper loaded it; ``changed()`` looks at most once every
+    ``CODE_CHECK_S``."""
 
     def __init__(self) -> None:
         self.stamp = _code_stamp()
@@ -199,24 +201,23 @@ class _Code:
 
     def changed(self) -> bool:
         now = time.monotonic()
-        if now - self.checked_at < 1.0:
+        if now - self.checked_at < CODE_CHECK_S:
             return False
         self.checked_at = now
         return _code_stamp() != self.stamp
 
 
-def _serve_one(conn: socket.socket, code: _Code) -> bool:
-    """Answer one connection; False when the helper must stop (its code changed)."""
+def _serve_one(conn: socket.socket) -> None:
+    """Answer one connection."""
     conn.settimeout(IO_TIMEOUT_S)
     if not _same_user(conn):
-        return True
+        return
     try:
         request = read_records(conn)
     except (OSError, ValueError):
-        return True
-    keep = not code.changed()
+        return
     try:
-        reply = answer(request) if keep else [(b"x", b"")]
+        reply = answer(request)
     except Exception:  # decide() never raises for a job; anything else: the Python psbatch
         log.debug("helper answer failed", exc_info=True)
         reply = [(b"x", b"")]
@@ -224,7 +225,6 @@ def _serve_one(conn: socket.socket, code: _Code) -> bool:
         conn.sendall(encode(reply))
     except OSError:
         pass
-    return keep
 
 
 def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
@@ -254,12 +254,19 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     psbatch.decide(["-H"], {}, lambda _argv: psbatch.Source(_WARM_UP_SCRIPT, None))  # imports, caches
     code = _Code()
+    last_request = time.monotonic()
     try:
-        while select.select([listener], [], [], idle_s)[0]:
-            conn, _ = listener.accept()
-            with conn:
-                if not _serve_one(conn, code):
-                    break
+        # The code is looked at between requests, never while one waits: at most a second
+        # after an install the helper exits, and the next submission starts a new one.
+        while not code.changed():
+            idle_left_s = last_request + idle_s - time.monotonic()
+            if idle_left_s <= 0:
+                break
+            if select.select([listener], [], [], min(idle_left_s, CODE_CHECK_S))[0]:
+                conn, _ = listener.accept()
+                with conn:
+                    _serve_one(conn)
+                last_request = time.monotonic()
     finally:
         try:
             if os.lstat(path).st_ino == bound:

@@ -231,6 +231,17 @@ def test_shell_words_are_shlex_words(text):
         assert jobscript.shell_words(text) == want
 
 
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.sampled_from(["a", "bc", " ", "\t", "\n", "\\", "'", '"', "#", "--x=1", "\\\"", "''"]),
+                max_size=16).map("".join))
+def test_sbatch_line_words_are_shlex_words_with_comments(text):
+    try:
+        want = shlex.split(text, comments=True)
+    except ValueError:
+        want = text.split("#", 1)[0].split()
+    assert jobscript._split_words(text) == want
+
+
 # ---------------------------------------------------------------- submission (fake sbatch)
 
 

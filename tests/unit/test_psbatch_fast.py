@@ -646,7 +646,7 @@ def test_a_helper_that_never_answers_costs_a_timeout_not_the_job(bins, tmp_path)
     assert waited_s >= 4.0  # the front end waited for the answer, then went to the Python psbatch
 
 
-def test_helper_answer_falls_back_on_another_checkout_or_new_code():
+def test_helper_answer_falls_back_on_another_checkout():
     import socket
 
     from pipeswift_slurm import psbatch_helper as ph
@@ -656,18 +656,42 @@ def test_helper_answer_falls_back_on_another_checkout_or_new_code():
     said = dict(ph.answer(request))
     assert said[b"a"] == b"-H" and said[b"i"] == ROUTED  # the stdin script, routed
     assert ph.answer([(b"v", os.fsencode(ph.protocol_id("/elsewhere")))] + request[1:]) == [(b"x", b"")]
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        theirs.sendall(ph.encode(request))
-        code = ph._Code()
-        code.stamp, code.checked_at = {"changed": 1}, 0.0
-        assert ph._serve_one(ours, code) is False  # the code changed under the helper
-        assert ph.read_records(theirs) == [(b"x", b"")]
     with pytest.raises(ValueError):
         ours, theirs = socket.socketpair()
         with ours, theirs:
             theirs.sendall(ph.encode([(b"t", b"#" * 100)]))
             ph.read_records(ours, limit=64)
+
+
+def test_helper_exits_soon_after_its_code_changes_and_serves_until_then(tmp_path):
+    import socket
+    import time
+
+    from pipeswift_slurm import psbatch_helper as ph
+
+    folder, installed = tmp_path / "h", tmp_path / "installed"
+    code = ("import os, sys; import pipeswift_slurm.psbatch_helper as ph; stamp = ph._code_stamp;"
+            " ph._code_stamp = lambda: dict(stamp(), new=os.path.exists(%r));"
+            " sys.exit(ph.serve(%r, 60))" % (str(installed), str(folder)))
+    helper = subprocess.Popen([sys.executable, "-c", code], env=_env())
+    try:
+        sock = folder / "psbatch.sock"
+        deadline = time.monotonic() + 30
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        request = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"t", MEGATRON)]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(str(sock))
+            conn.sendall(ph.encode(request))
+            assert dict(ph.read_records(conn))[b"i"] == ROUTED
+        installed.touch()  # a new install: the helper must not outlive it by much
+        start = time.monotonic()
+        assert helper.wait(timeout=10) == 0
+        assert time.monotonic() - start < 2.5 * ph.CODE_CHECK_S
+        assert not sock.exists()  # the next submission starts a helper on the new code
+    finally:
+        helper.kill()
+        helper.wait()
 
 
 # ---------------------------------------------------------------- pipeswift build-psbatch
