@@ -17,23 +17,45 @@ RANK_STEP = 10_000
 
 @dataclass(frozen=True)
 class Option:
-    """Running a job on ``gpus`` GPUs in ``config`` takes ``run_s`` seconds (predicted)."""
+    """Running a job on ``gpus`` GPUs in ``config`` takes ``run_s`` seconds (predicted;
+    for a requeued job, from its last checkpoint on); ``full_run_s`` is the whole job's
+    run time in that config (None: the same as ``run_s``)."""
 
     gpus: int
     config: ExecConfig
     run_s: float
+    full_run_s: Optional[float] = None
 
 
-def job_options(profile: JobProfile, estimator: Any, max_gpus: int, max_nodes: int) -> tuple[Option, ...]:
+def job_options(profile: JobProfile, estimator: Any, max_gpus: int, max_nodes: int,
+                iterations: Optional[int] = None) -> tuple[Option, ...]:
     """Best config and predicted run time for every GPU count the job allows that the
-    cluster can hold (<= max_gpus GPUs on <= max_nodes nodes)."""
+    cluster can hold (<= max_gpus GPUs on <= max_nodes nodes); with ``iterations``, the
+    run time of that many iterations (what a requeued job has left) in that config."""
     lo, hi = profile.gpu_range
     out = []
     for gpus in range(lo, min(hi, max_gpus) + 1):
         best = estimator.best_run_time_s(profile, gpus)
         if best is not None and best[0].num_nodes <= max_nodes:
-            out.append(Option(gpus, best[0], best[1]))
+            if iterations is None:
+                out.append(Option(gpus, best[0], best[1]))
+            else:
+                out.append(Option(gpus, best[0], float(estimator.run_time_s(profile, best[0], iterations)), best[1]))
     return tuple(out)
+
+
+def remaining_iterations(job: Job, profile: JobProfile, estimator: Any) -> Optional[int]:
+    """Iterations a requeued job has left from its last checkpoint, or None for a job that
+    never ran (or that keeps no checkpoints, so starts over). The work done is estimated
+    from the GPU-seconds it attained over the GPU-seconds of the whole job in its current
+    config: exact when its speed scales linearly with GPUs, whatever sizes it ran at."""
+    interval = profile.plan.save_interval
+    if not job.restarts or job.attained_gpu_s <= 0 or not job.gpus or not interval:
+        return None
+    iterations = profile.plan.iterations
+    area = job.gpus * float(estimator.run_time_s(profile, current_config(job, profile)))
+    done = iterations * min(1.0, job.attained_gpu_s / area) if area > 0 else 0.0
+    return max(1, iterations - int(done // interval) * interval)
 
 
 def current_config(job: Job, profile: JobProfile) -> ExecConfig:
@@ -150,7 +172,8 @@ def decision_for(job: Job, profile: JobProfile, option: Optional[Option], site_f
     if option is None:
         return Decision(job.job_id, site_factor=site_factor, reason=reason, predicted_start_s=start_s)
     old = current_config(job, profile)
-    limit = scaled_time_limit_s(job, estimator.run_time_s(profile, old), option.run_s)
+    new_full_s = option.run_s if option.full_run_s is None else option.full_run_s
+    limit = scaled_time_limit_s(job, estimator.run_time_s(profile, old), new_full_s)
     end = None if start_s is None else start_s + option.run_s
     return Decision(job.job_id, config=option.config, site_factor=site_factor, time_limit_s=limit,
                     reason=reason, predicted_start_s=start_s, predicted_end_s=end)

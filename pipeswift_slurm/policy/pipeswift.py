@@ -23,7 +23,12 @@ Each tick (pure; only ``view.now`` as the clock):
    cluster, in a shape that fits now, for jobs that checkpoint, and when the predicted
    gain exceeds the switch cost (a restart and the work since the last checkpoint) by
    ``reshape_margin`` (``_reshapes``). It gives back their GPUs to multi-day jobs that a
-   crowded queue started small.
+   crowded queue started small. With ``reshape_waiting`` (on by default) a running job
+   also grows while jobs wait, shortest remaining first, into GPUs idle after this tick's
+   starts, when its new remaining run is shorter than every waiting job's best run time
+   (what shortest-remaining-first would give those GPUs to).
+A requeued job is planned on the work it has left from its last checkpoint
+(``common.remaining_iterations``), not as if it started over.
 Preemption (``preempt``, off by default; needs requeue allowed at the site): a long
 running job is requeued when the waiting saved by it exceeds what it loses (until the
 shorter jobs that start at once on its GPUs end, plus its restart and the work since its
@@ -43,11 +48,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Mapping, Optional
+from typing import Any, ClassVar, Collection, Mapping, Optional
 
 from ..model import ClusterView, Decision, Job, JobProfile
 from .common import (Option, Timeline, current_config, decision_for, fits_now, free_by_node, job_options,
-                     predicted_end_s, rank_factors)
+                     predicted_end_s, rank_factors, remaining_iterations)
 
 
 @dataclass
@@ -67,8 +72,8 @@ class PipeSwiftPolicy:
                  reconfigure: bool = True, expand_reserve_fraction: float = 0.1, reservations: int = 64,
                  short_lane_fraction: float = 0.0, short_lane_max_s: float = 2 * 3600.0,
                  preempt: bool = False, preempt_margin: float = 0.2,
-                 preempt_ratio: float = 2.0, preempt_min_run_s: float = 1800.0, preempt_per_tick: int = 8,
-                 preempt_max_restarts: int = 3, preempt_wait_share: float = 0.75):
+                 preempt_ratio: float = 1.5, preempt_min_run_s: float = 1800.0, preempt_per_tick: int = 8,
+                 preempt_max_restarts: int = 6, preempt_wait_share: float = 0.75, reshape_waiting: bool = True):
         self.wait_bound_s = wait_bound_s
         self.promote_fraction = promote_fraction
         self.aging = aging
@@ -90,7 +95,8 @@ class PipeSwiftPolicy:
         self.preempt_per_tick = preempt_per_tick
         self.preempt_max_restarts = preempt_max_restarts
         self.preempt_wait_share = preempt_wait_share
-        self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...], Any]] = {}
+        self.reshape_waiting = reshape_waiting
+        self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...], Any, Optional[int]]] = {}
 
     @property
     def preempts(self) -> bool:
@@ -99,23 +105,29 @@ class PipeSwiftPolicy:
 
     # ------------------------------------------------------------ options and order
     def options(self, job: Job, profile: JobProfile, estimator: Any, cluster: tuple[int, int]) -> tuple[Option, ...]:
-        """Cached per job (the profile and estimator objects and the cluster's (GPUs,
-        nodes) must match: a calibration refit brings a new estimator)."""
+        """Cached per job (the profile and estimator objects, the cluster's (GPUs,
+        nodes) and, for a requeued job, the iterations it has left must match: a
+        calibration refit brings a new estimator)."""
+        left = remaining_iterations(job, profile, estimator)
         hit = self._options.get(job.job_id)
-        if hit is None or hit[0] is not profile or hit[1] != cluster or hit[3] is not estimator:
-            hit = (profile, cluster, self._job_options(profile, estimator, cluster), estimator)
+        if hit is None or hit[0] is not profile or hit[1] != cluster or hit[3] is not estimator or hit[4] != left:
+            hit = (profile, cluster, self._job_options(profile, estimator, cluster, left), estimator, left)
             self._options[job.job_id] = hit
         return hit[2]
 
-    def _job_options(self, profile: JobProfile, estimator: Any, cluster: tuple[int, int]) -> tuple[Option, ...]:
-        """All counts and best configs; ablations keep the user's count (no resize) or
-        the user's config (no reconfigure)."""
+    def _job_options(self, profile: JobProfile, estimator: Any, cluster: tuple[int, int],
+                     iterations: Optional[int] = None) -> tuple[Option, ...]:
+        """All counts and best configs (run times of ``iterations``, what a requeued job
+        has left, when given); ablations keep the user's count (no resize) or the user's
+        config (no reconfigure)."""
         user = profile.requested
         if not self.reconfigure:
-            return (Option(user.gpus, user, estimator.run_time_s(profile, user)),)
+            full = estimator.run_time_s(profile, user)
+            return (Option(user.gpus, user, full if iterations is None else estimator.run_time_s(profile, user, iterations),
+                           None if iterations is None else full),)
         if not self.resize:
             profile = profile.with_range(user.gpus, user.gpus)
-        return job_options(profile, estimator, *cluster)
+        return job_options(profile, estimator, *cluster, iterations=iterations)
 
     def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float) -> list[Job]:
         promote_s = self.promote_fraction * self.wait_bound_s
@@ -234,6 +246,14 @@ class PipeSwiftPolicy:
         nobody_waits = len(plans) == len(ordered) and all(p.start_s == now for p in plans.values())
         if self.reshape_running and nobody_waits:
             out += self._reshapes(view, profiles, estimator, free)
+        elif self.reshape_running and self.reshape_waiting:
+            # shortest remaining first: a running job grows into GPUs idle now only when it
+            # would then end before any waiting job could run (with no reserve kept: the
+            # queue is what those GPUs would be kept for)
+            waiting_best = min((min((o.run_s for o in opts[j.job_id]), default=math.inf) for j in ordered
+                                if j.job_id not in plans or plans[j.job_id].start_s != now), default=math.inf)
+            out += self._reshapes(view, profiles, estimator, free, shorter_than_s=waiting_best,
+                                  skip={d.job_id for d in preempted}, reserve_fraction=0.0)
         return out
 
     def _preemptions(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
@@ -328,7 +348,8 @@ class PipeSwiftPolicy:
         return min(ran_s, 0.5 * (profile.plan.save_interval or 0) * iter_s)
 
     def _reshapes(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
-                  free: list[int]) -> list[Decision]:
+                  free: list[int], shorter_than_s: float = math.inf, skip: Collection[int] = (),
+                  reserve_fraction: Optional[float] = None) -> list[Decision]:
         """Requeue a running flexible job into a bigger shape when that is predicted to
         finish it sooner than continuing by more than the switch cost times (1 +
         reshape_margin). The new run counts its startup and the work since the job's last
@@ -336,14 +357,19 @@ class PipeSwiftPolicy:
         never reshaped. The new shape must fit now on whole nodes (``free``: GPUs free per
         node after this tick's starts, updated here) plus the job's own GPUs: a requeued job
         that cannot restart at once would be planned again, often smaller. GPUs beyond
-        ``expand_reserve_fraction`` of the cluster stay idle for new jobs."""
+        ``expand_reserve_fraction`` of the cluster (``reserve_fraction`` when given) stay
+        idle for new jobs. Shortest predicted remaining first; jobs in ``skip`` (this
+        tick's preemption victims) are left alone, and the new run must be shorter than
+        ``shorter_than_s``."""
         now, out = view.now, []
         index = {n.name: i for i, n in enumerate(view.nodes)}
-        reserve = int(self.expand_reserve_fraction * view.total_gpus)
-        for job in sorted(view.running, key=lambda j: j.job_id):
+        reserve = int((self.expand_reserve_fraction if reserve_fraction is None else reserve_fraction)
+                      * view.total_gpus)
+        running = sorted(view.running, key=lambda j: (predicted_end_s(j, profiles, estimator, now), j.job_id))
+        for job in running:
             idle_gpus = sum(free) - reserve
             profile = profiles.get(job.job_id)
-            if profile is None or not profile.flexible or idle_gpus <= 0 or job.start_time is None \
+            if job.job_id in skip or profile is None or not profile.flexible or idle_gpus <= 0 or job.start_time is None \
                     or not profile.plan.save_interval:
                 continue
             config = current_config(job, profile)
@@ -363,7 +389,7 @@ class PipeSwiftPolicy:
                 new_s = float(estimator.run_time_s(profile, est.config, min(redo, profile.plan.iterations)))
                 if best is None or new_s < best[0]:
                     best = (new_s, est.config, nodes)
-            if best is None or best[0] * (1 + self.reshape_margin) >= left_s:
+            if best is None or best[0] * (1 + self.reshape_margin) >= left_s or best[0] >= shorter_than_s:
                 continue
             new_s, new_config, nodes = best
             for node in nodes:

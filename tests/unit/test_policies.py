@@ -23,6 +23,7 @@ from pipeswift_slurm.estimator import Estimator
 from pipeswift_slurm.model import ClusterView, Decision, Job, Node
 from pipeswift_slurm.policy import get_policy, policy_names
 from pipeswift_slurm.policy.common import RANK_STEP
+from pipeswift_slurm.policy.pipeswift import PipeSwiftPolicy
 from pipeswift_slurm.sim.workload import ZOO, Conversion, TraceRow, to_megatron_job
 from pipeswift_slurm.token import ProfileRequest, encode_profile
 
@@ -353,15 +354,17 @@ def test_pipeswift_preemption_is_gated_by_the_switch_cost() -> None:
     view, profiles = _long_job_blocking_short_ones(5.0, 1.4, shorts=1, now_h=2.0, save_interval=rare)
     assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(view, profiles, est))
     view, profiles = _long_job_blocking_short_ones(8.0, 0.25)
-    # short jobs that are not much shorter than what is left of the victim
-    view, profiles = _long_job_blocking_short_ones(4.0, 2.0)
+    # short jobs that are not much shorter than what is left of the victim (3 h left,
+    # 2.5 h jobs: less than preempt_ratio times shorter)
+    view, profiles = _long_job_blocking_short_ones(4.0, 2.5)
     assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(view, profiles, est))
     # a victim that has run less than preempt_min_run_s since its start
     view, profiles = _long_job_blocking_short_ones(8.0, 0.25)
     early = get_policy("pipeswift", preempt=True, preempt_min_run_s=2 * HOUR).decide(view, profiles, est)
     assert not any(d.requeue for d in early)
     # a victim already requeued preempt_max_restarts times (no ping-pong)
-    jobs = tuple(replace(j, restarts=3, attained_gpu_s=8 * 600.0) if j.running else j for j in view.jobs)
+    limit = get_policy("pipeswift", preempt=True).preempt_max_restarts
+    jobs = tuple(replace(j, restarts=limit, attained_gpu_s=8 * 600.0) if j.running else j for j in view.jobs)
     tired = replace(view, jobs=jobs)
     assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(tired, profiles, est))
 
@@ -517,3 +520,38 @@ def test_decisions_respect_the_invariants(name: str, data: tuple[ClusterView, di
         if d.predicted_start_s == view.now and job.pending:
             start_now += d.config.gpus if d.config is not None else job.gpus
     assert start_now <= view.free_gpus + freed  # GPUs granted never exceed the free (or freed) GPUs
+
+
+def test_pipeswift_plans_a_requeued_job_on_the_work_it_has_left() -> None:
+    est = Estimator(COST, 8)
+    _, profile = _profile(8, 10.0, 8, gpu_range=(4, 16), save_interval=100)
+    view, profiles = _view(2, 8, [(1, "PENDING", 8, 0.0, profile)], now=HOUR)
+    fresh = view.jobs[0]
+    full = {o.gpus: o.run_s for o in PipeSwiftPolicy().options(fresh, profile, est, (16, 2))}
+    # ran about 4 h of its 10 h on 8 GPUs before a requeue: about 6 h left, from a checkpoint
+    half = replace(fresh, restarts=1, attained_gpu_s=8 * 0.4 * est.run_time_s(profile, profile.requested))
+    opts = PipeSwiftPolicy().options(half, profile, est, (16, 2))
+    for o in opts:
+        assert o.full_run_s == pytest.approx(full[o.gpus])
+        assert 0.6 * (full[o.gpus] - est.startup_s(profile)) <= o.run_s - est.startup_s(profile) \
+            <= 0.6 * full[o.gpus] + 100 * (full[o.gpus] / profile.plan.iterations)
+    # a job without checkpoints starts over
+    _, rigid = _profile(8, 10.0, 8, gpu_range=(4, 16))
+    assert [o.run_s for o in PipeSwiftPolicy().options(half, rigid, est, (16, 2))] == \
+        [o.run_s for o in PipeSwiftPolicy().options(fresh, rigid, est, (16, 2))]
+
+
+@pytest.mark.parametrize("waiting_hours, grows", [(400.0, True), (1.0, False)])
+def test_pipeswift_grows_a_running_job_while_only_longer_jobs_wait(waiting_hours, grows) -> None:
+    """Job 1 (4-16 GPUs, 47 h left on 4) runs on node1; job 2 (16 GPUs, rigid) waits for
+    both nodes. Shortest remaining first: job 1 grows into the idle GPUs unless job 2
+    would run shorter than job 1's new remaining run."""
+    est = Estimator(COST, 8)
+    view, profiles = _small_running_job({0: 4})
+    _, waiting = _profile(16, waiting_hours, 8)
+    jobs = view.jobs + (Job(2, "PENDING", 0.0, num_nodes=2, gpus=16, opted_in=True, time_limit_s=int(HOUR)),)
+    view, profiles = replace(view, jobs=jobs), {**profiles, 2: waiting}
+    knobs = {"reshape_running": True}
+    grown = [d for d in get_policy("pipeswift", **knobs).decide(view, profiles, est) if d.requeue]
+    assert [d.job_id for d in grown] == ([1] if grows else [])
+    assert not any(d.requeue for d in get_policy("pipeswift", reshape_waiting=False, **knobs).decide(view, profiles, est))
