@@ -3,9 +3,10 @@
 Owns: a per-user process that the compiled psbatch front end (``fast/psbatch.c``) asks
 what to do with a Megatron job (``psbatch.decide``: the same function the Python psbatch
 runs) and the local socket protocol between them. The helper only decides; it never runs
-sbatch, never runs anything else, and never reads a file: the front end sends the argv,
-the environment and the script text it read, and carries out the answer itself (exec of
-sbatch, with a rewritten script on stdin or in a temporary file), so the job is submitted
+sbatch, never runs anything else, and never reads a user's file: the front end sends the
+argv, the environment and the script text it read, and carries out the answer itself
+(exec of sbatch, with a rewritten script on stdin or in ``psbatch-<pid>-XXXXXX/`` inside
+this folder, which the helper removes once that pid has ended), so the job is submitted
 by the user's own process, with its limits, umask, session and signals, exactly as the
 Python psbatch would submit it.
 
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 
 PROTOCOL = "pswift-psbatch-helper-1"
 SOCKET_NAME = "psbatch.sock"
+JOB_PREFIX = "psbatch-"  # the front end's folder for a rewritten script: psbatch-<pid>-XXXXXX
 LOCK_NAME = "psbatch.lock"
 IDLE_S_DEFAULT = 600.0
 IO_TIMEOUT_S = 5.0
@@ -192,19 +194,41 @@ def _code_stamp() -> dict[str, int]:
 
 
 class _Code:
-    """This package's code as the helper loaded it; ``changed()`` looks at most once every
-    ``CODE_CHECK_S``."""
+    """This package's code as the helper loaded it."""
 
     def __init__(self) -> None:
         self.stamp = _code_stamp()
-        self.checked_at = time.monotonic()
 
     def changed(self) -> bool:
-        now = time.monotonic()
-        if now - self.checked_at < CODE_CHECK_S:
-            return False
-        self.checked_at = now
         return _code_stamp() != self.stamp
+
+
+def remove_ended_jobs(folder: str) -> None:
+    """Remove the script folders of submissions whose sbatch has ended. The front end
+    names each after its pid, which sbatch keeps when the front end execs it; a pid that
+    is gone (or reused by another user's process) means sbatch has read its script."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid_text = name[len(JOB_PREFIX):].partition("-")[0] if name.startswith(JOB_PREFIX) else ""
+        if not pid_text.isdigit() or int(pid_text) < 2:
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            pass  # another user's process: the pid was reused
+        path = os.path.join(folder, name)
+        try:
+            for entry in os.listdir(path):
+                os.unlink(os.path.join(path, entry))
+            os.rmdir(path)
+        except OSError:
+            pass
 
 
 def _serve_one(conn: socket.socket) -> None:
@@ -254,20 +278,28 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     psbatch.decide(["-H"], {}, lambda _argv: psbatch.Source(_WARM_UP_SCRIPT, None))  # imports, caches
     code = _Code()
-    last_request = time.monotonic()
+    last_request = chores_at = time.monotonic()
     try:
-        # The code is looked at between requests, never while one waits: at most a second
-        # after an install the helper exits, and the next submission starts a new one.
-        while not code.changed():
-            idle_left_s = last_request + idle_s - time.monotonic()
+        # Chores between requests, never while one waits, about once a second: the
+        # scripts of ended submissions go, and once the code on disk changed the helper
+        # exits, so the next submission starts one on the new code.
+        while True:
+            now = time.monotonic()
+            if now >= chores_at:
+                remove_ended_jobs(folder)
+                if code.changed():
+                    break
+                chores_at = now + CODE_CHECK_S
+            idle_left_s = last_request + idle_s - now
             if idle_left_s <= 0:
                 break
-            if select.select([listener], [], [], min(idle_left_s, CODE_CHECK_S))[0]:
+            if select.select([listener], [], [], max(0.0, min(idle_left_s, chores_at - now)))[0]:
                 conn, _ = listener.accept()
                 with conn:
                     _serve_one(conn)
                 last_request = time.monotonic()
     finally:
+        remove_ended_jobs(folder)
         try:
             if os.lstat(path).st_ino == bound:
                 os.unlink(path)

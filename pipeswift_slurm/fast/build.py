@@ -146,6 +146,7 @@ def header_text(python: Optional[str] = None, root: Optional[str] = None, helper
         "#define PSB_HELPER_DEFAULT_ON %d" % int(helper),
         "#define PSB_HELPER_PROTOCOL %s" % c_string(psbatch_helper.protocol_id(root)),
         "#define PSB_HELPER_SOCKET %s" % c_string(psbatch_helper.SOCKET_NAME),
+        "#define PSB_HELPER_JOB_PREFIX %s" % c_string(psbatch_helper.JOB_PREFIX),
         "#define PSB_HELPER_TIMEOUT_S %d" % int(psbatch_helper.IO_TIMEOUT_S),
         "#define PSB_HELPER_MAX_ANSWER_BYTES ((size_t)%d)" % psbatch_helper.MAX_REQUEST_BYTES,
         "",

@@ -648,25 +648,21 @@ static int build_request(struct buf *req, int argc, char **argv, const char *tex
     return put_record(req, 'z', "", 0);
 }
 
-/* Write the rewritten script to a fresh temporary folder, run sbatch on it, clean up,
- * and exit with sbatch's status (128 + signal when it was killed). Returns only when
- * nothing was run. */
-static void run_with_script(const char *sbatch, struct answer *a)
+/* Write the rewritten script to a fresh folder inside the helper's own (private, checked)
+ * folder, named after this process, and exec sbatch on it: sbatch keeps this pid, and the
+ * helper removes the folder once it has ended. Returns only when nothing was run. */
+static void exec_with_script(const char *sbatch, struct answer *a, const char *helper)
 {
-    const char *tmp = getenv("TMPDIR");
     char dir[PATH_MAX], path[PATH_MAX];
-    struct sigaction ignore, old_int, old_quit;
-    int fd, status, written;
-    pid_t pid;
-    if (tmp == NULL || *tmp == '\0')
-        tmp = "/tmp";
-    if (snprintf(dir, sizeof dir, "%s/psbatch-XXXXXX", tmp) >= (int)sizeof dir || mkdtemp(dir) == NULL)
+    int fd, written;
+    if (snprintf(dir, sizeof dir, "%s/%s%ld-XXXXXX", helper, PSB_HELPER_JOB_PREFIX, (long)getpid()) >=
+            (int)sizeof dir || mkdtemp(dir) == NULL)
         return;
     if (snprintf(path, sizeof path, "%s/%s", dir, a->name) >= (int)sizeof path) {
         rmdir(dir);
         return;
     }
-    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     written = fd >= 0 && write_all(fd, a->script, a->script_len) == 0;
     if (fd >= 0 && close(fd) != 0)
         written = 0;
@@ -678,26 +674,7 @@ static void run_with_script(const char *sbatch, struct answer *a)
     a->argv[a->index + 1] = path;
     if (a->warning_len)
         write_all(2, a->warning, a->warning_len);
-    memset(&ignore, 0, sizeof ignore);
-    ignore.sa_handler = SIG_IGN;
-    sigaction(SIGINT, &ignore, &old_int); /* as system(3): the terminal's signals reach sbatch */
-    sigaction(SIGQUIT, &ignore, &old_quit);
-    pid = fork();
-    if (pid == 0) {
-        sigaction(SIGINT, &old_int, NULL);
-        sigaction(SIGQUIT, &old_quit, NULL);
-        exec_sbatch(sbatch, a->argv);
-    }
-    while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    unlink(path);
-    rmdir(dir);
-    if (pid < 0) { /* the Python psbatch takes over (and says the warning again) */
-        sigaction(SIGINT, &old_int, NULL);
-        sigaction(SIGQUIT, &old_quit, NULL);
-        return;
-    }
-    exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    exec_sbatch(sbatch, a->argv);
 }
 
 /* Ask the helper and carry out its answer (never returns then); returns 0 when the
@@ -723,7 +700,7 @@ static int ask_helper(const char *dir, int argc, char **argv, const char *sbatch
     if (parse_answer(&ans, &a) != 0)
         return 0;
     if (a.has_script) {
-        run_with_script(sbatch, &a);
+        exec_with_script(sbatch, &a, dir);
         return HELPER_UNUSABLE;
     }
     if (a.has_in) {

@@ -57,6 +57,20 @@ static void put_all(FILE *f, char tag, FILE *in)
     free(data);
 }
 
+/* A script psbatch rewrote: in $FAKE_SBATCH_TMP, or in a psbatch-* folder (the front end
+ * writes them in the helper's folder) */
+static int tmp_script(const char *arg, const char *tmp, size_t tlen)
+{
+    const char *base = strrchr(arg, '/'), *parent = base;
+    if (tlen && strncmp(arg, tmp, tlen) == 0 && arg[tlen] == '/')
+        return 1;
+    if (base == NULL)
+        return 0;
+    while (parent > arg && parent[-1] != '/')
+        parent--;
+    return parent > arg && strncmp(parent, "psbatch-", 8) == 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *tmp = getenv("FAKE_SBATCH_TMP"), *rc_text = getenv("FAKE_SBATCH_RC");
@@ -69,7 +83,7 @@ int main(int argc, char **argv)
     for (i = 1; i < argc; i++) {
         const char *arg = argv[i];
         parsable |= strcmp(arg, "--parsable") == 0;
-        if (tlen && strncmp(arg, tmp, tlen) == 0 && arg[tlen] == '/') {
+        if (tmp_script(arg, tmp, tlen)) {
             const char *base = strrchr(arg, '/') + 1;
             FILE *script = fopen(arg, "rb");
             put(f, 'T', base, strlen(base));
@@ -544,6 +558,32 @@ def test_helper_serves_megatron_jobs_and_own_options(bins, helper):
     [call] = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh", "x"], env=_helper_env(helper)).calls
     assert call["argv"][0].startswith(b"--comment=pswift1;") and call["scripts"] == [ROUTED]
     assert not [p for p in bins.tmp.iterdir() if p.name.startswith("psbatch-")]  # temp scripts removed
+    # the front end wrote the rewritten script in the helper's folder and exec'd sbatch on it;
+    # the helper removes it once that sbatch has ended
+    assert _wait_for(lambda: not [p for p in helper.iterdir() if p.name.startswith("psbatch-")], 10.0)
+
+
+def test_helper_removes_the_scripts_of_ended_submissions_only(tmp_path):
+    from pipeswift_slurm import psbatch_helper as ph
+
+    folder = tmp_path / "h"
+    folder.mkdir(mode=0o700)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        for pid in (ended.pid, alive.pid):
+            job = folder / ("%s%d-abc123" % (ph.JOB_PREFIX, pid))
+            job.mkdir()
+            (job / "meg.sh").write_text("#!/bin/bash\n")
+        (folder / "psbatch-notapid").mkdir()
+        ph.remove_ended_jobs(str(folder))
+        assert sorted(p.name for p in folder.iterdir()) == ["psbatch-%d-abc123" % alive.pid, "psbatch-notapid"]
+    finally:
+        alive.kill()
+        alive.wait()
+    ph.remove_ended_jobs(str(folder))
+    assert [p.name for p in folder.iterdir()] == ["psbatch-notapid"]
 
 
 @needs_cc
