@@ -135,6 +135,8 @@ class Command(NamedTuple):
 
 
 _ASSIGN = r"[A-Za-z_][A-Za-z0-9_]*=(?:'[^']*'|\"(?:[^\"\\]|\\.)*\"|[^\s'\"])*"
+_ASSIGN_RE = re.compile(_ASSIGN)
+_ASSIGNMENT_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
 _PREFIX_RE = re.compile(r"\s*(?:(?:%s)\s+)*(?:(?:exec|time|nohup|command|then|do|else|!)\s+)*" % _ASSIGN)
 _VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?\}|([A-Za-z_][A-Za-z0-9_]*))")
 _HEREDOC_RE = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
@@ -203,7 +205,7 @@ def _record_assignment(words: list[str], env: _Vars) -> bool:
     """Remember ``X=value``, ``export X=value`` and ``X=( ... )``; True if the line is one."""
     while words and words[0] in ("export", "declare", "local", "readonly", "typeset"):
         words = [w for w in words[1:] if not w.startswith("-")]
-    m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", words[0], re.S) if words else None
+    m = _ASSIGNMENT_RE.match(words[0]) if words else None
     if not m:
         return False
     name, first = m.groups()
@@ -281,7 +283,7 @@ def find_commands(lines: Sequence[str], environ: Optional[dict[str, str]] = None
 
 def _strip_prefix(words: list[str]) -> list[str]:
     i = 0
-    while i < len(words) and (re.fullmatch(_ASSIGN, words[i]) or words[i] in
+    while i < len(words) and (_ASSIGN_RE.fullmatch(words[i]) or words[i] in
                               ("exec", "time", "nohup", "command", "then", "do", "else", "!")):
         i += 1
     return words[i:]
