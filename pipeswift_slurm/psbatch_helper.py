@@ -61,6 +61,7 @@ LOCK_NAME = "psbatch.lock"
 IDLE_S_DEFAULT = 600.0
 IO_TIMEOUT_S = 5.0
 CODE_CHECK_S = 1.0
+JOB_MIN_AGE_S = 5.0
 MAX_REQUEST_BYTES = 16 << 20
 _HEAD = struct.Struct(">cI")
 _WARM_UP_SCRIPT = ("#!/bin/bash\n#SBATCH --gpus=2\ntorchrun pretrain_gpt.py --num-layers 4 --hidden-size 64"
@@ -203,10 +204,12 @@ class _Code:
         return _code_stamp() != self.stamp
 
 
-def remove_ended_jobs(folder: str) -> None:
+def remove_ended_jobs(folder: str, min_age_s: float = JOB_MIN_AGE_S) -> None:
     """Remove the script folders of submissions whose sbatch has ended. The front end
     names each after its pid, which sbatch keeps when the front end execs it; a pid that
-    is gone (or reused by another user's process) means sbatch has read its script."""
+    is gone (or reused by another user's process) means sbatch has read its script. A
+    folder younger than ``min_age_s`` stays whatever its pid says (sbatch reads the script
+    at once; this guards against a pid this process cannot see)."""
     try:
         names = os.listdir(folder)
     except OSError:
@@ -218,12 +221,12 @@ def remove_ended_jobs(folder: str) -> None:
         try:
             os.kill(int(pid_text), 0)
             continue  # still running
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):  # gone, or the pid is another user's now
             pass
-        except PermissionError:
-            pass  # another user's process: the pid was reused
         path = os.path.join(folder, name)
         try:
+            if time.time() - os.lstat(path).st_mtime < min_age_s:
+                continue
             for entry in os.listdir(path):
                 os.unlink(os.path.join(path, entry))
             os.rmdir(path)

@@ -549,6 +549,8 @@ def test_helper_answers_exactly_as_the_python_psbatch(bins, helper, args, job, s
 
 @needs_cc
 def test_helper_serves_megatron_jobs_and_own_options(bins, helper):
+    from pipeswift_slurm import psbatch_helper as ph
+
     for args, stdin in [(["-p", "gpu", "meg.sh", "x"], b""), (["-J", "m"], MEGATRON),
                         (["--pipeswift-gpus=2-8", "--parsable", "meg.sh"], b""), (["bad.sh"], b"")]:
         if args == ["bad.sh"]:
@@ -560,10 +562,13 @@ def test_helper_serves_megatron_jobs_and_own_options(bins, helper):
     assert not [p for p in bins.tmp.iterdir() if p.name.startswith("psbatch-")]  # temp scripts removed
     # the front end wrote the rewritten script in the helper's folder and exec'd sbatch on it;
     # the helper removes it once that sbatch has ended
-    assert _wait_for(lambda: not [p for p in helper.iterdir() if p.name.startswith("psbatch-")], 10.0)
+    assert _wait_for(lambda: not [p for p in helper.iterdir() if p.name.startswith("psbatch-")],
+                     ph.JOB_MIN_AGE_S + 10.0)
 
 
 def test_helper_removes_the_scripts_of_ended_submissions_only(tmp_path):
+    import time
+
     from pipeswift_slurm import psbatch_helper as ph
 
     folder = tmp_path / "h"
@@ -572,17 +577,20 @@ def test_helper_removes_the_scripts_of_ended_submissions_only(tmp_path):
     ended.wait()
     alive = subprocess.Popen(["sleep", "60"])
     try:
-        for pid in (ended.pid, alive.pid):
-            job = folder / ("%s%d-abc123" % (ph.JOB_PREFIX, pid))
+        for pid, tag in ((ended.pid, "old"), (alive.pid, "old"), (ended.pid, "new")):
+            job = folder / ("%s%d-%s" % (ph.JOB_PREFIX, pid, tag))
             job.mkdir()
             (job / "meg.sh").write_text("#!/bin/bash\n")
+            if tag == "old":
+                os.utime(job, (time.time() - 60, time.time() - 60))
         (folder / "psbatch-notapid").mkdir()
         ph.remove_ended_jobs(str(folder))
-        assert sorted(p.name for p in folder.iterdir()) == ["psbatch-%d-abc123" % alive.pid, "psbatch-notapid"]
+        assert sorted(p.name for p in folder.iterdir()) == sorted([  # running, or just written
+            "psbatch-%d-old" % alive.pid, "psbatch-%d-new" % ended.pid, "psbatch-notapid"])
     finally:
         alive.kill()
         alive.wait()
-    ph.remove_ended_jobs(str(folder))
+    ph.remove_ended_jobs(str(folder), min_age_s=0.0)
     assert [p.name for p in folder.iterdir()] == ["psbatch-notapid"]
 
 
