@@ -69,11 +69,15 @@ def _helper(command: str, folder: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, check=False)
 
 
+def _wait_until(check, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:  # no Python started per poll
+        time.sleep(0.02)
+
+
 def _stop_helper(folder: Path) -> None:
     _helper("stop", folder)
-    deadline = time.monotonic() + 30
-    while (folder / "psbatch.sock").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _wait_until(lambda: not (folder / "psbatch.sock").exists(), 30)
 
 
 def _first_submissions(fast: str, cwd: Path, ids: list[str], env: dict[str, str], folder: Path,
@@ -84,9 +88,7 @@ def _first_submissions(fast: str, cwd: Path, ids: list[str], env: dict[str, str]
     for _ in range(rounds):
         _stop_helper(folder)
         times.append(_time([fast, "-H", "megatron.sh"], cwd, ids, env))
-        deadline = time.monotonic() + 60
-        while not (folder / "psbatch.sock").exists() and time.monotonic() < deadline:  # no Python per poll
-            time.sleep(0.05)
+        _wait_until((folder / "psbatch.sock").exists, 60)
     return {"median_s": round(statistics.median(times), 5), "rounds": rounds}
 
 

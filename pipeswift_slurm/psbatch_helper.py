@@ -133,17 +133,23 @@ def read_records(conn: socket.socket, limit: int = MAX_REQUEST_BYTES) -> list[Re
 
 def answer(request: Sequence[Record]) -> list[Record]:
     """The answer to one request: what the Python psbatch would do, or fall back."""
-    version = [data for tag, data in request if tag == b"v"]
-    if version != [os.fsencode(protocol_id())]:
-        return [(b"x", b"")]
-    argv = [os.fsdecode(data) for tag, data in request if tag == b"a"]
+    versions: list[bytes] = []
+    texts: list[bytes] = []
+    argv: list[str] = []
     environ: dict[str, str] = {}
     for tag, data in request:
-        if tag == b"e":
+        if tag == b"a":
+            argv.append(os.fsdecode(data))
+        elif tag == b"e":
             name, sep, value = os.fsdecode(data).partition("=")
             if sep and name:
                 environ.setdefault(name, value)  # the first wins, as getenv(3) finds it
-    texts = [data for tag, data in request if tag == b"t"]
+        elif tag == b"v":
+            versions.append(data)
+        elif tag == b"t":
+            texts.append(data)
+    if versions != [os.fsencode(protocol_id())]:
+        return [(b"x", b"")]
     text = texts[0].decode("utf-8", "surrogateescape") if texts else None
     action = psbatch.decide(argv, environ, lambda _argv: psbatch.Source(text, None))
     out: list[Record] = []
@@ -192,16 +198,6 @@ def _code_stamp() -> dict[str, int]:
             except OSError:
                 stamp[path] = -1
     return stamp
-
-
-class _Code:
-    """This package's code as the helper loaded it."""
-
-    def __init__(self) -> None:
-        self.stamp = _code_stamp()
-
-    def changed(self) -> bool:
-        return _code_stamp() != self.stamp
 
 
 def remove_ended_jobs(folder: str, min_age_s: float = JOB_MIN_AGE_S) -> None:
@@ -280,7 +276,7 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     psbatch.decide(["-H"], {}, lambda _argv: psbatch.Source(_WARM_UP_SCRIPT, None))  # imports, caches
-    code = _Code()
+    loaded = _code_stamp()
     last_request = chores_at = time.monotonic()
     try:
         # Chores between requests, never while one waits, about once a second: the
@@ -290,7 +286,7 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
             now = time.monotonic()
             if now >= chores_at:
                 remove_ended_jobs(folder)
-                if code.changed():
+                if _code_stamp() != loaded:
                     break
                 chores_at = now + CODE_CHECK_S
             idle_left_s = last_request + idle_s - now

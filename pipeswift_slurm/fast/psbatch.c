@@ -8,7 +8,7 @@
  * read stdin, the same bytes on stdin). Otherwise, and whenever a --pipeswift option is
  * present, it asks psbatch's resident helper (pipeswift_slurm/psbatch_helper.py) what the
  * Python psbatch would do, and does it: exec sbatch with the new argv, the rewritten script
- * on stdin or in a temporary file. With no helper (the first time: it starts one in the
+ * on stdin or in a file in the helper's folder. With no helper (the first time: it starts one in the
  * background), or anything amiss, it execs the Python psbatch with the same argv and stdin,
  * and the real sbatch in $PIPESWIFT_SBATCH. Nothing is submitted before that choice, so
  * the outcome is the Python psbatch's in every case.
@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -171,6 +170,23 @@ struct buf {
     size_t len, cap;
 };
 
+/* Make room for `room` more bytes in `b` (doubling). -1 when out of memory. */
+static int buf_reserve(struct buf *b, size_t room)
+{
+    size_t cap = b->cap ? b->cap : 4096;
+    char *grown;
+    if (b->cap - b->len >= room)
+        return 0;
+    while (cap - b->len < room)
+        cap *= 2;
+    grown = realloc(b->data, cap);
+    if (grown == NULL)
+        return -1;
+    b->data = grown;
+    b->cap = cap;
+    return 0;
+}
+
 /* Read fd to EOF, or until more than `limit` bytes (0: no limit). -1 on a read error. */
 static int read_all(int fd, struct buf *b, size_t limit)
 {
@@ -179,14 +195,8 @@ static int read_all(int fd, struct buf *b, size_t limit)
         size_t want;
         if (limit && b->len > limit)
             return 0;
-        if (b->cap - b->len < 65536) {
-            size_t cap = b->cap ? b->cap * 2 : 131072;
-            char *data = realloc(b->data, cap);
-            if (data == NULL)
-                return -1;
-            b->data = data;
-            b->cap = cap;
-        }
+        if (buf_reserve(b, 65536) != 0)
+            return -1;
         want = b->cap - b->len;
         if (limit && want > limit + 1 - b->len)
             want = limit + 1 - b->len;
@@ -404,17 +414,8 @@ enum { HELPER_ABSENT = 1, HELPER_UNUSABLE = 2 };
 
 static int buf_add(struct buf *b, const void *data, size_t len)
 {
-    if (b->cap - b->len < len) {
-        size_t cap = b->cap ? b->cap : 4096;
-        char *grown;
-        while (cap - b->len < len)
-            cap *= 2;
-        grown = realloc(b->data, cap);
-        if (grown == NULL)
-            return -1;
-        b->data = grown;
-        b->cap = cap;
-    }
+    if (buf_reserve(b, len) != 0)
+        return -1;
     if (len)
         memcpy(b->data + b->len, data, len);
     b->len += len;
@@ -649,18 +650,19 @@ static int build_request(struct buf *req, int argc, char **argv, const char *tex
 }
 
 /* Write the rewritten script to a fresh folder inside the helper's own (private, checked)
- * folder, named after this process, and exec sbatch on it: sbatch keeps this pid, and the
- * helper removes the folder once it has ended. Returns only when nothing was run. */
-static void exec_with_script(const char *sbatch, struct answer *a, const char *helper)
+ * folder, named after this process, and point sbatch's argv at it: sbatch keeps this pid
+ * when it is exec'd, and the helper removes the folder once it has ended. -1 when it
+ * could not be written (nothing is left behind). */
+static int write_script(struct answer *a, const char *helper)
 {
     char dir[PATH_MAX], path[PATH_MAX];
     int fd, written;
     if (snprintf(dir, sizeof dir, "%s/%s%ld-XXXXXX", helper, PSB_HELPER_JOB_PREFIX, (long)getpid()) >=
             (int)sizeof dir || mkdtemp(dir) == NULL)
-        return;
+        return -1;
     if (snprintf(path, sizeof path, "%s/%s", dir, a->name) >= (int)sizeof path) {
         rmdir(dir);
-        return;
+        return -1;
     }
     fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     written = fd >= 0 && write_all(fd, a->script, a->script_len) == 0;
@@ -669,12 +671,10 @@ static void exec_with_script(const char *sbatch, struct answer *a, const char *h
     if (!written) {
         unlink(path);
         rmdir(dir);
-        return;
+        return -1;
     }
-    a->argv[a->index + 1] = path;
-    if (a->warning_len)
-        write_all(2, a->warning, a->warning_len);
-    exec_sbatch(sbatch, a->argv);
+    a->argv[a->index + 1] = strdup(path);
+    return a->argv[a->index + 1] ? 0 : -1;
 }
 
 /* Ask the helper and carry out its answer (never returns then); returns 0 when the
@@ -699,10 +699,8 @@ static int ask_helper(const char *dir, int argc, char **argv, const char *sbatch
     free(req.data);
     if (parse_answer(&ans, &a) != 0)
         return 0;
-    if (a.has_script) {
-        exec_with_script(sbatch, &a, dir);
+    if (a.has_script && write_script(&a, dir) != 0)
         return HELPER_UNUSABLE;
-    }
     if (a.has_in) {
         struct buf in = {(char *)a.in, a.in_len, a.in_len};
         if (restore_stdin(&in) != 0)

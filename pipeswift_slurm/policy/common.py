@@ -44,6 +44,11 @@ def job_options(profile: JobProfile, estimator: Any, max_gpus: int, max_nodes: i
     return tuple(out)
 
 
+def best_run_s(options: Sequence[Option]) -> float:
+    """The shortest predicted run among a job's options (inf when it has none)."""
+    return min((o.run_s for o in options), default=math.inf)
+
+
 def remaining_iterations(job: Job, profile: JobProfile, estimator: Any) -> Optional[int]:
     """Iterations a requeued job has left from its last checkpoint, or None for a job that
     never ran (or that keeps no checkpoints, so starts over). The work done is estimated

@@ -51,8 +51,8 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Collection, Mapping, Optional
 
 from ..model import ClusterView, Decision, Job, JobProfile
-from .common import (Option, Timeline, current_config, decision_for, fits_now, free_by_node, job_options,
-                     predicted_end_s, rank_factors, remaining_iterations)
+from .common import (Option, Timeline, best_run_s, current_config, decision_for, fits_now, free_by_node,
+                     job_options, predicted_end_s, rank_factors, remaining_iterations)
 
 
 @dataclass
@@ -135,8 +135,7 @@ class PipeSwiftPolicy:
         rest = [j for j in pending if j.queued_s(now) < promote_s]
 
         def key(job: Job) -> tuple[float, float, int]:
-            best = min((o.run_s for o in opts[job.job_id]), default=float("inf"))
-            return best - self.aging * job.queued_s(now), job.submit_time, job.job_id
+            return best_run_s(opts[job.job_id]) - self.aging * job.queued_s(now), job.submit_time, job.job_id
 
         return starving + sorted(rest, key=key)
 
@@ -201,7 +200,8 @@ class PipeSwiftPolicy:
         for gone in [k for k in self._options if k not in live]:
             del self._options[gone]
         if not pending:
-            return self._reshapes(view, profiles, estimator, free_by_node(view)) if self.reshape_running else []
+            return self._reshapes(view, profiles, estimator, free_by_node(view), self._idle_reserve(view)) \
+                if self.reshape_running else []
         total = self._total = view.total_gpus
         cluster = (total, sum(1 for n in view.nodes if n.usable))
         opts = {j.job_id: self.options(j, profiles[j.job_id], estimator, cluster) for j in pending}
@@ -245,15 +245,15 @@ class PipeSwiftPolicy:
         out += preempted
         nobody_waits = len(plans) == len(ordered) and all(p.start_s == now for p in plans.values())
         if self.reshape_running and nobody_waits:
-            out += self._reshapes(view, profiles, estimator, free)
+            out += self._reshapes(view, profiles, estimator, free, self._idle_reserve(view))
         elif self.reshape_running and self.reshape_waiting:
             # shortest remaining first: a running job grows into GPUs idle now only when it
             # would then end before any waiting job could run (with no reserve kept: the
             # queue is what those GPUs would be kept for)
-            waiting_best = min((min((o.run_s for o in opts[j.job_id]), default=math.inf) for j in ordered
+            waiting_best = min((best_run_s(opts[j.job_id]) for j in ordered
                                 if j.job_id not in plans or plans[j.job_id].start_s != now), default=math.inf)
-            out += self._reshapes(view, profiles, estimator, free, shorter_than_s=waiting_best,
-                                  skip={d.job_id for d in preempted}, reserve_fraction=0.0)
+            out += self._reshapes(view, profiles, estimator, free, 0, shorter_than_s=waiting_best,
+                                  skip={d.job_id for d in preempted})
         return out
 
     def _preemptions(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
@@ -347,26 +347,27 @@ class PipeSwiftPolicy:
         ran_s = now - (job.start_time if job.start_time is not None else now)
         return min(ran_s, 0.5 * (profile.plan.save_interval or 0) * iter_s)
 
+    def _idle_reserve(self, view: ClusterView) -> int:
+        """GPUs a reshape leaves idle for new jobs when nobody waits."""
+        return int(self.expand_reserve_fraction * view.total_gpus)
+
     def _reshapes(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
-                  free: list[int], shorter_than_s: float = math.inf, skip: Collection[int] = (),
-                  reserve_fraction: Optional[float] = None) -> list[Decision]:
+                  free: list[int], reserve: int, shorter_than_s: float = math.inf,
+                  skip: Collection[int] = ()) -> list[Decision]:
         """Requeue a running flexible job into a bigger shape when that is predicted to
         finish it sooner than continuing by more than the switch cost times (1 +
         reshape_margin). The new run counts its startup and the work since the job's last
         checkpoint (``_lost_work_s``); a job without checkpoints would start over and is
         never reshaped. The new shape must fit now on whole nodes (``free``: GPUs free per
         node after this tick's starts, updated here) plus the job's own GPUs: a requeued job
-        that cannot restart at once would be planned again, often smaller. GPUs beyond
-        ``expand_reserve_fraction`` of the cluster (``reserve_fraction`` when given) stay
-        idle for new jobs. Shortest predicted remaining first; jobs in ``skip`` (this
+        that cannot restart at once would be planned again, often smaller. ``reserve`` GPUs
+        stay idle for new jobs. Shortest predicted remaining first; jobs in ``skip`` (this
         tick's preemption victims) are left alone, and the new run must be shorter than
         ``shorter_than_s``."""
         now, out = view.now, []
         index = {n.name: i for i, n in enumerate(view.nodes)}
-        reserve = int((self.expand_reserve_fraction if reserve_fraction is None else reserve_fraction)
-                      * view.total_gpus)
-        running = sorted(view.running, key=lambda j: (predicted_end_s(j, profiles, estimator, now), j.job_id))
-        for job in running:
+        ends = {j.job_id: predicted_end_s(j, profiles, estimator, now) for j in view.running}
+        for job in sorted(view.running, key=lambda j: (ends[j.job_id], j.job_id)):
             idle_gpus = sum(free) - reserve
             profile = profiles.get(job.job_id)
             if job.job_id in skip or profile is None or not profile.flexible or idle_gpus <= 0 or job.start_time is None \
@@ -374,7 +375,7 @@ class PipeSwiftPolicy:
                 continue
             config = current_config(job, profile)
             iter_s = max(1e-9, float(estimator.run_time_s(profile, config, 1) - estimator.run_time_s(profile, config, 0)))
-            left_s = predicted_end_s(job, profiles, estimator, now) - now
+            left_s = ends[job.job_id] - now
             redo = math.ceil((left_s + self._lost_work_s(job, profile, estimator, now)) / iter_s)
             trial = list(free)
             for name in job.node_list:
