@@ -35,6 +35,9 @@ class Script(NamedTuple):
     own: list[tuple[str, str]]
 
 
+_DIRECTIVES = ("#SBATCH", "#SLURM")  # sbatch still reads the old #SLURM lines (and says to change them)
+
+
 def read_header(lines: Sequence[str]) -> Script:
     """Collect ``#SBATCH`` words (per ``#SBATCH hetjob`` component) and ``#PSWIFT`` pairs."""
     header: list[list[str]] = [[]]
@@ -44,8 +47,8 @@ def read_header(lines: Sequence[str]) -> Script:
         stripped = line.strip()
         if stripped.startswith("#PSWIFT"):
             own.extend(_pswift_pairs(stripped[len("#PSWIFT"):]))
-        elif in_header and line.startswith("#SBATCH"):
-            words = _split_words(line[len("#SBATCH"):])
+        elif in_header and line.startswith(_DIRECTIVES):
+            words = _split_words(line[len("#SBATCH" if line.startswith("#SBATCH") else "#SLURM"):])
             if words[:1] in (["hetjob"], ["packjob"]):
                 header.append([])
             else:

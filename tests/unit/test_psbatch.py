@@ -82,6 +82,11 @@ def test_read_header_stops_at_first_command_and_splits_hetjob():
     assert script.own == [("gpus", "2-4"), ("", "off")]
 
 
+def test_read_header_takes_the_old_slurm_directives_as_sbatch_does():
+    lines = ["#!/bin/bash", "#SLURM --gpus=8", "#SBATCH -N 2", "srun hostname", "#SLURM -p late"]
+    assert psbatch.read_header(lines).header == [["--gpus=8", "-N", "2"]]
+
+
 @pytest.mark.parametrize("values, expected", [
     ({}, (None, None)),
     ({"nodes": "2", "gpus-per-node": "4"}, (8, 4)),
