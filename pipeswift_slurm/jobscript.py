@@ -48,7 +48,7 @@ def read_header(lines: Sequence[str]) -> Script:
         if stripped.startswith("#PSWIFT"):
             own.extend(_pswift_pairs(stripped[len("#PSWIFT"):]))
         elif in_header and line.startswith(_DIRECTIVES):
-            words = _split_words(line[len("#SBATCH" if line.startswith("#SBATCH") else "#SLURM"):])
+            words = directive_words(line[len("#SBATCH" if line.startswith("#SBATCH") else "#SLURM"):])
             if words[:1] in (["hetjob"], ["packjob"]):
                 header.append([])
             else:
@@ -64,6 +64,50 @@ def _pswift_pairs(text: str) -> list[tuple[str, str]]:
         key, eq, value = word.partition("=")
         pairs.append(("", key) if not eq and key in ("on", "off") else (key, value))
     return pairs
+
+
+_C_SPACE = " \t\n\v\f\r"  # isspace() in the C locale
+_C_SPACES = re.compile("[%s]+" % _C_SPACE)
+_DIRECTIVE_QUOTING = re.compile(r"[\\'\"#]")
+
+
+def directive_words(text: str) -> list[str]:
+    """The words of an ``#SBATCH`` line after the magic word, as sbatch splits them (its
+    ``_get_argument``), which is not the shell's way: ``'`` and ``"`` quote alike, a
+    backslash takes the next character as it is, even inside single quotes, but ends the
+    word before a blank; an unquoted ``#`` ends the line; and an empty word (``""``) ends
+    it too. An unmatched quote (sbatch refuses the script) keeps the words before it."""
+    if _DIRECTIVE_QUOTING.search(text) is None:
+        text = text.strip(_C_SPACE)
+        return _C_SPACES.split(text) if text else []
+    words: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i] in _C_SPACE:
+            i += 1
+        word: list[str] = []
+        quote, escaped = "", False
+        while i < n and (quote or text[i] not in _C_SPACE) and text[i] != "\n":
+            c = text[i]
+            i += 1
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+                continue
+            elif quote:
+                if c == quote:
+                    quote = ""
+                    continue
+            elif c in "'\"":
+                quote = c
+                continue
+            elif c == "#":
+                return words + ["".join(word)] if word else words
+            word.append(c)
+        if quote or not word:
+            return words
+        words.append("".join(word))
 
 
 def _split_words(text: str) -> list[str]:

@@ -9,6 +9,7 @@ compiled one answered by its resident helper (pipeswift_slurm/psbatch_helper).""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -192,6 +193,32 @@ def test_megatron_stdin_job_reaches_slurm_enriched(front_end, tmp_path, submitte
                                          text.encode())
     assert batch == text.replace("torchrun", "pipeswift-launch -- torchrun", 1)
     assert comment.startswith("pswift1;args=")
+
+
+DIRECTIVES = json.loads((Path(__file__).resolve().parents[1] / "data" / "psbatch" / "directives.json").read_text())
+
+
+@needs_slurm
+@pytest.mark.slurm
+def test_directives_are_read_as_the_real_sbatch_reads_them(tmp_path, submitted):
+    """psbatch's reading of #SBATCH lines (quotes, backslashes, # and empty words the way
+    sbatch's own splitter takes them) gives the comment and job name Slurm stores."""
+    for k, case in enumerate(DIRECTIVES):
+        script = tmp_path / ("d%d.sh" % k)
+        script.write_text("#!/bin/bash\n#SBATCH" + case["line"] + "\nsrun hostname\n")
+        done = _submit(["sbatch"], ["-H", "--parsable", script.name], tmp_path)
+        assert (done.returncode == 0) == case["sbatch_accepts"], (case, done.stderr)
+        if done.returncode:
+            continue
+        job_id = done.stdout.decode().strip()
+        submitted.append(job_id)
+        header = psbatch.read_header(script.read_text().split("\n")).header[0]
+        ours = psbatch.effective_options([], header, {})
+        fields = _fields(job_id)
+        stored_comment = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%k"], capture_output=True,
+                                        text=True, check=False).stdout.rstrip("\n")
+        assert (ours["comment"] if "comment" in ours else "(null)") == stored_comment, case
+        assert fields["JobName"] == (ours.get("job-name") or script.name), case
 
 
 # ---------------------------------------------------------------- fuzz

@@ -82,6 +82,17 @@ def test_read_header_stops_at_first_command_and_splits_hetjob():
     assert script.own == [("gpus", "2-4"), ("", "off")]
 
 
+# Directive lines and the words sbatch takes from them, as Slurm 22.05's sbatch does (the
+# integration tests check them against the real sbatch).
+DIRECTIVES = json.loads((DATA / "directives.json").read_text())
+
+
+@pytest.mark.parametrize("case", DIRECTIVES, ids=[c["line"] for c in DIRECTIVES])
+def test_directive_words_are_split_as_sbatch_splits_them(case):
+    assert jobscript.directive_words(case["line"]) == case["words"]
+    assert psbatch.read_header(["#!/bin/sh", "#SBATCH" + case["line"], "true"]).header == [case["words"]]
+
+
 def test_read_header_takes_the_old_slurm_directives_as_sbatch_does():
     lines = ["#!/bin/bash", "#SLURM --gpus=8", "#SBATCH -N 2", "srun hostname", "#SLURM -p late"]
     assert psbatch.read_header(lines).header == [["--gpus=8", "-N", "2"]]
