@@ -228,7 +228,8 @@ class Job:
     ``comment`` is user-editable text (where psbatch puts the profile: a request, never
     a fact); ``admin_comment`` only an admin can write (where the decision token lives).
     ``config`` is the configuration the job runs or will run with, as last decided.
-    ``attained_gpu_s`` counts GPU-seconds of earlier runs before a requeue.
+    ``attained_gpu_s`` counts GPU-seconds of earlier runs before a requeue, ``ran_s`` their
+    wall-clock seconds (the two differ in ratio when a requeue changed the job's size).
     """
 
     job_id: int
@@ -254,6 +255,7 @@ class Job:
     config: Optional[ExecConfig] = None
     attained_gpu_s: float = 0.0
     restarts: int = 0
+    ran_s: float = 0.0
 
     @property
     def pending(self) -> bool:
@@ -275,8 +277,8 @@ class Job:
 
     @property
     def ran_before_s(self) -> float:
-        """Seconds the job ran before its last requeue (attained GPU-seconds over its GPUs)."""
-        return self.attained_gpu_s / self.gpus if self.restarts and self.gpus else 0.0
+        """Wall-clock seconds the job ran before its last requeue, all earlier runs together."""
+        return self.ran_s if self.restarts else 0.0
 
     def queued_s(self, now: float) -> float:
         """Seconds spent queued in all: ``wait_s`` less the time it ran before a requeue."""

@@ -43,6 +43,7 @@ class SimJob:
     end_s: Optional[float] = None
     placement: tuple[int, ...] = ()
     attained_gpu_s: float = 0.0
+    ran_s: float = 0.0
     restarts: int = 0
     version: int = 0
     seen_version: int = -1
@@ -106,6 +107,7 @@ class SimBackend:
             self.free[node] += job.gpus_per_node
         job.state, job.end_s = "COMPLETED", now
         job.attained_gpu_s += (now - _started(job, now)) * job.gpus
+        job.ran_s += now - _started(job, now)
         job.version += 1
         self._finished.append(job)
         return job
@@ -134,7 +136,7 @@ class SimBackend:
                            admin_comment=job.admin_comment, config=job.config,
                            node_list=tuple("node%d" % (n + 1) for n in job.placement),
                            gpu_request=GpuRequest("tres_per_node", job.gpus_per_node),
-                           attained_gpu_s=job.attained_gpu_s, restarts=job.restarts)
+                           attained_gpu_s=job.attained_gpu_s, restarts=job.restarts, ran_s=job.ran_s)
             job.seen_version = job.version
         return job.view
 
@@ -177,6 +179,7 @@ class SimBackend:
         for node in job.placement:
             self.free[node] += job.gpus_per_node
         job.attained_gpu_s += (self.now - _started(job, self.now)) * job.gpus
+        job.ran_s += self.now - _started(job, self.now)
         job.state, job.start_s, job.placement = PENDING, None, ()
         job.restarts += 1
         job.version += 1

@@ -71,16 +71,14 @@ def current_config(job: Job, profile: JobProfile) -> ExecConfig:
 
 
 def predicted_end_s(job: Job, profiles: Mapping[int, JobProfile], estimator: Any, now: float) -> float:
-    """When a running job should end: start + predicted run time for opted-in jobs (less
-    the time it already ran before a requeue), start + time limit otherwise; never before
-    ``now`` (an overdue job ends 'soon')."""
+    """When a running job should end: start + predicted run time for opted-in jobs (of the
+    iterations it had left, for a requeued job: ``remaining_iterations``), start + time
+    limit otherwise; never before ``now`` (an overdue job ends 'soon')."""
     start = job.start_time if job.start_time is not None else now
     profile = profiles.get(job.job_id)
     if profile is not None:
-        run_s = float(estimator.run_time_s(profile, current_config(job, profile)))
-        if job.ran_before_s:  # a requeued job resumes from its checkpoint
-            run_s = max(float(estimator.startup_s(profile)), run_s - job.ran_before_s)
-        end = start + run_s
+        left = remaining_iterations(job, profile, estimator)
+        end = start + float(estimator.run_time_s(profile, current_config(job, profile), left))
     elif job.time_limit_s:
         end = start + job.time_limit_s
     else:

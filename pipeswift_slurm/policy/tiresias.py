@@ -41,9 +41,8 @@ class TiresiasPolicy:
         return bisect.bisect_right(self.queue_limits_gpu_s, self.attained_gpu_s(job, now))
 
     def queue_of(self, job: Job, now: float) -> int:
-        if job.pending and job.attained_gpu_s > 0:
-            last_run_s = job.attained_gpu_s / max(job.gpus, 1)
-            if job.wait_s(now) > max(self.min_wait_s, self.promote_factor * last_run_s):
+        if job.pending and job.ran_before_s > 0:
+            if job.wait_s(now) > max(self.min_wait_s, self.promote_factor * job.ran_before_s):
                 return 0
         return bisect.bisect_right(self.queue_limits_gpu_s, self.attained_gpu_s(job, now))
 

@@ -22,7 +22,7 @@ from pipeswift_slurm.costmodel import CostModel
 from pipeswift_slurm.estimator import Estimator
 from pipeswift_slurm.model import ClusterView, Decision, Job, Node
 from pipeswift_slurm.policy import get_policy, policy_names
-from pipeswift_slurm.policy.common import RANK_STEP
+from pipeswift_slurm.policy.common import RANK_STEP, predicted_end_s, remaining_iterations
 from pipeswift_slurm.policy.pipeswift import PipeSwiftPolicy
 from pipeswift_slurm.sim.workload import ZOO, Conversion, TraceRow, to_megatron_job
 from pipeswift_slurm.token import ProfileRequest, encode_profile
@@ -444,9 +444,30 @@ def test_pipeswift_reshapes_only_checkpointing_jobs_into_shapes_that_fit_now(bus
 
 
 def test_queued_time_leaves_out_earlier_runs() -> None:
-    job = Job(1, "PENDING", 0.0, gpus=4, attained_gpu_s=4 * 3 * HOUR, restarts=1)
+    # ran 3 h on 4 GPUs, requeued to 8: its GPU-seconds over today's size would say 1.5 h
+    job = Job(1, "PENDING", 0.0, gpus=8, attained_gpu_s=4 * 3 * HOUR, restarts=1, ran_s=3 * HOUR)
     assert job.wait_s(5 * HOUR) == 5 * HOUR
     assert job.queued_s(5 * HOUR) == 2 * HOUR  # ran 3 h before its requeue
+
+
+def test_a_requeued_running_job_is_predicted_to_end_when_its_work_left_is_done() -> None:
+    """Its end counts the iterations left from its last checkpoint at its new size, not
+    its full run less the hours it ran at another size."""
+    est = Estimator(COST, 8)
+    _, profile = _profile(8, 10.0, 8, gpu_range=(4, 16), save_interval=100)
+    small = est.best(profile, 4)
+    assert small is not None
+    # ran 4 h of a 10 h job (as GPU-seconds: 8 GPUs x 4 h), then requeued onto 4 GPUs at t=5 h
+    job = Job(1, "RUNNING", 0.0, gpus=4, start_time=5 * HOUR, config=small.config, restarts=1,
+              attained_gpu_s=8 * 0.4 * est.run_time_s(profile, profile.requested), ran_s=4 * HOUR)
+    left = remaining_iterations(job, profile, est)
+    assert left is not None and abs(left / profile.plan.iterations - 0.6) < 0.05  # GPU-seconds: near-linear scaling
+    end = predicted_end_s(job, {1: profile}, est, 5 * HOUR)
+    assert end == pytest.approx(5 * HOUR + est.run_time_s(profile, small.config, left))
+    # without checkpoints it starts over: its whole run from its new start
+    _, rigid = _profile(8, 10.0, 8, gpu_range=(4, 16))
+    assert predicted_end_s(job, {1: rigid}, est, 5 * HOUR) == pytest.approx(
+        5 * HOUR + est.run_time_s(rigid, small.config))
 
 
 # ------------------------------------------------------------------ invariants on random views
