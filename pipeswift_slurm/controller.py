@@ -142,7 +142,7 @@ class Controller:
                 recorded so the database matches Slurm).
         """
         started = self.clock()
-        view = self.backend.snapshot()
+        view = self._with_earlier_runs(self.backend.snapshot())
         report = TickReport(view=view)
         profiles = self._ingest(view)
         t0 = self.clock()
@@ -170,6 +170,18 @@ class Controller:
         if report.failed is not None:
             raise BackendError(report.failed)
         return report
+
+    def _with_earlier_runs(self, view: ClusterView) -> ClusterView:
+        """The view with each requeued job's earlier runs from the history, where the
+        backend does not know them (live Slurm keeps no run time across a requeue), so the
+        policy counts its queued time and plans the work it has left."""
+        requeued = [j for j in view.jobs if j.restarts and not j.ran_s and not j.attained_gpu_s]
+        if self.store is None or not requeued:
+            return view
+        runs = self.store.earlier_runs(view.now, requeued)
+        jobs = tuple(replace(j, ran_s=runs[j.job_id][0], attained_gpu_s=runs[j.job_id][1])
+                     if j.job_id in runs else j for j in view.jobs)
+        return replace(view, jobs=jobs)
 
     def _stable_order(self, decisions: list[Decision], by_id: dict[int, Job]) -> list[Decision]:
         """Keep the order the policy's SiteFactors express, with as few changes to the

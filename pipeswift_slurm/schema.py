@@ -38,7 +38,10 @@ class JobRow(Base):
     ``gpus`` is the current request (pending) or allocation (running); ``requested_gpus``
     is ``gpus`` when the job was first seen (what the user asked before any resize).
     ``queue_s`` = start_time - (eligible_time or submit_time), set once a start is seen;
-    ``run_s`` = end_time - start_time, set once an end is seen. ``state`` ends in ``?``
+    ``run_s`` = end_time - start_time, set once an end is seen. ``ran_s`` and
+    ``attained_gpu_s`` add up the runs before its latest requeue, as seen: from its start
+    to the first tick that saw it pending again (live Slurm does not report them; the
+    policy plans a requeued job on the work it has left). ``state`` ends in ``?``
     when the job vanished from the queue and its end is an estimate (see Store).
     """
 
@@ -67,6 +70,8 @@ class JobRow(Base):
     first_seen_tick: Mapped[Optional[int]]
     last_seen_tick: Mapped[Optional[int]]
     restarts: Mapped[int] = mapped_column(server_default=text("0"))
+    ran_s: Mapped[float] = mapped_column(server_default=text("0"))
+    attained_gpu_s: Mapped[float] = mapped_column(server_default=text("0"))
 
     __table_args__ = (
         Index("ix_jobs_state", "state"),

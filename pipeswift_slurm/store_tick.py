@@ -32,9 +32,31 @@ _DECISIONS = _TABLES["decisions"]
 # Fields copied from the observed Job, plus those derived from them.
 _OBSERVED = ("user", "name", "partition", "submit_time", "eligible_time", "start_time",
              "end_time", "state", "state_reason", "num_nodes", "gpus", "opted_in")
-_DERIVED = ("queue_s", "run_s", "size_class", "restarts")
+_DERIVED = ("queue_s", "run_s", "size_class", "restarts", "ran_s", "attained_gpu_s")
 _SET_JOB_CLASS = update(_JOBS).where(_JOBS.c.job_id == bindparam("b_job_id")).values(
     job_class=bindparam("b_job_class"))
+
+
+def earlier_runs(old: Optional[Mapping[str, Any]], job: Job, now: float) -> tuple[float, float]:
+    """(wall seconds, GPU-seconds) of a job's runs before its latest requeue, from its
+    stored row and this view of it: what was recorded, plus the run that ended since it was
+    last seen running, when it is now pending again (it ran from its start to about now)
+    or running from a later start (requeued and restarted between two looks)."""
+    if old is None:
+        return 0.0, 0.0
+    ran_s, gpu_s = float(old.get("ran_s") or 0.0), float(old.get("attained_gpu_s") or 0.0)
+    started = old.get("start_time")
+    if old.get("state") == RUNNING and started is not None:
+        if job.state == PENDING:
+            ended: Optional[float] = now
+        elif job.state == RUNNING and job.start_time is not None and job.start_time > started:
+            ended = job.start_time
+        else:
+            ended = None
+        if ended is not None:
+            run_s = max(0.0, ended - started)
+            ran_s, gpu_s = ran_s + run_s, gpu_s + run_s * (old.get("gpus") or 0)
+    return ran_s, gpu_s
 
 
 def _profile_values(raw_text: str, profile: Optional[JobProfile], parse_error: Optional[str],
@@ -196,6 +218,7 @@ class TickTx(_Queries):
         if old and old["state"] == RUNNING and job.state == PENDING:
             restarts += 1  # requeued since we last looked
         values["restarts"] = max(restarts, job.restarts)
+        values["ran_s"], values["attained_gpu_s"] = earlier_runs(old, job, self.now)
         return values
 
     def save_snapshot(self, view: ClusterView) -> SnapshotSummary:

@@ -45,7 +45,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     predicted_run_s REAL,                          -- latest estimate for the config it runs with
     first_seen_tick INTEGER,
     last_seen_tick  INTEGER,
-    restarts        INTEGER NOT NULL DEFAULT 0     -- requeues seen (or reported by Slurm)
+    restarts        INTEGER NOT NULL DEFAULT 0,    -- requeues seen (or reported by Slurm)
+    ran_s           REAL    NOT NULL DEFAULT 0,    -- wall seconds of its runs before a requeue
+    attained_gpu_s  REAL    NOT NULL DEFAULT 0     -- GPU-seconds of those runs
 );
 CREATE INDEX IF NOT EXISTS ix_jobs_state ON jobs (state);
 CREATE INDEX IF NOT EXISTS ix_jobs_end_time ON jobs (end_time);

@@ -175,6 +175,47 @@ def test_requeue_counts_a_restart(store):
         (20.0, "RUNNING", "PENDING")]
 
 
+def test_requeues_add_up_the_earlier_runs(store):
+    """Live Slurm forgets a job's run time at a requeue; the history keeps it: from its
+    start to the first tick that saw it pending again, at the GPUs it ran on."""
+    with store.tick(10.0, "pipeswift") as tx:
+        tx.save_snapshot(view(10.0, running(1, 5.0, gpus=8)))
+    # what the next tick's policy is told, before anything is written
+    assert store.earlier_runs(65.0, [pending(1, gpus=16, restarts=1)]) == {1: (60.0, 480.0)}
+    with store.tick(65.0, "pipeswift") as tx:
+        tx.save_snapshot(view(65.0, pending(1, gpus=16, restarts=1)))
+    with store.tick(100.0, "pipeswift") as tx:
+        tx.save_snapshot(view(100.0, running(1, 90.0, gpus=16, restarts=1)))
+    # requeued again and restarted between two ticks: it ran until its new start, at most
+    with store.tick(300.0, "pipeswift") as tx:
+        tx.save_snapshot(view(300.0, running(1, 250.0, gpus=4, restarts=2)))
+    assert rows(store, "SELECT restarts, ran_s, attained_gpu_s FROM jobs") == [(2, 220.0, 480.0 + 160 * 16)]
+    assert store.earlier_runs(400.0, [running(1, 250.0, gpus=4, restarts=2)]) == {1: (220.0, 3040.0)}
+    assert store.earlier_runs(400.0, [pending(7)]) == {7: (0.0, 0.0)}  # never seen
+
+
+def test_an_older_database_gets_the_new_columns(tmp_path):
+    """A history file from a release without ``jobs.ran_s``/``attained_gpu_s`` opens, gains
+    them (zero for the old rows) and records as before."""
+    from pathlib import Path
+
+    ddl = (Path(__file__).resolve().parents[2] / "sql" / "schema.sql").read_text()
+    old_ddl = ddl.replace("restarts        INTEGER NOT NULL DEFAULT 0,", "restarts        INTEGER NOT NULL DEFAULT 0")
+    old_ddl = "\n".join(line for line in old_ddl.splitlines()
+                        if not line.lstrip().startswith(("ran_s ", "attained_gpu_s ")))
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(old_ddl)
+        conn.execute("INSERT INTO jobs (job_id, state) VALUES (1, 'RUNNING')")
+    assert "ran_s" not in {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(jobs)")}
+    store = Store.from_url(str(path))
+    assert rows(store, "SELECT job_id, ran_s, attained_gpu_s FROM jobs") == [(1, 0.0, 0.0)]
+    with store.tick(10.0, "pipeswift") as tx:
+        tx.save_snapshot(view(10.0, running(2, 5.0)))
+    assert rows(store, "SELECT job_id FROM jobs ORDER BY job_id") == [(1,), (2,)]
+    Store.from_url(str(path))  # and opens again with nothing to add
+
+
 def test_vanished_jobs_are_reported_then_closed(store):
     with store.tick(100.0, "fifo") as tx:
         tx.save_snapshot(view(100.0, running(1, 40.0, gpus=2), pending(2), pending(3)))
