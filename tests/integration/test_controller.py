@@ -245,6 +245,14 @@ def test_preempting_tick_requeues_a_long_checkpointing_job_for_short_ones(
         wait_state(job_id, "RUNNING", 60)
     fields = job_fields(long_job)
     assert fields["JobState"] == "PENDING" and fields["Restarts"] == "1", fields
+    # Slurm forgets its run time at the requeue; the next tick keeps it in the history
+    # (from its start to the tick that saw it pending), for the policy's next decisions.
+    [before] = site.rows("SELECT start_time, gpus FROM jobs WHERE job_id = ?", long_job)
+    site.tick_ok()
+    [after] = site.rows("SELECT ran_s, attained_gpu_s, restarts, state FROM jobs WHERE job_id = ?", long_job)
+    assert after["restarts"] == 1 and after["state"] == "PENDING"
+    assert 0 < after["ran_s"] <= time.time() - before["start_time"] + 1
+    assert after["attained_gpu_s"] == after["ran_s"] * before["gpus"]
 
 
 def test_reshaping_tick_grows_a_running_checkpointing_job_onto_idle_gpus(
