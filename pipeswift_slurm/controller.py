@@ -172,15 +172,16 @@ class Controller:
         return report
 
     def _with_earlier_runs(self, view: ClusterView) -> ClusterView:
-        """The view with each requeued job's earlier runs from the history, where the
-        backend does not know them (live Slurm keeps no run time across a requeue), so the
-        policy counts its queued time and plans the work it has left."""
+        """The view with each requeued job's earlier GPU-seconds from the history, where
+        the backend does not know them (live Slurm keeps no run time across a requeue), so
+        the policy plans the work it has left. Only those: Slurm also restarts a requeued
+        job's submit and eligible times, so its wait already leaves the earlier runs out
+        (``Job.ran_s`` stays 0; the simulator, which keeps the first submit time, sets it)."""
         requeued = [j for j in view.jobs if j.restarts and not j.ran_s and not j.attained_gpu_s]
         if self.store is None or not requeued:
             return view
         runs = self.store.earlier_runs(view.now, requeued)
-        jobs = tuple(replace(j, ran_s=runs[j.job_id][0], attained_gpu_s=runs[j.job_id][1])
-                     if j.job_id in runs else j for j in view.jobs)
+        jobs = tuple(replace(j, attained_gpu_s=runs[j.job_id][1]) if j.job_id in runs else j for j in view.jobs)
         return replace(view, jobs=jobs)
 
     def _stable_order(self, decisions: list[Decision], by_id: dict[int, Job]) -> list[Decision]:

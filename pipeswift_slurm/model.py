@@ -230,6 +230,9 @@ class Job:
     ``config`` is the configuration the job runs or will run with, as last decided.
     ``attained_gpu_s`` counts GPU-seconds of earlier runs before a requeue, ``ran_s`` their
     wall-clock seconds (the two differ in ratio when a requeue changed the job's size).
+    ``ran_s`` is set only where ``submit_time`` stays the first submission's (the
+    simulator): live Slurm restarts a requeued job's submit time, so its wait already
+    leaves the earlier runs out.
     """
 
     job_id: int

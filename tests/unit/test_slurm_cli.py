@@ -550,8 +550,9 @@ class ViewsBackend:
 
 
 def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_history() -> None:
-    """squeue forgets a job's run time at a requeue; the policy still learns it, from the
-    runs the controller saw, so it counts the job's queued time and the work it has left."""
+    """squeue forgets a job's run time at a requeue; the policy still learns its GPU-seconds,
+    from the runs the controller saw, so it plans the work the job has left. Its wait is
+    Slurm's, counted from its new submit time (Slurm restarts it at a requeue)."""
     from pipeswift_slurm.store import Store
 
     nodes = (Node("n1", gpus=8),)
@@ -563,20 +564,19 @@ def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_histo
             return []
 
     ran = Job(job_id=5, state="RUNNING", submit_time=0.0, gpus=8, start_time=NOW - 3600.0)
-    requeued = Job(job_id=5, state="PENDING", submit_time=0.0, gpus=4, restarts=1)
+    requeued = Job(job_id=5, state="PENDING", submit_time=NOW + 30.0, gpus=4, restarts=1)
     backend = ViewsBackend([ClusterView(now=NOW, nodes=nodes, jobs=(ran,)),
                             ClusterView(now=NOW + 60.0, nodes=nodes, jobs=(requeued,)),
                             ClusterView(now=NOW + 120.0, nodes=nodes, jobs=(requeued,))])
     controller = Controller(backend, Spy([]), estimator=None, store=Store.in_memory())
     for _ in range(3):
         controller.tick()
-    assert [j.ran_before_s for v in seen for j in v.jobs] == [0.0, 3660.0, 3660.0]
-    assert seen[-1].jobs[0].attained_gpu_s == 8 * 3660.0
-    assert seen[-1].jobs[0].queued_s(NOW + 120.0) == NOW + 120.0 - 3660.0
+    assert [j.attained_gpu_s for v in seen for j in v.jobs] == [0.0, 8 * 3660.0, 8 * 3660.0]
+    assert seen[-1].jobs[0].queued_s(NOW + 120.0) == 90.0  # since the requeue, as Slurm counts
     without = Controller(ViewsBackend([ClusterView(now=NOW, nodes=nodes, jobs=(requeued,))]), Spy([]),
                          estimator=None)
     without.tick()  # no history: as squeue says
-    assert seen[-1].jobs[0].ran_before_s == 0.0
+    assert seen[-1].jobs[0].attained_gpu_s == 0.0
 
 
 def test_snapshot_controller_down_says_so_after_a_ping() -> None:
