@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from sqlalchemy import Engine, bindparam, create_engine, event, insert, inspect, select, text
-from sqlalchemy.schema import CreateColumn
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.schema import CreateColumn
 
 from .model import Decision, Job
 from .schema import Base, TickRow
@@ -46,6 +46,8 @@ from .store_queries import (ACTIVE_STATES, CALIBRATION_STATES, CONFIG_FIELDS,  #
                             VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision,
                             SnapshotSummary)
 from .store_tick import TickTx, _inserted_id, _save_calibration, earlier_runs
+
+log = logging.getLogger(__name__)
 
 _J = Base.metadata.tables["jobs"].c
 _SELECT_EARLIER = select(_J.job_id, _J.state, _J.start_time, _J.gpus, _J.ran_s, _J.attained_gpu_s).where(
@@ -62,8 +64,6 @@ def _missing_columns(conn: Any) -> list[tuple[Any, Any]]:
             have = {c["name"] for c in found.get_columns(table.name)}
             missing += [(table, column) for column in table.columns if column.name not in have]
     return missing
-
-log = logging.getLogger(__name__)
 
 
 class StoreBusy(RuntimeError):
