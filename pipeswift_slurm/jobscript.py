@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from typing import NamedTuple, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 LAUNCHER = "pipeswift-launch"
 MAX_LOGICAL_LINES = 400  # physical lines one shell command may span
@@ -221,7 +221,7 @@ class _Vars:
     """Shell variables as psbatch knows them: the script's plain assignments, over the
     submit environment (an unquoted ``$X`` splits on blanks; split only when used)."""
 
-    def __init__(self, environ: Optional[dict[str, str]]) -> None:
+    def __init__(self, environ: Optional[Mapping[str, str]]) -> None:
         self.assigned: dict[str, list[str]] = {}
         self.environ = environ or {}
 
@@ -302,7 +302,7 @@ def shell_words(code: str) -> list[str]:
     return [_unquote(w) for w in words]
 
 
-def find_commands(lines: Sequence[str], environ: Optional[dict[str, str]] = None) -> list[Command]:
+def find_commands(lines: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> list[Command]:
     """Every simple command of the script with its words (known variables expanded).
 
     Variables come from the script's own plain assignments and from ``environ`` (the
@@ -359,7 +359,7 @@ def is_training_command(words: Sequence[str]) -> bool:
     return launcher and any(f in flags for f in _SHAPE_FLAGS)
 
 
-def find_training_command(lines: Sequence[str], environ: Optional[dict[str, str]] = None) -> Optional[Command]:
+def find_training_command(lines: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> Optional[Command]:
     """The first Megatron training command of a script, or None."""
     for cmd in find_commands(lines, environ):
         if is_training_command(cmd.words):

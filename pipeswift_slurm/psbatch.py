@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 from .jobscript import find_training_command, megatron_words, read_header, rewrite_lines, routed
 from .jobscript import Command, LAUNCHER, MAX_LOGICAL_LINES, Script, find_commands  # noqa: F401
@@ -35,7 +35,7 @@ MAX_SCRIPT_BYTES = 1 << 20  # bigger scripts go through unchanged (bounded effor
 
 
 def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: OwnOptions,
-                  environ: dict[str, str]) -> str:
+                  environ: Mapping[str, str]) -> str:
     """Validate the training command with the core and return the profile token.
 
     Raises:
@@ -66,7 +66,7 @@ class Plan(NamedTuple):
 
 
 def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
-             environ: dict[str, str]) -> Optional[Plan]:
+             environ: Mapping[str, str]) -> Optional[Plan]:
     """Enrich a Megatron job; None when the job is not one (or opted out).
 
     Raises:
@@ -107,7 +107,7 @@ def _with_options(argv: Sequence[str], scan: Scan, comment: str, text: str) -> l
     return front + [a for i, a in enumerate(argv) if i not in drop]
 
 
-def find_sbatch(environ: dict[str, str]) -> Optional[str]:
+def find_sbatch(environ: Mapping[str, str]) -> Optional[str]:
     """The real sbatch: ``$PIPESWIFT_SBATCH``, else the first ``sbatch`` on PATH that is
     not psbatch itself."""
     wanted = environ.get("PIPESWIFT_SBATCH") or "sbatch"
@@ -200,7 +200,7 @@ class Action(NamedTuple):
     warning: Optional[str]
 
 
-def decide(raw: Sequence[str], environ: dict[str, str], read: Callable[[list[str]], Source]) -> Action:
+def decide(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[str]], Source]) -> Action:
     """Decide the submission: ``raw`` is psbatch's argv, ``read`` gives the script of
     sbatch's argv (own options removed) as ``read_source`` does. Never raises for a job:
     anything psbatch cannot enrich is submitted as written, with a warning."""
@@ -229,7 +229,7 @@ def decide(raw: Sequence[str], environ: dict[str, str], read: Callable[[list[str
     return Action(plan.argv, None, (scan.script_index, name, text), warning)
 
 
-def submit(raw: Sequence[str], environ: dict[str, str], stdin: object = None) -> int:
+def submit(raw: Sequence[str], environ: Mapping[str, str], stdin: object = None) -> int:
     """Submit like sbatch, enriching a Megatron job; returns sbatch's exit code."""
     action = decide(raw, environ, lambda argv: read_source(argv, stdin))
     sbatch = find_sbatch(environ)

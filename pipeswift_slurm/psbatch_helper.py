@@ -47,6 +47,7 @@ import stat
 import struct
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -54,7 +55,7 @@ from . import psbatch
 
 log = logging.getLogger(__name__)
 
-PROTOCOL = "pswift-psbatch-helper-1"
+PROTOCOL = "pswift-psbatch-helper-2"
 SOCKET_NAME = "psbatch.sock"
 JOB_PREFIX = "psbatch-"  # the front end's folder for a rewritten script: psbatch-<pid>-XXXXXX
 LOCK_NAME = "psbatch.lock"
@@ -128,6 +129,45 @@ def read_records(conn: socket.socket, limit: int = MAX_REQUEST_BYTES) -> list[Re
         data += chunk
 
 
+class EnvBlock(Mapping[str, str]):
+    """The submitter's environment as the front end sends it (``NAME=value`` entries, each
+    ended by a NUL), read lazily: a variable is found and decoded only when asked for (a
+    submission needs a handful of them; decoding all took longer than the rest of the
+    request). The first entry of a name wins, as getenv(3) finds it; an entry without
+    ``=`` or with an empty name is not a variable."""
+
+    def __init__(self, block: bytes) -> None:
+        self._block = b"\0" + block
+        self._all: Optional[dict[str, str]] = None
+
+    def __getitem__(self, name: str) -> str:
+        key = b"\0" + os.fsencode(name) + b"="
+        at = self._block.find(key) if name and "=" not in name and "\0" not in name else -1
+        if at < 0:
+            raise KeyError(name)
+        start = at + len(key)
+        end = self._block.find(b"\0", start)
+        return os.fsdecode(self._block[start:] if end < 0 else self._block[start:end])
+
+    def _decoded(self) -> dict[str, str]:
+        if self._all is None:
+            self._all = {}
+            for entry in self._block.split(b"\0"):
+                name, sep, value = os.fsdecode(entry).partition("=")
+                if sep and name:
+                    self._all.setdefault(name, value)
+        return self._all
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+    def __bool__(self) -> bool:  # without decoding every entry
+        return len(self._block) > 1
+
+
 # ---------------------------------------------------------------- answers
 
 
@@ -136,14 +176,12 @@ def answer(request: Sequence[Record]) -> list[Record]:
     versions: list[bytes] = []
     texts: list[bytes] = []
     argv: list[str] = []
-    environ: dict[str, str] = {}
+    environ: Mapping[str, str] = {}
     for tag, data in request:
         if tag == b"a":
             argv.append(os.fsdecode(data))
-        elif tag == b"e":
-            name, sep, value = os.fsdecode(data).partition("=")
-            if sep and name:
-                environ.setdefault(name, value)  # the first wins, as getenv(3) finds it
+        elif tag == b"E":
+            environ = EnvBlock(data)
         elif tag == b"v":
             versions.append(data)
         elif tag == b"t":

@@ -13,7 +13,7 @@ start fast.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 OWN_PREFIX = "--pipeswift"
 
@@ -97,7 +97,8 @@ def _scan_long(argv: Sequence[str], i: int, unknown: list[str]) -> Opt:
 
 
 def _scan_short(argv: Sequence[str], i: int, unknown: list[str]) -> list[Opt]:
-    out, text = [], argv[i]
+    out: list[Opt] = []
+    text = argv[i]
     for k in range(1, len(text)):
         name = _SHORT.get(text[k])
         if name is None:
@@ -253,7 +254,7 @@ _ENV_OPTIONS = {"SBATCH_GPUS": "gpus", "SBATCH_GPUS_PER_NODE": "gpus-per-node",
 
 
 def effective_options(cmdline: Sequence[Opt], header: Sequence[str],
-                      environ: dict[str, str]) -> dict[str, Optional[str]]:
+                      environ: Mapping[str, str]) -> dict[str, Optional[str]]:
     """Option values as sbatch resolves them: script header < environment < command line."""
     values: dict[str, Optional[str]] = {o.name: o.value for o in scan_argv(header, stop_at_script=False).opts}
     values.update({opt: environ[var] for var, opt in _ENV_OPTIONS.items() if environ.get(var)})

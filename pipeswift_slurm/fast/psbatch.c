@@ -641,9 +641,17 @@ static int build_request(struct buf *req, int argc, char **argv, const char *tex
     for (i = 1; i < argc; i++)
         if (put_record(req, 'a', argv[i], strlen(argv[i])))
             return -1;
-    for (e = environ; e && *e; e++)
-        if (put_record(req, 'e', *e, strlen(*e)))
+    { /* the environment as one record, each NAME=value ended by a NUL: the helper reads
+         * only the variables it needs from it */
+        struct buf env = {NULL, 0, 0};
+        int failed = 0;
+        for (e = environ; e && *e && !failed; e++)
+            failed = buf_add(&env, *e, strlen(*e) + 1);
+        failed = failed || put_record(req, 'E', env.data ? env.data : "", env.len);
+        free(env.data);
+        if (failed)
             return -1;
+    }
     if (text && put_record(req, 't', text, text_len))
         return -1;
     return put_record(req, 'z', "", 0);

@@ -694,12 +694,37 @@ def test_a_helper_that_never_answers_costs_a_timeout_not_the_job(bins, tmp_path)
     assert waited_s >= 4.0  # the front end waited for the answer, then went to the Python psbatch
 
 
+def test_the_helper_reads_the_environment_as_getenv_would():
+    from pipeswift_slurm.psbatch_helper import EnvBlock
+
+    env = EnvBlock(b"A=1\0B=two words\0A=again\0NOEQ\0=empty\0C=\xff\xfe\0D=\0E=x=y\0")
+    assert (env["A"], env["B"], env["D"], env["E"]) == ("1", "two words", "", "x=y")  # the first A wins
+    assert env["C"] == os.fsdecode(b"\xff\xfe")
+    assert "NOEQ" not in env and "" not in env and "A=1" not in env and env.get("X") is None
+    assert dict(env) == {"A": "1", "B": "two words", "C": os.fsdecode(b"\xff\xfe"), "D": "", "E": "x=y"}
+    assert not EnvBlock(b"") and dict(EnvBlock(b"")) == {}
+
+
+@needs_cc
+def test_variables_from_the_submit_environment_reach_the_helper(bins, helper):
+    """A training command whose flags come from the submitter's environment is read the
+    same through the helper as by the Python psbatch (and differently for another value)."""
+    (bins.work / "envmeg.sh").write_bytes(MEGATRON.replace(b"--num-layers 4", b"--num-layers $NL"))
+    outcomes = []
+    for layers in ("4", "8"):
+        got = _run(bins, [bins.no_python], ["envmeg.sh"], env=_helper_env(helper, NL=layers))
+        assert got == _run(bins, PYTHON_PSBATCH, ["envmeg.sh"], env={"NL": layers})
+        assert got.rc == 0 and got.stderr == b"" and got.calls[0]["argv"][0].startswith(b"--comment=pswift1;")
+        outcomes.append(got.calls[0]["argv"][0])
+    assert outcomes[0] != outcomes[1]  # the profile records the layers the environment gave
+
+
 def test_helper_answer_falls_back_on_another_checkout():
     import socket
 
     from pipeswift_slurm import psbatch_helper as ph
 
-    request = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"e", b"A=1"),
+    request = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"E", b"A=1\0"),
                (b"t", MEGATRON)]
     said = dict(ph.answer(request))
     assert said[b"a"] == b"-H" and said[b"i"] == ROUTED  # the stdin script, routed
