@@ -177,8 +177,10 @@ class Controller:
         the policy plans the work it has left. Only those: Slurm also restarts a requeued
         job's submit and eligible times, so its wait already leaves the earlier runs out
         (``Job.ran_s`` stays 0; the simulator, which keeps the first submit time, sets it)."""
+        if self.store is None:
+            return view
         requeued = [j for j in view.jobs if j.restarts and not j.ran_s and not j.attained_gpu_s]
-        if self.store is None or not requeued:
+        if not requeued:
             return view
         runs = self.store.earlier_runs(view.now, requeued)
         jobs = tuple(replace(j, attained_gpu_s=runs[j.job_id][1]) if j.job_id in runs else j for j in view.jobs)
