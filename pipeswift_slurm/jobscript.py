@@ -35,7 +35,7 @@ class Script(NamedTuple):
     own: list[tuple[str, str]]
 
 
-_DIRECTIVES = ("#SBATCH", "#SLURM")  # sbatch still reads the old #SLURM lines (and says to change them)
+_DIRECTIVE_RE = re.compile("#SBATCH|#SLURM")  # sbatch still reads the old #SLURM lines (and says to change them)
 
 
 def read_header(lines: Sequence[str]) -> Script:
@@ -47,8 +47,8 @@ def read_header(lines: Sequence[str]) -> Script:
         stripped = line.strip()
         if stripped.startswith("#PSWIFT"):
             own.extend(_pswift_pairs(stripped[len("#PSWIFT"):]))
-        elif in_header and line.startswith(_DIRECTIVES):
-            words = directive_words(line[len("#SBATCH" if line.startswith("#SBATCH") else "#SLURM"):])
+        elif in_header and (magic := _DIRECTIVE_RE.match(line)):
+            words = directive_words(line[magic.end():])
             if words[:1] in (["hetjob"], ["packjob"]):
                 header.append([])
             else:

@@ -313,7 +313,7 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
     listener.listen(64)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    psbatch.decide(["-H"], {}, lambda _argv: psbatch.Source(_WARM_UP_SCRIPT, None))  # imports, caches
+    psbatch.decide(["-H"], EnvBlock(b""), lambda _argv: psbatch.Source(_WARM_UP_SCRIPT, None))  # imports, caches
     loaded = _code_stamp()
     last_request = chores_at = time.monotonic()
     try:

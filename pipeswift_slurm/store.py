@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from sqlalchemy import Engine, bindparam, create_engine, event, insert, inspect, select, text
+from sqlalchemy import Engine, create_engine, event, insert, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -45,17 +45,13 @@ from .store_queries import CalibrationEntry, T, _Queries
 from .store_queries import (ACTIVE_STATES, CALIBRATION_STATES, CONFIG_FIELDS,  # noqa: F401
                             VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision,
                             SnapshotSummary)
-from .store_tick import TickTx, _inserted_id, _save_calibration, earlier_runs
+from .store_tick import _SELECT_IDS, TickTx, _inserted_id, _save_calibration, earlier_runs
 
 log = logging.getLogger(__name__)
 
-_J = Base.metadata.tables["jobs"].c
-_SELECT_EARLIER = select(_J.job_id, _J.state, _J.start_time, _J.gpus, _J.ran_s, _J.attained_gpu_s).where(
-    _J.job_id.in_(bindparam("ids", expanding=True)))
-
-
-def _missing_columns(conn: Any) -> list[tuple[Any, Any]]:
-    """(table, column) pairs the models have and an existing table lacks."""
+def _missing(conn: Any) -> tuple[set[str], list[tuple[Any, Any]]]:
+    """The tables the database has, and the (table, column) pairs the models have and an
+    existing table lacks."""
     found = inspect(conn)
     have_tables = set(found.get_table_names())
     missing = []
@@ -63,7 +59,7 @@ def _missing_columns(conn: Any) -> list[tuple[Any, Any]]:
         if table.name in have_tables:
             have = {c["name"] for c in found.get_columns(table.name)}
             missing += [(table, column) for column in table.columns if column.name not in have]
-    return missing
+    return have_tables, missing
 
 
 class StoreBusy(RuntimeError):
@@ -149,14 +145,13 @@ class Store(_Queries):
         """Create missing tables, and add the columns a newer release added to existing
         ones (each has a default, so old rows stay valid)."""
         with self.engine.connect() as conn:
-            missing = _missing_columns(conn)
-            have = set(inspect(conn).get_table_names())
+            have, missing = _missing(conn)
         if set(Base.metadata.tables) <= have and not missing:
             return
         # Under the write lock, so two processes opening a new file do not race.
         with self._write_engine.begin() as conn:
             Base.metadata.create_all(conn)
-            for table, column in _missing_columns(conn):
+            for table, column in _missing(conn)[1]:
                 conn.execute(text("ALTER TABLE %s ADD COLUMN %s" % (
                     table.name, CreateColumn(column).compile(dialect=conn.dialect))))
                 log.info("added column %s.%s", table.name, column.name)
@@ -169,8 +164,7 @@ class Store(_Queries):
         wanted = {j.job_id: j for j in jobs}
         if not wanted:
             return {}
-        rows = self._read(lambda s: {r[0]: dict(r._mapping) for r in s.execute(
-            _SELECT_EARLIER, {"ids": list(wanted)})})
+        rows = self._read(lambda s: {r[0]: dict(r._mapping) for r in s.execute(_SELECT_IDS, {"ids": list(wanted)})})
         return {i: earlier_runs(rows.get(i), job, now) for i, job in wanted.items()}
 
     @classmethod

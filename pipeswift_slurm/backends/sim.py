@@ -60,6 +60,13 @@ def _started(job: SimJob, default: float) -> float:
     return job.start_s if job.start_s is not None else default
 
 
+def _add_run(job: SimJob, now: float) -> None:
+    """Count the run that stops at ``now`` into the job's attained service."""
+    ran_s = now - _started(job, now)
+    job.ran_s += ran_s
+    job.attained_gpu_s += ran_s * job.gpus
+
+
 class SimBackend:
     """A cluster of ``num_nodes`` x ``gpus_per_node`` GPUs driven by the simulator.
 
@@ -106,8 +113,7 @@ class SimBackend:
         for node in job.placement:
             self.free[node] += job.gpus_per_node
         job.state, job.end_s = "COMPLETED", now
-        job.attained_gpu_s += (now - _started(job, now)) * job.gpus
-        job.ran_s += now - _started(job, now)
+        _add_run(job, now)
         job.version += 1
         self._finished.append(job)
         return job
@@ -178,8 +184,7 @@ class SimBackend:
         self.running.pop(job.job_id)
         for node in job.placement:
             self.free[node] += job.gpus_per_node
-        job.attained_gpu_s += (self.now - _started(job, self.now)) * job.gpus
-        job.ran_s += self.now - _started(job, self.now)
+        _add_run(job, self.now)
         job.state, job.start_s, job.placement = PENDING, None, ()
         job.restarts += 1
         job.version += 1

@@ -8,10 +8,10 @@
  * read stdin, the same bytes on stdin). Otherwise, and whenever a --pipeswift option is
  * present, it asks psbatch's resident helper (pipeswift_slurm/psbatch_helper.py) what the
  * Python psbatch would do, and does it: exec sbatch with the new argv, the rewritten script
- * on stdin or in a file in the helper's folder. With no helper (the first time: it starts one in the
- * background), or anything amiss, it execs the Python psbatch with the same argv and stdin,
- * and the real sbatch in $PIPESWIFT_SBATCH. Nothing is submitted before that choice, so
- * the outcome is the Python psbatch's in every case.
+ * on stdin or in a file in the helper's folder. With no helper (the first time: it starts
+ * one in the background), or anything amiss, it execs the Python psbatch with the same
+ * argv and stdin, and the real sbatch in $PIPESWIFT_SBATCH. Nothing is submitted before
+ * that choice, so the outcome is the Python psbatch's in every case.
  *
  * Every table (sbatch's options, the markers, the size bound, messages, the interpreter)
  * comes from psbatch_tables.h, which pipeswift_slurm/fast/build.py generates from the
@@ -422,8 +422,8 @@ static int buf_add(struct buf *b, const void *data, size_t len)
     return 0;
 }
 
-/* psbatch_helper's record: a tag byte, a 4-byte big-endian length, the bytes. */
-static int put_record(struct buf *b, char tag, const char *data, size_t len)
+/* psbatch_helper's record head: a tag byte, then the length as 4 bytes, big-endian. */
+static int put_head(struct buf *b, char tag, size_t len)
 {
     unsigned char head[5];
     if (len > 0xffffffffUL)
@@ -433,7 +433,13 @@ static int put_record(struct buf *b, char tag, const char *data, size_t len)
     head[2] = (unsigned char)(len >> 16);
     head[3] = (unsigned char)(len >> 8);
     head[4] = (unsigned char)len;
-    return buf_add(b, head, sizeof head) || buf_add(b, data, len) ? -1 : 0;
+    return buf_add(b, head, sizeof head);
+}
+
+/* psbatch_helper's record: the head, then the bytes. */
+static int put_record(struct buf *b, char tag, const char *data, size_t len)
+{
+    return put_head(b, tag, len) || buf_add(b, data, len) ? -1 : 0;
 }
 
 /* $PIPESWIFT_PSBATCH_HELPER: off, 0, no or false turn it off; any other value on; unset
@@ -635,23 +641,22 @@ static int build_request(struct buf *req, int argc, char **argv, const char *tex
 {
     extern char **environ;
     char **e;
+    size_t env_len = 0;
     int i;
     if (put_record(req, 'v', PSB_HELPER_PROTOCOL, strlen(PSB_HELPER_PROTOCOL)))
         return -1;
     for (i = 1; i < argc; i++)
         if (put_record(req, 'a', argv[i], strlen(argv[i])))
             return -1;
-    { /* the environment as one record, each NAME=value ended by a NUL: the helper reads
-         * only the variables it needs from it */
-        struct buf env = {NULL, 0, 0};
-        int failed = 0;
-        for (e = environ; e && *e && !failed; e++)
-            failed = buf_add(&env, *e, strlen(*e) + 1);
-        failed = failed || put_record(req, 'E', env.data ? env.data : "", env.len);
-        free(env.data);
-        if (failed)
+    /* the environment as one record, each NAME=value ended by a NUL: the helper reads
+     * only the variables it needs from it */
+    for (e = environ; e && *e; e++)
+        env_len += strlen(*e) + 1;
+    if (put_head(req, 'E', env_len))
+        return -1;
+    for (e = environ; e && *e; e++)
+        if (buf_add(req, *e, strlen(*e) + 1))
             return -1;
-    }
     if (text && put_record(req, 't', text, text_len))
         return -1;
     return put_record(req, 'z', "", 0);
