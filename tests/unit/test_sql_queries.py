@@ -70,7 +70,9 @@ def _insert(conn: sqlite3.Connection, table: str, rows: list[dict]) -> None:
 def history(tmp_path_factory):
     """(database path, jobs, decisions): a file made by Store, filled by plain INSERTs."""
     path = tmp_path_factory.mktemp("sql") / "pipeswift.sqlite"
-    Store.from_url(str(path))  # creates the tables
+    # creates the tables; closed now, so that the last connection's WAL checkpoint cannot
+    # happen (garbage collected) while the sqlite3 command line reads the file
+    Store.from_url(str(path)).engine.dispose()
     rng = random.Random(20240607)
     jobs = _make_jobs(rng)
     decisions = _make_decisions(rng, len(jobs))
