@@ -1,8 +1,11 @@
 """psbatch overhead: median wall time of N submissions with sbatch, the Python psbatch,
 the compiled psbatch front end (pipeswift_slurm/fast) with its resident helper off, and
 with it running (pipeswift_slurm/psbatch_helper), for a Megatron script (enriched: parsed,
-validated, rewritten) and a plain one (passed through). Also the time of a Megatron
-submission that finds no helper (it goes through the Python psbatch and starts one).
+validated, rewritten) and a plain one (passed through). With the helper, twice: the same
+script each time (``fast_helper``: after the first, answered from the helper's memo) and
+a script never submitted before each time (``fast_helper_new_script``: one comment line
+differs, so the helper decides it). Also the time of a Megatron submission that finds no
+helper (it goes through the Python psbatch and starts one).
 
 Needs a Slurm controller (tests/slurm/testbed.sh up; source its env.sh) and, for the
 compiled front end, a C compiler (it is built into a temporary folder). Jobs are submitted
@@ -28,6 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pipeswift_slurm.psbatch_helper import SHARED_MEMORY, shared_memory_usable  # noqa: E402
 
 MEGATRON = """#!/bin/bash
 #SBATCH --gpus=4
@@ -55,7 +61,6 @@ def _fast_front_end(args: argparse.Namespace, folder: Path) -> Optional[str]:
         return None
     if args.psbatch_fast:
         return str(args.psbatch_fast)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from pipeswift_slurm.fast.build import BuildError, build
 
     try:
@@ -92,20 +97,28 @@ def _first_submissions(fast: str, cwd: Path, ids: list[str], env: dict[str, str]
     return {"median_s": round(statistics.median(times), 5), "rounds": rounds}
 
 
-def _compare(variants: dict[str, tuple[list[str], dict[str, str]]], name: str, n: int, cwd: Path,
-             ids: list[str]) -> dict[str, object]:
+def _compare(variants: dict[str, tuple[list[str], dict[str, str], bool]], name: str, text: str, n: int,
+             cwd: Path, ids: list[str]) -> dict[str, object]:
+    """Medians and ratios to sbatch; a variant marked ``new`` submits ``new/<name>.sh``,
+    written afresh (one comment line differs) before each submission."""
     times: dict[str, list[float]] = {v: [] for v in variants}
     names = list(variants)
+    (cwd / "new").mkdir(exist_ok=True)
     for k in range(n):  # interleaved and rotated, so drift and order hit every variant alike
         for variant in names[k % len(names):] + names[:k % len(names)]:
-            cmd, env = variants[variant]
-            times[variant].append(_time(cmd + ["-H", name + ".sh"], cwd, ids, env))
+            cmd, env, new = variants[variant]
+            script = name + ".sh"
+            if new:
+                script = "new/" + script
+                (cwd / script).write_text(text + "# submission %d\n" % k)
+            times[variant].append(_time(cmd + ["-H", script], cwd, ids, env))
     medians = {v: statistics.median(t) for v, t in times.items()}
     sb = medians["sbatch"]
     row: dict[str, object] = {"sbatch_median_s": round(sb, 5),
                               "psbatch_median_s": round(medians["psbatch"], 5),
                               "ratio": round(medians["psbatch"] / sb, 3)}
-    for variant, key in (("psbatch_fast", "fast"), ("psbatch_fast_helper", "fast_helper")):
+    for variant, key in (("psbatch_fast", "fast"), ("psbatch_fast_helper", "fast_helper"),
+                         ("psbatch_fast_helper_new_script", "fast_helper_new_script")):
         if variant in medians:
             row.update({variant + "_median_s": round(medians[variant], 5),
                         key + "_ratio": round(medians[variant] / sb, 3),
@@ -127,24 +140,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         fast = _fast_front_end(args, cwd)
-        helper_dir = cwd / "helper"
+        # the helper's folder where psbatch puts it by default (psbatch_helper.helper_dir):
+        # on a tmpfs (/dev/shm, as $XDG_RUNTIME_DIR is on a login node) when there is one
+        helper_parent = tempfile.mkdtemp(prefix="psbatch-bench-", dir=SHARED_MEMORY if shared_memory_usable() else cwd)
+        helper_dir = Path(helper_parent) / "helper"
         plain_env = dict(os.environ, PIPESWIFT_PSBATCH_HELPER="off")
         helped_env = dict(os.environ, PIPESWIFT_PSBATCH_HELPER="on", PIPESWIFT_PSBATCH_HELPER_DIR=str(helper_dir))
-        variants = {"sbatch": (["sbatch"], plain_env), "psbatch": (shlex.split(args.psbatch), plain_env)}
+        variants = {"sbatch": (["sbatch"], plain_env, False),
+                    "psbatch": (shlex.split(args.psbatch), plain_env, False)}
         if fast:
-            variants["psbatch_fast"] = ([fast], plain_env)
-            variants["psbatch_fast_helper"] = ([fast], helped_env)
-        result: dict[str, object] = {"n": args.n, "psbatch": args.psbatch, "psbatch_fast": fast}
-        for name, text in (("megatron", MEGATRON), ("plain", PLAIN)):
+            variants["psbatch_fast"] = ([fast], plain_env, False)
+            variants["psbatch_fast_helper"] = ([fast], helped_env, False)
+            variants["psbatch_fast_helper_new_script"] = ([fast], helped_env, True)
+        result: dict[str, object] = {"n": args.n, "psbatch": args.psbatch, "psbatch_fast": fast,
+                                     "helper_dir": str(helper_dir)}
+        scripts = {"megatron": MEGATRON, "plain": PLAIN}
+        for name, text in scripts.items():
             (cwd / (name + ".sh")).write_text(text)
         try:
             if fast:
                 result["megatron_no_helper_yet_s"] = _first_submissions(fast, cwd, ids, helped_env, helper_dir)
-            for name in ("megatron", "plain"):
-                result[name] = _compare(variants, name, args.n, cwd, ids)
+            for name, text in scripts.items():
+                result[name] = _compare(variants, name, text, args.n, cwd, ids)
         finally:
             if fast:
                 _stop_helper(helper_dir)
+            shutil.rmtree(helper_parent, ignore_errors=True)
             for chunk in range(0, len(ids), 200):
                 subprocess.run(["scancel", *ids[chunk:chunk + 200]], capture_output=True, check=False)
     json.dump(result, sys.stdout, indent=2)

@@ -21,11 +21,22 @@ the Python psbatch: nothing was submitted yet, so a submission is never lost or 
 
 Protocol (version ``PROTOCOL``): each side sends records, a tag byte, a 4-byte big-endian
 length and the bytes, ending with a ``z`` record.
-    request: ``v`` ``protocol_id``, ``a`` each argument after argv[0], ``e`` each ``NAME=value``,
-             ``t`` the script text as read (absent: unreadable or none).
+    request: ``v`` ``protocol_id``, ``a`` each argument after argv[0], ``t`` the script text
+             as read (absent: unreadable or none) -- these three are the request's *key* --
+             then ``h`` the key's memo name (16 hex digits: its 64-bit FNV-1a hash) and
+             ``E`` the environment (each ``NAME=value`` ended by a NUL).
     answer:  ``x`` fall back to the Python psbatch; else ``w`` a warning line for stderr,
              ``a`` each argument for sbatch, ``i`` bytes for sbatch's stdin, or ``n`` the
              argv index, ``f`` the file name and ``s`` the text of a script to write.
+
+The memo: ``decide`` depends only on the key and on the few variables it looks up, so
+after answering, the helper writes the answer to ``memo/<name>`` in its folder, with the
+whole key and each variable it read (``g`` the name, then ``G`` its value or ``N``
+absent) in front; the front end that sends the same key again, with the same values of
+those variables, carries out that answer without asking (a resubmitted script costs no
+Python at all). The front end uses the memo only while the helper holds its lock, and
+marks the lock file when it does (so the helper does not exit idle meanwhile); the helper
+empties the memo when it starts and when it exits, also when its code changes.
 
     python -m pipeswift_slurm.psbatch_helper {serve,status,stop} [--dir DIR] [--idle-s S]
 
@@ -40,6 +51,7 @@ import fcntl
 import functools
 import logging
 import os
+import re
 import select
 import signal
 import socket
@@ -47,7 +59,7 @@ import stat
 import struct
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -59,6 +71,9 @@ PROTOCOL = "pswift-psbatch-helper-2"
 SOCKET_NAME = "psbatch.sock"
 JOB_PREFIX = "psbatch-"  # the front end's folder for a rewritten script: psbatch-<pid>-XXXXXX
 LOCK_NAME = "psbatch.lock"
+MEMO_NAME = "memo"
+MEMO_MAX_ENTRIES = 64
+MEMO_MAX_ENTRY_BYTES = 256 << 10
 IDLE_S_DEFAULT = 600.0
 IO_TIMEOUT_S = 5.0
 CODE_CHECK_S = 1.0
@@ -88,23 +103,58 @@ def protocol_id(root: Optional[str] = None) -> str:
     return "%s %s" % (PROTOCOL, root or package_root())
 
 
-def helper_dir(environ: dict[str, str], uid: int) -> str:
+SHARED_MEMORY = "/dev/shm"
+
+
+def shared_memory_usable(folder: str = SHARED_MEMORY) -> bool:
+    """Whether ``folder`` is a sticky folder everyone may write in (as ``/dev/shm`` is: a
+    tmpfs, where making and removing the script folders costs far less than on a disk)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX) and os.access(folder, os.W_OK | os.X_OK)
+
+
+def helper_dir(environ: Mapping[str, str], uid: int, shared_memory: str = SHARED_MEMORY) -> str:
     """The helper's folder: ``$PIPESWIFT_PSBATCH_HELPER_DIR``, else
-    ``$XDG_RUNTIME_DIR/pipeswift``, else ``/tmp/pipeswift-<uid>`` (the front end uses the
-    same rule)."""
+    ``$XDG_RUNTIME_DIR/pipeswift``, else ``/dev/shm/pipeswift-<uid>`` when ``/dev/shm`` is
+    usable, else ``/tmp/pipeswift-<uid>`` (the front end uses the same rule)."""
     if environ.get("PIPESWIFT_PSBATCH_HELPER_DIR"):
         return environ["PIPESWIFT_PSBATCH_HELPER_DIR"]
     runtime = environ.get("XDG_RUNTIME_DIR", "")
     if runtime.startswith("/"):
         return os.path.join(runtime, "pipeswift")
+    if shared_memory_usable(shared_memory):
+        return os.path.join(shared_memory, "pipeswift-%d" % uid)
     return "/tmp/pipeswift-%d" % uid
 
 
 # ---------------------------------------------------------------- records
 
 
-def encode(records: Sequence[Record]) -> bytes:
-    return b"".join(_HEAD.pack(tag, len(data)) + data for tag, data in records) + _HEAD.pack(b"z", 0)
+def encode_records(records: Iterable[Record]) -> bytes:
+    return b"".join(_HEAD.pack(tag, len(data)) + data for tag, data in records)
+
+
+def encode(records: Iterable[Record]) -> bytes:
+    return encode_records(records) + _HEAD.pack(b"z", 0)
+
+
+def _take_records(data: bytes | bytearray, at: int, records: list[Record], limit: int) -> tuple[int, bool]:
+    """Append the whole records of ``data`` from ``at`` to ``records``: where the next one
+    starts, and whether the ``z`` record was reached. Raises ValueError past ``limit``."""
+    while len(data) - at >= _HEAD.size:
+        tag, size = _HEAD.unpack_from(data, at)
+        if at + _HEAD.size + size > limit:
+            raise ValueError("request over %d bytes" % limit)
+        if tag == b"z":
+            return at, True
+        if len(data) - at - _HEAD.size < size:
+            break
+        records.append((tag, bytes(data[at + _HEAD.size:at + _HEAD.size + size])))
+        at += _HEAD.size + size
+    return at, False
 
 
 def read_records(conn: socket.socket, limit: int = MAX_REQUEST_BYTES) -> list[Record]:
@@ -113,20 +163,22 @@ def read_records(conn: socket.socket, limit: int = MAX_REQUEST_BYTES) -> list[Re
     records: list[Record] = []
     at = 0
     while True:
-        while len(data) - at >= _HEAD.size:
-            tag, size = _HEAD.unpack_from(data, at)
-            if at + _HEAD.size + size > limit:
-                raise ValueError("request over %d bytes" % limit)
-            if tag == b"z":
-                return records
-            if len(data) - at - _HEAD.size < size:
-                break
-            records.append((tag, bytes(data[at + _HEAD.size:at + _HEAD.size + size])))
-            at += _HEAD.size + size
+        at, done = _take_records(data, at, records, limit)
+        if done:
+            return records
         chunk = conn.recv(1 << 16)
         if not chunk:
             raise ValueError("connection closed mid-request")
         data += chunk
+
+
+def read_records_from(data: bytes) -> list[Record]:
+    """The records of ``data`` (a memo entry) up to the ``z`` one. Raises ValueError when
+    it is cut short."""
+    records: list[Record] = []
+    if not _take_records(data, 0, records, len(data))[1]:
+        raise ValueError("records cut short")
+    return records
 
 
 class EnvBlock(Mapping[str, str]):
@@ -134,22 +186,36 @@ class EnvBlock(Mapping[str, str]):
     ended by a NUL), read lazily: a variable is found and decoded only when asked for (a
     submission needs a handful of them; decoding all took longer than the rest of the
     request). The first entry of a name wins, as getenv(3) finds it; an entry without
-    ``=`` or with an empty name is not a variable."""
+    ``=`` or with an empty name is not a variable.
+
+    It keeps what was read: ``asked`` maps each name looked up to its raw value (None:
+    absent), and ``whole`` says that more than those was read (the whole environment was
+    iterated, or a name getenv(3) would look up differently)."""
 
     def __init__(self, block: bytes) -> None:
         self._block = b"\0" + block
         self._all: Optional[dict[str, str]] = None
+        self.asked: dict[str, Optional[bytes]] = {}
+        self.whole = False
 
     def __getitem__(self, name: str) -> str:
         key = b"\0" + os.fsencode(name) + b"="
-        at = self._block.find(key) if name and "=" not in name and "\0" not in name else -1
+        at = -1
+        if name and "=" not in name and "\0" not in name:
+            at = self._block.find(key)
+        else:
+            self.whole = True
         if at < 0:
+            self.asked.setdefault(name, None)
             raise KeyError(name)
         start = at + len(key)
         end = self._block.find(b"\0", start)
-        return os.fsdecode(self._block[start:] if end < 0 else self._block[start:end])
+        raw = self._block[start:] if end < 0 else self._block[start:end]
+        self.asked.setdefault(name, raw)
+        return os.fsdecode(raw)
 
     def _decoded(self) -> dict[str, str]:
+        self.whole = True
         if self._all is None:
             self._all = {}
             for entry in self._block.split(b"\0"):
@@ -173,6 +239,12 @@ class EnvBlock(Mapping[str, str]):
 
 def answer(request: Sequence[Record]) -> list[Record]:
     """The answer to one request: what the Python psbatch would do, or fall back."""
+    return respond(request)[0]
+
+
+def respond(request: Sequence[Record]) -> tuple[list[Record], Optional[bytes]]:
+    """The answer to one request, and its memo entry (None when the answer may not be
+    reused: a fall back, an old front end, or an answer that read the whole environment)."""
     versions: list[bytes] = []
     texts: list[bytes] = []
     argv: list[str] = []
@@ -187,7 +259,7 @@ def answer(request: Sequence[Record]) -> list[Record]:
         elif tag == b"t":
             texts.append(data)
     if versions != [os.fsencode(protocol_id())]:
-        return [(b"x", b"")]
+        return [(b"x", b"")], None
     text = texts[0].decode("utf-8", "surrogateescape") if texts else None
     action = psbatch.decide(argv, environ, lambda _argv: psbatch.Source(text, None))
     out: list[Record] = []
@@ -200,7 +272,18 @@ def answer(request: Sequence[Record]) -> list[Record]:
         index, name, script = action.script
         out += [(b"n", str(index).encode()), (b"f", os.fsencode(name)),
                 (b"s", script.encode("utf-8", "surrogateescape"))]
-    return out
+    return out, memo_entry(request, environ, out)
+
+
+def memo_entry(request: Sequence[Record], environ: Mapping[str, str], reply: Sequence[Record]) -> Optional[bytes]:
+    """The memo entry for ``reply``: the request's key, each variable read and its value
+    (or its absence), then the answer. None when the answer read more than those."""
+    if not isinstance(environ, EnvBlock) or environ.whole:
+        return None
+    records = [(b"k", encode_records((tag, data) for tag, data in request if tag in (b"v", b"a", b"t")))]
+    for name, raw in environ.asked.items():
+        records += [(b"g", os.fsencode(name)), (b"N", b"") if raw is None else (b"G", raw)]
+    return encode(records + list(reply))
 
 
 # ---------------------------------------------------------------- serving
@@ -268,8 +351,50 @@ def remove_ended_jobs(folder: str, min_age_s: float = JOB_MIN_AGE_S) -> None:
             pass
 
 
-def _serve_one(conn: socket.socket) -> None:
-    """Answer one connection."""
+_MEMO_KEY = re.compile(rb"[0-9a-f]{16}")
+
+
+def clear_memo(folder: str) -> None:
+    """Empty the memo (the helper starts and ends with none: a memo never outlives the
+    code that wrote it)."""
+    memo = os.path.join(folder, MEMO_NAME)
+    try:
+        names = os.listdir(memo)
+    except OSError:
+        return
+    for name in names:
+        try:
+            os.unlink(os.path.join(memo, name))
+        except OSError:
+            pass
+
+
+def remember(folder: str, name: bytes, entry: bytes) -> None:
+    """Write ``entry`` as ``memo/<name>`` (whole or not at all), keeping at most
+    ``MEMO_MAX_ENTRIES`` entries (the oldest go) of at most ``MEMO_MAX_ENTRY_BYTES``."""
+    if not _MEMO_KEY.fullmatch(name) or len(entry) > MEMO_MAX_ENTRY_BYTES:
+        return
+    memo = os.path.join(folder, MEMO_NAME)
+    try:
+        os.makedirs(memo, mode=0o700, exist_ok=True)
+        entries = [e for e in os.scandir(memo) if _MEMO_KEY.fullmatch(os.fsencode(e.name))]
+        if len(entries) >= MEMO_MAX_ENTRIES:
+            entries.sort(key=lambda e: e.stat().st_mtime_ns)
+            for old in entries[:len(entries) - MEMO_MAX_ENTRIES + 1]:
+                os.unlink(old.path)
+        tmp = os.path.join(memo, ".new-%d" % os.getpid())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, entry)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(memo, os.fsdecode(name)))
+    except OSError:
+        log.debug("cannot write a memo entry", exc_info=True)
+
+
+def _serve_one(conn: socket.socket, folder: Optional[str] = None) -> None:
+    """Answer one connection; then remember the answer in ``folder``'s memo."""
     conn.settimeout(IO_TIMEOUT_S)
     if not _same_user(conn):
         return
@@ -277,15 +402,19 @@ def _serve_one(conn: socket.socket) -> None:
         request = read_records(conn)
     except (OSError, ValueError):
         return
+    entry: Optional[bytes] = None
     try:
-        reply = answer(request)
+        reply, entry = respond(request)
     except Exception:  # decide() never raises for a job; anything else: the Python psbatch
         log.debug("helper answer failed", exc_info=True)
         reply = [(b"x", b"")]
     try:
         conn.sendall(encode(reply))
     except OSError:
-        pass
+        return
+    names = [data for tag, data in request if tag == b"h"]
+    if folder and entry is not None and len(names) == 1:
+        remember(folder, names[0], entry)
 
 
 def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
@@ -300,6 +429,7 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
         raise
     os.ftruncate(lock_fd, 0)
     os.write(lock_fd, b"%d\n" % os.getpid())
+    clear_memo(folder)
     path = os.path.join(folder, SOCKET_NAME)
     if os.path.lexists(path):
         os.unlink(path)
@@ -316,16 +446,21 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
     psbatch.decide(["-H"], EnvBlock(b""), lambda _argv: psbatch.Source(_WARM_UP_SCRIPT, None))  # imports, caches
     loaded = _code_stamp()
     last_request = chores_at = time.monotonic()
+    marked = os.fstat(lock_fd).st_mtime_ns
     try:
         # Chores between requests, never while one waits, about once a second: the
-        # scripts of ended submissions go, and once the code on disk changed the helper
-        # exits, so the next submission starts one on the new code.
+        # scripts of ended submissions go, a front end's mark on the lock file (a memo
+        # hit) counts as a request, and once the code on disk changed the helper exits,
+        # so the next submission starts one on the new code.
         while True:
             now = time.monotonic()
             if now >= chores_at:
                 remove_ended_jobs(folder)
                 if _code_stamp() != loaded:
                     break
+                mark = os.fstat(lock_fd).st_mtime_ns
+                if mark != marked:
+                    marked, last_request = mark, now
                 chores_at = now + CODE_CHECK_S
             idle_left_s = last_request + idle_s - now
             if idle_left_s <= 0:
@@ -333,9 +468,10 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
             if select.select([listener], [], [], max(0.0, min(idle_left_s, chores_at - now)))[0]:
                 conn, _ = listener.accept()
                 with conn:
-                    _serve_one(conn)
+                    _serve_one(conn, folder)
                 last_request = time.monotonic()
     finally:
+        clear_memo(folder)
         remove_ended_jobs(folder)
         try:
             if os.lstat(path).st_ino == bound:

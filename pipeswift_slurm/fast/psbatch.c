@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -452,6 +453,14 @@ static int helper_enabled(void)
     return !(strcmp(v, "off") == 0 || strcmp(v, "0") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0);
 }
 
+/* psbatch_helper.shared_memory_usable */
+static int shared_memory_usable(void)
+{
+    struct stat st;
+    return stat(PSB_SHARED_MEMORY, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) &&
+           access(PSB_SHARED_MEMORY, W_OK | X_OK) == 0;
+}
+
 /* psbatch_helper.helper_dir */
 static int helper_dir(char *out, size_t size)
 {
@@ -462,6 +471,8 @@ static int helper_dir(char *out, size_t size)
         n = snprintf(out, size, "%s", dir);
     else if (runtime && runtime[0] == '/')
         n = snprintf(out, size, "%s/pipeswift", runtime);
+    else if (shared_memory_usable())
+        n = snprintf(out, size, "%s/pipeswift-%lu", PSB_SHARED_MEMORY, (unsigned long)getuid());
     else
         n = snprintf(out, size, "/tmp/pipeswift-%lu", (unsigned long)getuid());
     return n > 0 && (size_t)n < size;
@@ -563,6 +574,21 @@ static char *word(const char *data, size_t len)
     return w;
 }
 
+/* One record of `b` at *at: its tag, bytes and length; -1 when none is whole. */
+static int next_record(const struct buf *b, size_t *at, char *tag, const char **data, size_t *len)
+{
+    const unsigned char *head = (const unsigned char *)b->data + *at;
+    if (b->len - *at < 5)
+        return -1;
+    *len = (size_t)head[1] << 24 | (size_t)head[2] << 16 | (size_t)head[3] << 8 | head[4];
+    if (b->len - *at - 5 < *len)
+        return -1;
+    *tag = (char)head[0];
+    *data = b->data + *at + 5;
+    *at += 5 + *len;
+    return 0;
+}
+
 /* 0 when `b` is a whole, well-formed answer that does not say "fall back". */
 static int parse_answer(const struct buf *b, struct answer *a)
 {
@@ -574,17 +600,12 @@ static int parse_answer(const struct buf *b, struct answer *a)
     a->argv[a->argc++] = "sbatch";
     a->index = -1;
     for (;;) {
-        const unsigned char *head = (const unsigned char *)b->data + at;
         size_t len;
         const char *data;
-        if (b->len - at < 5)
+        char tag;
+        if (next_record(b, &at, &tag, &data, &len))
             return -1;
-        len = (size_t)head[1] << 24 | (size_t)head[2] << 16 | (size_t)head[3] << 8 | head[4];
-        if (b->len - at - 5 < len)
-            return -1;
-        data = b->data + at + 5;
-        at += 5 + len;
-        switch (head[0]) {
+        switch (tag) {
         case 'z':
             a->argv[a->argc] = NULL;
             if (a->has_script && (a->index < 0 || a->index + 1 >= a->argc || a->name == NULL))
@@ -636,20 +657,40 @@ static int parse_answer(const struct buf *b, struct answer *a)
     }
 }
 
-/* The request: protocol, argv, environment, and the script text as read. */
-static int build_request(struct buf *req, int argc, char **argv, const char *text, size_t text_len)
+/* The key of a request: protocol, argv and the script text as read (the records the
+ * helper's answer depends on besides the environment). */
+static int build_key(struct buf *key, int argc, char **argv, const char *text, size_t text_len)
+{
+    int i;
+    if (put_record(key, 'v', PSB_HELPER_PROTOCOL, strlen(PSB_HELPER_PROTOCOL)))
+        return -1;
+    for (i = 1; i < argc; i++)
+        if (put_record(key, 'a', argv[i], strlen(argv[i])))
+            return -1;
+    return text ? put_record(key, 't', text, text_len) : 0;
+}
+
+/* 64-bit FNV-1a: the name of a request's entry in the helper's memo. */
+static unsigned long long key_hash(const struct buf *key)
+{
+    unsigned long long h = 14695981039346656037ULL;
+    size_t i;
+    for (i = 0; i < key->len; i++) {
+        h ^= (unsigned char)key->data[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* The request: the key, the memo name, then the environment as one record, each
+ * NAME=value ended by a NUL: the helper reads only the variables it needs from it. */
+static int build_request(struct buf *req, const struct buf *key, const char *name)
 {
     extern char **environ;
     char **e;
     size_t env_len = 0;
-    int i;
-    if (put_record(req, 'v', PSB_HELPER_PROTOCOL, strlen(PSB_HELPER_PROTOCOL)))
+    if (buf_add(req, key->data, key->len) || put_record(req, 'h', name, strlen(name)))
         return -1;
-    for (i = 1; i < argc; i++)
-        if (put_record(req, 'a', argv[i], strlen(argv[i])))
-            return -1;
-    /* the environment as one record, each NAME=value ended by a NUL: the helper reads
-     * only the variables it needs from it */
     for (e = environ; e && *e; e++)
         env_len += strlen(*e) + 1;
     if (put_head(req, 'E', env_len))
@@ -657,9 +698,79 @@ static int build_request(struct buf *req, int argc, char **argv, const char *tex
     for (e = environ; e && *e; e++)
         if (buf_add(req, *e, strlen(*e) + 1))
             return -1;
-    if (text && put_record(req, 't', text, text_len))
-        return -1;
     return put_record(req, 'z', "", 0);
+}
+
+/* Whether a helper holds its lock in `dir` (it then keeps its memo current: it empties
+ * the memo when it starts and when it exits, also on a code change). A memo hit marks
+ * the lock file, so the helper does not exit idle while its memo serves. */
+static int helper_alive(const char *dir)
+{
+    char path[PATH_MAX];
+    int fd, alive = 0;
+    if (snprintf(path, sizeof path, "%s/%s", dir, PSB_HELPER_LOCK) >= (int)sizeof path)
+        return 0;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0)
+        alive = errno == EWOULDBLOCK;
+    else
+        flock(fd, LOCK_UN);
+    if (alive)
+        futimens(fd, NULL);
+    close(fd);
+    return alive;
+}
+
+/* The helper's answer to this very request, from its memo: the entry named `name` holds
+ * the key (compared whole), the variables the answer read (NAME, then its value or its
+ * absence, compared with getenv) and the answer. 0 with `a` filled on a hit. */
+static int memo_answer(const char *dir, const char *name, const struct buf *key, struct buf *entry,
+                       struct answer *a)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    size_t at = 0, len;
+    const char *data;
+    char tag;
+    int fd;
+    struct buf rest;
+    if (snprintf(path, sizeof path, "%s/%s/%s", dir, PSB_HELPER_MEMO, name) >= (int)sizeof path)
+        return -1;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid() ||
+        read_all(fd, entry, PSB_HELPER_MAX_ANSWER_BYTES) != 0 || entry->len > PSB_HELPER_MAX_ANSWER_BYTES) {
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    if (next_record(entry, &at, &tag, &data, &len) || tag != 'k' || len != key->len ||
+        memcmp(data, key->data, len) != 0)
+        return -1;
+    for (;;) {
+        size_t mark = at, value_len;
+        const char *value, *have;
+        char *var;
+        if (next_record(entry, &at, &tag, &data, &len))
+            return -1;
+        if (tag != 'g') {
+            at = mark;
+            break;
+        }
+        if (next_record(entry, &at, &tag, &value, &value_len) || (tag != 'G' && tag != 'N') ||
+            (var = word(data, len)) == NULL)
+            return -1;
+        have = getenv(var);
+        free(var);
+        if (tag == 'N' ? have != NULL : (have == NULL || strlen(have) != value_len || memcmp(have, value, value_len)))
+            return -1;
+    }
+    rest.data = entry->data + at;
+    rest.len = rest.cap = entry->len - at;
+    return parse_answer(&rest, a);
 }
 
 /* Write the rewritten script to a fresh folder inside the helper's own (private, checked)
@@ -690,39 +801,56 @@ static int write_script(struct answer *a, const char *helper)
     return a->argv[a->index + 1] ? 0 : -1;
 }
 
-/* Ask the helper and carry out its answer (never returns then); returns 0 when the
- * helper answered "fall back", HELPER_ABSENT when none runs, HELPER_UNUSABLE otherwise. */
+/* Carry out the helper's answer: never returns, unless the rewritten script cannot be
+ * handed to sbatch (HELPER_UNUSABLE: nothing was submitted). */
+static int carry_out(struct answer *a, const char *dir, const char *sbatch)
+{
+    if (a->has_script && write_script(a, dir) != 0)
+        return HELPER_UNUSABLE;
+    if (a->has_in) {
+        struct buf in = {(char *)a->in, a->in_len, a->in_len};
+        if (restore_stdin(&in) != 0)
+            return HELPER_UNUSABLE;
+    }
+    if (a->warning_len)
+        write_all(2, a->warning, a->warning_len);
+    exec_sbatch(sbatch, a->argv);
+    return HELPER_UNUSABLE; /* not reached */
+}
+
+/* Carry out the helper's answer, from its memo when the same request (same key and the
+ * same values of the variables the answer read) was answered before, else asked over its
+ * socket. Returns 0 when the helper answered "fall back", HELPER_ABSENT when none runs,
+ * HELPER_UNUSABLE otherwise. */
 static int ask_helper(const char *dir, int argc, char **argv, const char *sbatch, const char *text,
                       size_t text_len)
 {
-    struct buf req = {NULL, 0, 0}, ans = {NULL, 0, 0};
+    struct buf key = {NULL, 0, 0}, req = {NULL, 0, 0}, ans = {NULL, 0, 0};
     struct answer a;
+    char name[17];
     int fd, why = private_dir(dir);
     if (why)
         return why;
+    if (build_key(&key, argc, argv, text, text_len) != 0)
+        return HELPER_UNUSABLE;
+    snprintf(name, sizeof name, "%016llx", key_hash(&key));
+    if (helper_alive(dir) && memo_answer(dir, name, &key, &ans, &a) == 0)
+        return carry_out(&a, dir, sbatch);
+    ans.len = 0;
     fd = helper_connect(dir);
     if (fd < 0)
         return -fd;
-    if (build_request(&req, argc, argv, text, text_len) != 0 || write_all(fd, req.data, req.len) != 0 ||
+    if (build_request(&req, &key, name) != 0 || write_all(fd, req.data, req.len) != 0 ||
         read_all(fd, &ans, PSB_HELPER_MAX_ANSWER_BYTES) != 0 || ans.len > PSB_HELPER_MAX_ANSWER_BYTES) {
         close(fd);
         return HELPER_UNUSABLE;
     }
     close(fd);
     free(req.data);
+    free(key.data);
     if (parse_answer(&ans, &a) != 0)
         return 0;
-    if (a.has_script && write_script(&a, dir) != 0)
-        return HELPER_UNUSABLE;
-    if (a.has_in) {
-        struct buf in = {(char *)a.in, a.in_len, a.in_len};
-        if (restore_stdin(&in) != 0)
-            return HELPER_UNUSABLE;
-    }
-    if (a.warning_len)
-        write_all(2, a.warning, a.warning_len);
-    exec_sbatch(sbatch, a.argv);
-    return HELPER_UNUSABLE; /* not reached */
+    return carry_out(&a, dir, sbatch);
 }
 
 /* A job psbatch enriches: the helper's answer, else the Python psbatch. */

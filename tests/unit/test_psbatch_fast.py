@@ -540,11 +540,13 @@ def helper(bins) -> Path:
 @given(args=_argv, job=_job, stdin=_stdin, rc=st.sampled_from([0, 0, 1]))
 def test_helper_answers_exactly_as_the_python_psbatch(bins, helper, args, job, stdin, rc):
     """Through the helper, a front end that cannot start Python (any hand-off to Python
-    would show as a warning) hands sbatch what the Python psbatch would, every time."""
+    would show as a warning) hands sbatch what the Python psbatch would, every time: asked
+    first, then again (from the helper's memo when the answer was reusable)."""
     (bins.work / "job.sh").write_bytes(job)
     got = _run(bins, [bins.no_python], args, stdin, rc, env=_helper_env(helper))
     assert got == _run(bins, PYTHON_PSBATCH, args, stdin, rc)
     assert b"cannot run the Python psbatch" not in got.stderr
+    assert _run(bins, [bins.no_python], args, stdin, rc, env=_helper_env(helper)) == got
 
 
 @needs_cc
@@ -711,12 +713,157 @@ def test_variables_from_the_submit_environment_reach_the_helper(bins, helper):
     same through the helper as by the Python psbatch (and differently for another value)."""
     (bins.work / "envmeg.sh").write_bytes(MEGATRON.replace(b"--num-layers 4", b"--num-layers $NL"))
     outcomes = []
-    for layers in ("4", "8"):
+    for layers in ("4", "8", "4", "8"):  # the last two: the same again, from the helper's memo
         got = _run(bins, [bins.no_python], ["envmeg.sh"], env=_helper_env(helper, NL=layers))
         assert got == _run(bins, PYTHON_PSBATCH, ["envmeg.sh"], env={"NL": layers})
         assert got.rc == 0 and got.stderr == b"" and got.calls[0]["argv"][0].startswith(b"--comment=pswift1;")
         outcomes.append(got.calls[0]["argv"][0])
     assert outcomes[0] != outcomes[1]  # the profile records the layers the environment gave
+    unset = _run(bins, [bins.no_python], ["envmeg.sh"], env=_helper_env(helper, NL=None))
+    assert unset == _run(bins, PYTHON_PSBATCH, ["envmeg.sh"], env={"NL": None})
+    assert unset.stderr.startswith(b"psbatch: warning: Megatron job not opted in")  # "$NL" is no number
+
+
+def _memo(folder: Path) -> list[str]:
+    memo = folder / "memo"
+    return sorted(p.name for p in memo.iterdir()) if memo.exists() else []
+
+
+@needs_cc
+def test_a_resubmission_is_carried_out_from_the_memo_without_asking(bins, tmp_path):
+    """The helper remembers its answer; the same submission again (same argv, script and
+    the variables the answer read) is carried out from the memo while the helper holds
+    its lock, even when the helper could not answer (stopped here: asking it would time
+    out and hand the job to Python, which this front end cannot start). Anything else is
+    asked; the memo is gone once the helper exits."""
+    import signal
+
+    from pipeswift_slurm import psbatch_helper as ph
+
+    folder = tmp_path / "h"
+    proc = subprocess.Popen([*HELPER_MODULE, "serve", "--dir", str(folder)], env=_env())
+    try:
+        assert _wait_for(lambda: _serving(folder))
+        env = _helper_env(folder, SBATCH_COMMENT="mine")
+        first = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh"], env=env)
+        assert first == _run(bins, PYTHON_PSBATCH, ["-p", "gpu", "meg.sh"], env=env)
+        assert _wait_for(lambda: len(_memo(folder)) == 1)
+        entry = dict(ph.read_records_from((folder / "memo" / _memo(folder)[0]).read_bytes()))
+        assert entry[b"k"].startswith(ph.encode_records([(b"v", os.fsencode(ph.protocol_id()))]))
+        lock = folder / ph.LOCK_NAME
+        os.utime(lock, (0, 0))
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            again = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh"], env=env)
+            assert again == first and again.calls[0]["scripts"] == [ROUTED]
+            assert lock.stat().st_mtime > 0  # marked: the helper counts the hit as a request
+            other = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh"],
+                         env=dict(env, SBATCH_COMMENT="other"))  # a variable the answer read
+            assert other.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        assert _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh"], env=dict(env, UNREAD="1")) == first
+        [name] = _memo(folder)
+        kept = (folder / "memo" / name).read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert _memo(folder) == []
+    (folder / "memo" / name).write_bytes(kept)  # left behind (a helper killed with SIGKILL)
+    got = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh"], env=env)
+    assert got.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")  # no helper: not used
+
+
+def test_memo_entries_record_what_the_answer_read():
+    from pipeswift_slurm import psbatch_helper as ph
+
+    key = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"t", MEGATRON)]
+    reply, entry = ph.respond(key + [(b"h", b"00000000000000aa"), (b"E", b"SBATCH_COMMENT=mine\0B=1\0")])
+    assert entry is not None
+    records = ph.read_records_from(entry)
+    assert records[0] == (b"k", ph.encode_records(key))
+    asked = dict((records[i][1], records[i + 1]) for i in range(1, len(records)) if records[i][0] == b"g")
+    assert asked.pop(b"SBATCH_COMMENT") == (b"G", b"mine") and b"B" not in asked
+    assert asked and all(value == (b"N", b"") for value in asked.values())  # SBATCH_GPUS and others: unset
+    assert records[-len(reply):] == reply
+    # not reusable: a fall back, an old front end's environment, the whole environment read
+    assert ph.respond([(b"v", b"other")] + key[1:])[1] is None
+    assert ph.memo_entry(key, {"A": "1"}, reply) is None
+    env = ph.EnvBlock(b"A=1\0")
+    dict(env)
+    assert ph.memo_entry(key, env, reply) is None
+    env = ph.EnvBlock(b"A=1\0")
+    assert env.get("A=1") is None and ph.memo_entry(key, env, reply) is None
+
+
+def test_the_memo_keeps_a_bounded_number_of_entries(tmp_path, monkeypatch):
+    from pipeswift_slurm import psbatch_helper as ph
+
+    monkeypatch.setattr(ph, "MEMO_MAX_ENTRIES", 4)
+    for i in range(7):
+        ph.remember(str(tmp_path), b"%016x" % i, b"entry %d" % i)
+        os.utime(tmp_path / "memo" / ("%016x" % i), ns=(i * 10**9, i * 10**9))
+    assert _memo(tmp_path) == ["%016x" % i for i in (3, 4, 5, 6)]  # the oldest went
+    ph.remember(str(tmp_path), b"../escape0000000", b"x")
+    ph.remember(str(tmp_path), b"%016x" % 9, b"x" * (ph.MEMO_MAX_ENTRY_BYTES + 1))
+    assert len(_memo(tmp_path)) == 4 and not (tmp_path / "escape0000000").exists()
+    ph.clear_memo(str(tmp_path))
+    assert _memo(tmp_path) == []
+
+
+@needs_cc
+def test_memo_hits_keep_the_helper_from_exiting_idle(bins, tmp_path):
+    import time
+
+    folder = tmp_path / "h"
+    proc = subprocess.Popen([*HELPER_MODULE, "serve", "--dir", str(folder), "--idle-s", "3"], env=_env())
+    try:
+        assert _wait_for(lambda: _serving(folder))
+        first = _run(bins, [bins.no_python], ["meg.sh"], env=_helper_env(folder))
+        assert _wait_for(lambda: len(_memo(folder)) == 1)
+        until = time.monotonic() + 7.0
+        while time.monotonic() < until:  # over twice the idle time, with memo hits only
+            assert _run(bins, [bins.no_python], ["meg.sh"], env=_helper_env(folder)) == first
+            time.sleep(0.3)
+        assert proc.poll() is None
+        assert proc.wait(timeout=30) == 0  # without them, it exits idle
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _memo(folder) == []
+
+
+def test_the_helper_folder_prefers_a_runtime_folder_then_shared_memory(tmp_path):
+    from pipeswift_slurm import psbatch_helper as ph
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    shm.chmod(0o1777)
+    assert ph.helper_dir({"PIPESWIFT_PSBATCH_HELPER_DIR": "/x", "XDG_RUNTIME_DIR": "/run/user/7"}, 7) == "/x"
+    assert ph.helper_dir({"XDG_RUNTIME_DIR": "/run/user/7"}, 7, str(shm)) == "/run/user/7/pipeswift"
+    assert ph.helper_dir({"XDG_RUNTIME_DIR": "relative"}, 7, str(shm)) == str(shm / "pipeswift-7")
+    shm.chmod(0o777)  # not sticky: others could remove the user's folder
+    assert ph.helper_dir({}, 7, str(shm)) == "/tmp/pipeswift-7"
+    assert ph.helper_dir({}, 7, str(tmp_path / "missing")) == "/tmp/pipeswift-7"
+
+
+@needs_cc
+def test_the_front_end_finds_the_helper_folder_as_python_does(bins):
+    """Without $PIPESWIFT_PSBATCH_HELPER_DIR and $XDG_RUNTIME_DIR, the front end starts a
+    helper (here: fails to; its Python is missing) in the folder psbatch_helper names."""
+    from pipeswift_slurm import psbatch_helper as ph
+
+    folder = Path(ph.helper_dir({}, os.getuid()))
+    existed = folder.exists()
+    try:
+        got = _run(bins, [bins.no_python], ["meg.sh"], env={"PIPESWIFT_PSBATCH_HELPER": "on",
+                                                           "PIPESWIFT_PSBATCH_HELPER_DIR": None,
+                                                           "XDG_RUNTIME_DIR": None})
+        assert got.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")
+        assert folder.is_dir() and (folder.stat().st_mode & 0o777) == 0o700
+    finally:
+        if not existed and folder.is_dir():
+            shutil.rmtree(folder)
 
 
 def test_helper_answer_falls_back_on_another_checkout():
