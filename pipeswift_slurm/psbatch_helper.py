@@ -369,6 +369,14 @@ def clear_memo(folder: str) -> None:
             pass
 
 
+def memo_size(folder: str) -> int:
+    """How many answers the memo holds."""
+    try:
+        return sum(1 for name in os.listdir(os.path.join(folder, MEMO_NAME)) if _MEMO_KEY.fullmatch(os.fsencode(name)))
+    except OSError:
+        return 0
+
+
 def remember(folder: str, name: bytes, entry: bytes) -> None:
     """Write ``entry`` as ``memo/<name>`` (whole or not at all), keeping at most
     ``MEMO_MAX_ENTRIES`` entries (the oldest go) of at most ``MEMO_MAX_ENTRY_BYTES``."""
@@ -523,7 +531,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
     pid = running_pid(folder)
     if args.command == "status":
-        sys.stdout.write("running (pid %d) in %s\n" % (pid, folder) if pid else "not running (%s)\n" % folder)
+        if pid:
+            held = memo_size(folder)
+            sys.stdout.write("running (pid %d) in %s; %d answer%s in its memo\n"
+                             % (pid, folder, held, "" if held == 1 else "s"))
+        else:
+            sys.stdout.write("not running (%s)\n" % folder)
         return 0 if pid else 1
     if pid:
         try:

@@ -607,6 +607,7 @@ def test_first_use_starts_a_helper_and_stop_ends_it(bins, tmp_path):
         assert _run(bins, [bins.no_python], ["meg.sh"], env=_helper_env(folder)) == first
         status = _helper_cmd("status", folder)
         assert status.returncode == 0 and status.stdout.startswith("running (pid ")
+        assert status.stdout.endswith("; 1 answer in its memo\n")
     finally:
         stop = _helper_cmd("stop", folder)
     assert stop.returncode == 0 and stop.stdout.startswith("stopped pid ")
