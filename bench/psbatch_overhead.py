@@ -3,9 +3,9 @@ the compiled psbatch front end (pipeswift_slurm/fast) with its resident helper o
 with it running (pipeswift_slurm/psbatch_helper), for a Megatron script (enriched: parsed,
 validated, rewritten) and a plain one (passed through). With the helper, twice: the same
 script each time (``fast_helper``: after the first, answered from the helper's memo) and
-a script never submitted before each time (``fast_helper_new_script``: one comment line
-differs, so the helper decides it). Also the time of a Megatron submission that finds no
-helper (it goes through the Python psbatch and starts one).
+a script never submitted before each time (``fast_helper_new_script``: as in a sweep, its
+``--train-iters`` differs, so the helper decides it afresh). Also the time of a Megatron
+submission that finds no helper (it goes through the Python psbatch and starts one).
 
 Needs a Slurm controller (tests/slurm/testbed.sh up; source its env.sh) and, for the
 compiled front end, a C compiler (it is built into a temporary folder). Jobs are submitted
@@ -100,7 +100,8 @@ def _first_submissions(fast: str, cwd: Path, ids: list[str], env: dict[str, str]
 def _compare(variants: dict[str, tuple[list[str], dict[str, str], bool]], name: str, text: str, n: int,
              cwd: Path, ids: list[str]) -> dict[str, object]:
     """Medians and ratios to sbatch; a variant marked ``new`` submits ``new/<name>.sh``,
-    written afresh (one comment line differs) before each submission."""
+    written afresh before each submission (another ``--train-iters``, or for a script
+    without one, another last comment line)."""
     times: dict[str, list[float]] = {v: [] for v in variants}
     names = list(variants)
     (cwd / "new").mkdir(exist_ok=True)
@@ -110,7 +111,8 @@ def _compare(variants: dict[str, tuple[list[str], dict[str, str], bool]], name: 
             script = name + ".sh"
             if new:
                 script = "new/" + script
-                (cwd / script).write_text(text + "# submission %d\n" % k)
+                fresh = text.replace("--train-iters 1000", "--train-iters %d" % (1001 + k))
+                (cwd / script).write_text(fresh if fresh != text else text + "# submission %d\n" % k)
             times[variant].append(_time(cmd + ["-H", script], cwd, ids, env))
     medians = {v: statistics.median(t) for v, t in times.items()}
     sb = medians["sbatch"]

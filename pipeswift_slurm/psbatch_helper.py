@@ -74,6 +74,7 @@ LOCK_NAME = "psbatch.lock"
 MEMO_NAME = "memo"
 MEMO_MAX_ENTRIES = 64
 MEMO_MAX_ENTRY_BYTES = 256 << 10
+MEMO_WRITE_AFTER_S = 0.05
 IDLE_S_DEFAULT = 600.0
 IO_TIMEOUT_S = 5.0
 CODE_CHECK_S = 1.0
@@ -401,15 +402,15 @@ def remember(folder: str, name: bytes, entry: bytes) -> None:
         log.debug("cannot write a memo entry", exc_info=True)
 
 
-def _serve_one(conn: socket.socket, folder: Optional[str] = None) -> None:
-    """Answer one connection; then remember the answer in ``folder``'s memo."""
+def _serve_one(conn: socket.socket) -> Optional[tuple[bytes, bytes]]:
+    """Answer one connection: the memo name and entry of the answer, when reusable."""
     conn.settimeout(IO_TIMEOUT_S)
     if not _same_user(conn):
-        return
+        return None
     try:
         request = read_records(conn)
     except (OSError, ValueError):
-        return
+        return None
     entry: Optional[bytes] = None
     try:
         reply, entry = respond(request)
@@ -419,10 +420,9 @@ def _serve_one(conn: socket.socket, folder: Optional[str] = None) -> None:
     try:
         conn.sendall(encode(reply))
     except OSError:
-        return
+        return None
     names = [data for tag, data in request if tag == b"h"]
-    if folder and entry is not None and len(names) == 1:
-        remember(folder, names[0], entry)
+    return (names[0], entry) if entry is not None and len(names) == 1 else None
 
 
 def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
@@ -455,13 +455,20 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
     loaded = _code_stamp()
     last_request = chores_at = time.monotonic()
     marked = os.fstat(lock_fd).st_mtime_ns
+    to_remember: list[tuple[bytes, bytes]] = []
     try:
         # Chores between requests, never while one waits, about once a second: the
         # scripts of ended submissions go, a front end's mark on the lock file (a memo
         # hit) counts as a request, and once the code on disk changed the helper exits,
-        # so the next submission starts one on the new code.
+        # so the next submission starts one on the new code. New memo entries are written
+        # once no request came for MEMO_WRITE_AFTER_S (not while the front end that was
+        # just answered submits the job).
         while True:
             now = time.monotonic()
+            if to_remember and now >= last_request + MEMO_WRITE_AFTER_S:
+                for name, entry in to_remember:
+                    remember(folder, name, entry)
+                to_remember.clear()
             if now >= chores_at:
                 remove_ended_jobs(folder)
                 if _code_stamp() != loaded:
@@ -473,10 +480,15 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
             idle_left_s = last_request + idle_s - now
             if idle_left_s <= 0:
                 break
-            if select.select([listener], [], [], max(0.0, min(idle_left_s, chores_at - now)))[0]:
+            wake_s = min(idle_left_s, chores_at - now)
+            if to_remember:
+                wake_s = min(wake_s, last_request + MEMO_WRITE_AFTER_S - now)
+            if select.select([listener], [], [], max(0.0, wake_s))[0]:
                 conn, _ = listener.accept()
                 with conn:
-                    _serve_one(conn, folder)
+                    done = _serve_one(conn)
+                if done and len(to_remember) < MEMO_MAX_ENTRIES:
+                    to_remember.append(done)
                 last_request = time.monotonic()
     finally:
         clear_memo(folder)
