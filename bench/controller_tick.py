@@ -30,15 +30,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeswift_slurm import token
-from pipeswift_slurm.backends.slurm_cli import BATCH_PROCESSES, SlurmCliBackend, SubprocessRunner
-from pipeswift_slurm.controller import Controller
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.estimator import Estimator
-from pipeswift_slurm.hardware import get_gpu_type
-from pipeswift_slurm.model import ClusterView, Decision, Job
-from pipeswift_slurm.policy import get_policy
-from pipeswift_slurm.store import Store
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
+
+from pipeswift_slurm import token  # noqa: E402
+from pipeswift_slurm.backends.slurm_cli import BATCH_PROCESSES, SlurmCliBackend, SubprocessRunner  # noqa: E402
+from pipeswift_slurm.controller import Controller  # noqa: E402
+from pipeswift_slurm.costmodel import CostModel  # noqa: E402
+from pipeswift_slurm.estimator import Estimator  # noqa: E402
+from pipeswift_slurm.hardware import get_gpu_type  # noqa: E402
+from pipeswift_slurm.model import ClusterView, Decision, Job  # noqa: E402
+from pipeswift_slurm.policy import get_policy  # noqa: E402
+from pipeswift_slurm.store import Store  # noqa: E402
 
 MEGATRON = ("--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16",
             "--seq-length", "1024", "--max-position-embeddings", "1024", "--micro-batch-size", "4",

@@ -16,13 +16,16 @@ import statistics
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.estimator import Estimator
-from pipeswift_slurm.hardware import get_gpu_type
-from pipeswift_slurm.model import PENDING, RUNNING, ClusterView, Job, Node
-from pipeswift_slurm.policy import get_policy
-from pipeswift_slurm.sim.workload import Conversion, TraceRow, to_megatron_job
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
+
+from pipeswift_slurm.costmodel import CostModel  # noqa: E402
+from pipeswift_slurm.estimator import Estimator  # noqa: E402
+from pipeswift_slurm.hardware import get_gpu_type  # noqa: E402
+from pipeswift_slurm.model import PENDING, RUNNING, ClusterView, Job, Node  # noqa: E402
+from pipeswift_slurm.policy import get_policy  # noqa: E402
+from pipeswift_slurm.sim.workload import Conversion, TraceRow, to_megatron_job  # noqa: E402
 
 CASES = ((100, 64), (1000, 1024), (10000, 8192))
 

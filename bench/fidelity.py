@@ -11,7 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from pipeswift_slurm.fidelity import compare, summary
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
+
+from pipeswift_slurm.fidelity import compare, summary  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
 

@@ -12,8 +12,11 @@ import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
-from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
+
+from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison  # noqa: E402
 
 
 def one(args):
