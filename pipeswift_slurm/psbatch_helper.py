@@ -238,14 +238,10 @@ class EnvBlock(Mapping[str, str]):
 # ---------------------------------------------------------------- answers
 
 
-def answer(request: Sequence[Record]) -> list[Record]:
-    """The answer to one request: what the Python psbatch would do, or fall back."""
-    return respond(request)[0]
-
-
 def respond(request: Sequence[Record]) -> tuple[list[Record], Optional[bytes]]:
-    """The answer to one request, and its memo entry (None when the answer may not be
-    reused: a fall back, an old front end, or an answer that read the whole environment)."""
+    """The answer to one request (what the Python psbatch would do, or fall back), and its
+    memo entry (None when the answer may not be reused: a fall back, an old front end, or
+    an answer that read the whole environment)."""
     versions: list[bytes] = []
     texts: list[bytes] = []
     argv: list[str] = []
@@ -528,7 +524,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--idle-s", type=float, help="seconds without a request before it exits "
                     "(default: $PIPESWIFT_PSBATCH_HELPER_IDLE_S, else %g)" % IDLE_S_DEFAULT)
     args = ap.parse_args(argv)
-    folder = args.dir or helper_dir(dict(os.environ), os.getuid())
+    folder = args.dir or helper_dir(os.environ, os.getuid())
     if args.command == "serve":
         idle_s = args.idle_s
         if idle_s is None:

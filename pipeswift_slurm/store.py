@@ -49,6 +49,7 @@ from .store_tick import _SELECT_IDS, TickTx, _inserted_id, _save_calibration, ea
 
 log = logging.getLogger(__name__)
 
+
 def _missing(conn: Any) -> tuple[set[str], list[tuple[Any, Any]]]:
     """The tables the database has, and the (table, column) pairs the models have and an
     existing table lacks."""

@@ -874,9 +874,9 @@ def test_helper_answer_falls_back_on_another_checkout():
 
     request = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"E", b"A=1\0"),
                (b"t", MEGATRON)]
-    said = dict(ph.answer(request))
+    said = dict(ph.respond(request)[0])
     assert said[b"a"] == b"-H" and said[b"i"] == ROUTED  # the stdin script, routed
-    assert ph.answer([(b"v", os.fsencode(ph.protocol_id("/elsewhere")))] + request[1:]) == [(b"x", b"")]
+    assert ph.respond([(b"v", os.fsencode(ph.protocol_id("/elsewhere")))] + request[1:])[0] == [(b"x", b"")]
     with pytest.raises(ValueError):
         ours, theirs = socket.socketpair()
         with ours, theirs:
