@@ -238,10 +238,10 @@ class EnvBlock(Mapping[str, str]):
 # ---------------------------------------------------------------- answers
 
 
-def respond(request: Sequence[Record]) -> tuple[list[Record], Optional[bytes]]:
-    """The answer to one request (what the Python psbatch would do, or fall back), and its
-    memo entry (None when the answer may not be reused: a fall back, an old front end, or
-    an answer that read the whole environment)."""
+def respond(request: Sequence[Record]) -> tuple[list[Record], Optional[Mapping[str, str]]]:
+    """The answer to one request (what the Python psbatch would do, or fall back), and the
+    environment it read from (None for a fall back); ``memo_entry`` makes the answer's
+    memo entry from them once the answer is sent."""
     versions: list[bytes] = []
     texts: list[bytes] = []
     argv: list[str] = []
@@ -269,7 +269,7 @@ def respond(request: Sequence[Record]) -> tuple[list[Record], Optional[bytes]]:
         index, name, script = action.script
         out += [(b"n", str(index).encode()), (b"f", os.fsencode(name)),
                 (b"s", script.encode("utf-8", "surrogateescape"))]
-    return out, memo_entry(request, environ, out)
+    return out, environ
 
 
 def memo_entry(request: Sequence[Record], environ: Mapping[str, str], reply: Sequence[Record]) -> Optional[bytes]:
@@ -376,7 +376,8 @@ def memo_size(folder: str) -> int:
 
 def remember(folder: str, name: bytes, entry: bytes) -> None:
     """Write ``entry`` as ``memo/<name>`` (whole or not at all), keeping at most
-    ``MEMO_MAX_ENTRIES`` entries (the oldest go) of at most ``MEMO_MAX_ENTRY_BYTES``."""
+    ``MEMO_MAX_ENTRIES`` entries of at most ``MEMO_MAX_ENTRY_BYTES``: the least recently
+    used go (by modification time, which the front end renews on each hit)."""
     if not _MEMO_KEY.fullmatch(name) or len(entry) > MEMO_MAX_ENTRY_BYTES:
         return
     memo = os.path.join(folder, MEMO_NAME)
@@ -407,18 +408,22 @@ def _serve_one(conn: socket.socket) -> Optional[tuple[bytes, bytes]]:
         request = read_records(conn)
     except (OSError, ValueError):
         return None
-    entry: Optional[bytes] = None
+    environ: Optional[Mapping[str, str]] = None
     try:
-        reply, entry = respond(request)
+        reply, environ = respond(request)
     except Exception:  # decide() never raises for a job; anything else: the Python psbatch
         log.debug("helper answer failed", exc_info=True)
         reply = [(b"x", b"")]
     try:
         conn.sendall(encode(reply))
+        conn.shutdown(socket.SHUT_WR)  # the front end reads to the end: it may go on now
     except OSError:
         return None
     names = [data for tag, data in request if tag == b"h"]
-    return (names[0], entry) if entry is not None and len(names) == 1 else None
+    if environ is None or len(names) != 1:
+        return None
+    entry = memo_entry(request, environ, reply)  # after the answer: not in the front end's way
+    return (names[0], entry) if entry is not None else None
 
 
 def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:

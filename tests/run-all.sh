@@ -15,7 +15,7 @@ PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 echo "== packages (Slurm, munge, sqlite3) from the distribution"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins sqlite3 gcc libc6-dev >/dev/null
+  munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins sqlite3 gcc libc6-dev musl-tools >/dev/null
 
 echo "== python packages (project + dev tools + the megatron extra: CPU torch, megatron-core)"
 $PY -m pip install -q --disable-pip-version-check -e '.[dev,megatron]'

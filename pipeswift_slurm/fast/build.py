@@ -34,6 +34,10 @@ CFLAGS = ("-O2", "-std=c99")
 # Linked statically when the C library allows it: the front end then starts without the
 # dynamic loader, about a quarter of a millisecond sooner on every submission.
 STATIC = ("-static",)
+# Preferred when no compiler is named: against musl the static front end is 80 KB, not
+# 780 KB, and its exec costs about 0.3 ms less than against glibc, whose start-up
+# (IRELATIVE relocations, TLS, more pages to fault in) is most of a static exec here.
+MUSL_CC = "musl-gcc"
 KINDS = ("PSB_REQUIRED", "PSB_OPTIONAL", "PSB_FLAG")
 
 
@@ -192,6 +196,21 @@ def compiler(cc: Optional[str] = None) -> list[str]:
     return words
 
 
+def attempts(cc: Optional[str] = None) -> list[tuple[list[str], tuple[str, ...]]]:
+    """(compiler command, link flags) to try in turn: the named compiler (``cc``, else
+    ``$CC``) static, then dynamic; with none named, musl-gcc static first when installed,
+    then ``cc`` static, then dynamic.
+
+    Raises:
+        BuildError: the named compiler (or ``cc``) is not found.
+    """
+    words = compiler(cc)
+    tries = [(words, STATIC), (words, ())]
+    if not (cc or os.environ.get("CC")) and shutil.which(MUSL_CC):
+        tries.insert(0, ([MUSL_CC], STATIC))
+    return tries
+
+
 def _check_python(python: str, root: str) -> None:
     code = python_argv(root)[2].replace("sys.exit(main())", "pass")
     try:
@@ -221,7 +240,7 @@ def build(out: str | os.PathLike[str], cc: Optional[str] = None, python: Optiona
         target = target / "psbatch"
     if not target.parent.is_dir():
         raise BuildError("cannot write %s: no such folder %s" % (target, target.parent))
-    words = compiler(cc)
+    tries = attempts(cc)
     if check_python:
         _check_python(python, root)
     with tempfile.TemporaryDirectory(prefix="psbatch-build-") as tmp:
@@ -229,18 +248,21 @@ def build(out: str | os.PathLike[str], cc: Optional[str] = None, python: Optiona
         src = Path(tmp) / "psbatch.c"
         shutil.copyfile(SOURCE, src)
         exe = Path(tmp) / "psbatch"
-        for link in (STATIC, ()):
+        failure = ""
+        for words, link in tries:  # the last failure is the one reported
             argv = [*words, *CFLAGS, *link, *extra_flags, "-o", str(exe), str(src)]
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
             except (OSError, subprocess.TimeoutExpired) as exc:
-                raise BuildError("cannot run %s: %s" % (words[0], exc), 1) from None
+                failure = "cannot run %s: %s" % (words[0], exc)
+                continue
             if done.returncode == 0 and exe.is_file():
                 break
-        if done.returncode or not exe.is_file():
             said = done.stderr.splitlines()
             first = ([ln for ln in said if "error" in ln] or said or [""])[0].strip()
-            raise BuildError("%s failed (exit %d): %s" % (" ".join(words), done.returncode, first), 1)
+            failure = "%s failed (exit %d): %s" % (" ".join(words), done.returncode, first)
+        else:
+            raise BuildError(failure, 1)
         _install(exe, target)
     return target
 

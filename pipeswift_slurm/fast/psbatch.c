@@ -22,6 +22,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,7 @@
 #include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "psbatch_tables.h"
@@ -196,7 +199,8 @@ static int read_all(int fd, struct buf *b, size_t limit)
         size_t want;
         if (limit && b->len > limit)
             return 0;
-        if (buf_reserve(b, 65536) != 0)
+        /* a script is a few KB: start at 4 KB (no mmap, few pages touched), then double */
+        if (b->cap - b->len < 1024 && buf_reserve(b, b->cap ? b->cap : 4096) != 0)
             return -1;
         want = b->cap - b->len;
         if (limit && want > limit + 1 - b->len)
@@ -291,18 +295,65 @@ static int restore_stdin(const struct buf *b)
 
 /* ------------------------------------------------------------------ running */
 
-static int executable_file(const char *path)
+static int executable_file(const char *path, struct stat *st)
 {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+    return stat(path, st) == 0 && S_ISREG(st->st_mode) && access(path, X_OK) == 0;
+}
+
+/* This binary, looked up only when a candidate sbatch might be it. */
+struct self {
+    const char *argv0;
+    int looked, have_exe;
+    struct stat exe;    /* /proc/self/exe, when have_exe */
+    char *path;         /* its real path (NULL: unknown), once looked */
+    char buf[PATH_MAX];
+};
+
+static char *search_path(const char *name, struct self *skip);
+
+/* This binary's real path: /proc/self/exe, else argv[0] as the shell found it. */
+static const char *self_path(struct self *me)
+{
+    char *found;
+    const char *argv0 = me->argv0;
+    if (me->looked)
+        return me->path;
+    me->looked = 1;
+    if (realpath("/proc/self/exe", me->buf))
+        return me->path = me->buf;
+    if (argv0 == NULL || *argv0 == '\0')
+        return NULL;
+    if (strchr(argv0, '/'))
+        return me->path = realpath(argv0, me->buf);
+    found = search_path(argv0, NULL);
+    if (found && realpath(found, me->buf))
+        me->path = me->buf;
+    free(found);
+    return me->path;
+}
+
+/* Whether the executable `candidate` (its stat in `st`) is this binary: the same real path.
+ * Real paths are compared only for the file /proc/self/exe is (or without /proc): another
+ * file has another real path, and resolving one costs a system call per path component. */
+static int is_self(const char *candidate, const struct stat *st, struct self *me)
+{
+    char real[PATH_MAX];
+    const char *mine;
+    if (!me->looked && !me->have_exe)
+        me->have_exe = stat("/proc/self/exe", &me->exe) == 0;
+    if (me->have_exe && (me->exe.st_dev != st->st_dev || me->exe.st_ino != st->st_ino))
+        return 0;
+    mine = self_path(me);
+    return mine && realpath(candidate, real) && strcmp(real, mine) == 0;
 }
 
 /* The first executable `name` in $PATH (os.defpath when unset; "" is "."), as
- * os.path.join builds it, whose real path is not `skip`; NULL when none. */
-static char *search_path(const char *name, const char *skip)
+ * os.path.join builds it, that is not this binary when `skip`; NULL when none. */
+static char *search_path(const char *name, struct self *skip)
 {
     const char *path = getenv("PATH");
     size_t nlen = strlen(name);
+    struct stat st;
     if (path == NULL)
         path = PSB_DEFPATH;
     for (;;) {
@@ -311,15 +362,13 @@ static char *search_path(const char *name, const char *skip)
         const char *folder = flen ? path : ".";
         size_t dlen = flen ? flen : 1;
         char *candidate = malloc(dlen + nlen + 2);
-        char real[PATH_MAX];
         if (candidate == NULL)
             return NULL;
         memcpy(candidate, folder, dlen);
         if (folder[dlen - 1] != '/')
             candidate[dlen++] = '/';
         memcpy(candidate + dlen, name, nlen + 1);
-        if (executable_file(candidate) &&
-            !(skip && realpath(candidate, real) && strcmp(real, skip) == 0))
+        if (executable_file(candidate, &st) && !(skip && is_self(candidate, &st, skip)))
             return candidate;
         free(candidate);
         if (end == NULL)
@@ -328,33 +377,15 @@ static char *search_path(const char *name, const char *skip)
     }
 }
 
-/* This binary's real path: /proc/self/exe, else argv[0] as the shell found it. */
-static const char *self_path(char *buf, const char *argv0)
-{
-    char *found;
-    if (realpath("/proc/self/exe", buf))
-        return buf;
-    if (argv0 == NULL || *argv0 == '\0')
-        return NULL;
-    if (strchr(argv0, '/'))
-        return realpath(argv0, buf);
-    found = search_path(argv0, NULL);
-    if (found && realpath(found, buf)) {
-        free(found);
-        return buf;
-    }
-    free(found);
-    return NULL;
-}
-
 /* psbatch.find_sbatch: $PIPESWIFT_SBATCH, else the first sbatch on PATH that is not me. */
-static char *find_sbatch(const char *me)
+static char *find_sbatch(struct self *me)
 {
     const char *wanted = getenv("PIPESWIFT_SBATCH");
+    struct stat st;
     if (wanted == NULL || *wanted == '\0')
         wanted = "sbatch";
     if (strchr(wanted, '/'))
-        return executable_file(wanted) ? strdup(wanted) : NULL;
+        return executable_file(wanted, &st) ? strdup(wanted) : NULL;
     return search_path(wanted, me);
 }
 
@@ -399,7 +430,7 @@ static void exec_python(int argc, char **argv, const char *sbatch, const struct 
     exec_sbatch(sbatch, argv);
 }
 
-static char *sbatch_or_exit(const char *me)
+static char *sbatch_or_exit(struct self *me)
 {
     char *sbatch = find_sbatch(me);
     if (sbatch == NULL) {
@@ -412,6 +443,7 @@ static char *sbatch_or_exit(const char *me)
 /* ------------------------------------------------------------------ the resident helper */
 
 enum { HELPER_ABSENT = 1, HELPER_UNUSABLE = 2 };
+#define HELPER_SPIN_US 3000L
 
 static int buf_add(struct buf *b, const void *data, size_t len)
 {
@@ -549,6 +581,28 @@ static int helper_connect(const char *dir)
         return -HELPER_UNUSABLE;
     }
     return fd;
+}
+
+/* Wait until the helper's answer can be read, polling for up to `spin_us` (the helper
+ * answers a new script in about a millisecond): a process that blocks lets its CPU go
+ * idle, and waking it again cost about 0.1 ms on a virtual machine. Each poll yields the
+ * CPU, so on a machine with one free CPU the helper still gets it. After that, reads
+ * block (up to the socket's timeout). */
+static void await_answer(int fd, long spin_us)
+{
+    struct pollfd p;
+    struct timespec start, now;
+    p.fd = fd;
+    p.events = POLLIN;
+    if (clock_gettime(CLOCK_MONOTONIC, &start) != 0)
+        return;
+    for (;;) {
+        p.revents = 0;
+        if (poll(&p, 1, 0) != 0 || clock_gettime(CLOCK_MONOTONIC, &now) != 0 ||
+            (now.tv_sec - start.tv_sec) * 1000000L + (now.tv_nsec - start.tv_nsec) / 1000 > spin_us)
+            return;
+        sched_yield();
+    }
 }
 
 /* What the helper said the Python psbatch would do. */
@@ -723,30 +777,15 @@ static int helper_alive(const char *dir)
     return alive;
 }
 
-/* The helper's answer to this very request, from its memo: the entry named `name` holds
- * the key (compared whole), the variables the answer read (NAME, then its value or its
- * absence, compared with getenv) and the answer. 0 with `a` filled on a hit. */
-static int memo_answer(const char *dir, const char *name, const struct buf *key, struct buf *entry,
-                       struct answer *a)
+/* The answer kept in the memo entry `entry` for this very request: the entry holds the key
+ * (compared whole), the variables the answer read (NAME, then its value or its absence,
+ * compared with getenv) and the answer. 0 with `a` filled when it applies. */
+static int memo_match(const struct buf *entry, const struct buf *key, struct answer *a)
 {
-    char path[PATH_MAX];
-    struct stat st;
     size_t at = 0, len;
     const char *data;
     char tag;
-    int fd;
     struct buf rest;
-    if (snprintf(path, sizeof path, "%s/%s/%s", dir, PSB_HELPER_MEMO, name) >= (int)sizeof path)
-        return -1;
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return -1;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid() ||
-        read_all(fd, entry, PSB_HELPER_MAX_ANSWER_BYTES) != 0 || entry->len > PSB_HELPER_MAX_ANSWER_BYTES) {
-        close(fd);
-        return -1;
-    }
-    close(fd);
     if (next_record(entry, &at, &tag, &data, &len) || tag != 'k' || len != key->len ||
         memcmp(data, key->data, len) != 0)
         return -1;
@@ -771,6 +810,29 @@ static int memo_answer(const char *dir, const char *name, const struct buf *key,
     rest.data = entry->data + at;
     rest.len = rest.cap = entry->len - at;
     return parse_answer(&rest, a);
+}
+
+/* The helper's answer to this very request, from its memo entry named `name` (0 with `a`
+ * filled on a hit). A hit marks the entry used: the helper drops the least recently used
+ * entries first, so a sweep of new scripts does not push out the one resubmitted daily. */
+static int memo_answer(const char *dir, const char *name, const struct buf *key, struct buf *entry,
+                       struct answer *a)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    int fd, hit;
+    if (snprintf(path, sizeof path, "%s/%s/%s", dir, PSB_HELPER_MEMO, name) >= (int)sizeof path)
+        return -1;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -1;
+    hit = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid() &&
+          read_all(fd, entry, PSB_HELPER_MAX_ANSWER_BYTES) == 0 && entry->len <= PSB_HELPER_MAX_ANSWER_BYTES &&
+          memo_match(entry, key, a) == 0;
+    if (hit)
+        futimens(fd, NULL);
+    close(fd);
+    return hit ? 0 : -1;
 }
 
 /* Write the rewritten script to a fresh folder inside the helper's own (private, checked)
@@ -840,8 +902,12 @@ static int ask_helper(const char *dir, int argc, char **argv, const char *sbatch
     fd = helper_connect(dir);
     if (fd < 0)
         return -fd;
-    if (build_request(&req, &key, name) != 0 || write_all(fd, req.data, req.len) != 0 ||
-        read_all(fd, &ans, PSB_HELPER_MAX_ANSWER_BYTES) != 0 || ans.len > PSB_HELPER_MAX_ANSWER_BYTES) {
+    if (build_request(&req, &key, name) != 0 || write_all(fd, req.data, req.len) != 0) {
+        close(fd);
+        return HELPER_UNUSABLE;
+    }
+    await_answer(fd, HELPER_SPIN_US);
+    if (read_all(fd, &ans, PSB_HELPER_MAX_ANSWER_BYTES) != 0 || ans.len > PSB_HELPER_MAX_ANSWER_BYTES) {
         close(fd);
         return HELPER_UNUSABLE;
     }
@@ -869,8 +935,7 @@ static void hand_off(int argc, char **argv, const char *sbatch, const struct sca
 int main(int argc, char **argv)
 {
     static char *no_args[] = {"psbatch", NULL};
-    char mebuf[PATH_MAX];
-    const char *me;
+    struct self me;
     struct scan s;
     struct buf in = {NULL, 0, 0};
     const char *text = NULL;
@@ -882,7 +947,8 @@ int main(int argc, char **argv)
         argc = 1;
         argv = no_args;
     }
-    me = self_path(mebuf, argv[0]);
+    memset(&me, 0, sizeof me);
+    me.argv0 = argv[0];
     memset(&s, 0, sizeof s);
     s.script_index = -1;
     s.own = calloc((size_t)argc + 1, 1);
@@ -912,7 +978,7 @@ int main(int argc, char **argv)
         if (rc != 0) { /* Python's read fails too: it warns and submits unchanged */
             if (in.len)
                 restore_stdin(&in);
-            exec_python(argc, argv, sbatch_or_exit(me), &s);
+            exec_python(argc, argv, sbatch_or_exit(&me), &s);
         }
         if (in.len <= PSB_MAX_SCRIPT_BYTES) {
             text = in.data ? in.data : "";
@@ -920,7 +986,7 @@ int main(int argc, char **argv)
         }
     }
 
-    sbatch = sbatch_or_exit(me);
+    sbatch = sbatch_or_exit(&me);
     if (consumed && restore_stdin(&in) != 0) {
         fprintf(stderr, "psbatch: error: cannot hand the script read from stdin to sbatch: %s\n", strerror(errno));
         return 1;

@@ -347,6 +347,38 @@ def test_exit_code_and_output_pass_through(bins):
     assert got.rc == 0 and got.stdout == b"42\n"
 
 
+@needs_cc
+def test_built_against_glibc_it_behaves_as_the_default_build(bins, helper, tmp_path):
+    """The default build uses musl when it is installed; the one ``cc`` links against
+    glibc (what a machine without musl-gcc gets) does exactly the same: passes plain jobs
+    through, hands Megatron jobs to the helper, and says the same when sbatch is missing."""
+    glibc = str(fast_build.build(tmp_path / "psbatch", cc=_compiler(), python="/nonexistent/python3",
+                                 check_python=False))
+    for case in sorted(PASS_THROUGH):
+        args, stdin = PASS_THROUGH[case]
+        assert _run(bins, [glibc], args, stdin) == _run(bins, [bins.no_python], args, stdin), case
+    for args, stdin in [(["-p", "gpu", "meg.sh", "x"], b""), (["-J", "m"], MEGATRON)]:
+        got = _run(bins, [glibc], args, stdin, env=_helper_env(helper))
+        assert got == _run(bins, [bins.no_python], args, stdin, env=_helper_env(helper)), args
+        assert got.calls[0]["argv"][0].startswith(b"--comment=pswift1;") and got.stderr == b""
+    missing = {"PIPESWIFT_SBATCH": "/nonexistent/sbatch"}
+    assert _run(bins, [glibc], ["plain.sh"], env=missing) == _run(bins, [bins.no_python], ["plain.sh"], env=missing)
+
+
+def test_the_default_build_prefers_musl_then_cc(monkeypatch):
+    found = {"cc", "musl-gcc", "clang"}
+    monkeypatch.setattr(fast_build.shutil, "which", lambda name: "/usr/bin/" + name if name in found else None)
+    monkeypatch.delenv("CC", raising=False)
+    static, dynamic = fast_build.STATIC, ()
+    assert fast_build.attempts() == [(["musl-gcc"], static), (["cc"], static), (["cc"], dynamic)]
+    assert fast_build.attempts("clang -O1") == [(["clang", "-O1"], static), (["clang", "-O1"], dynamic)]
+    monkeypatch.setenv("CC", "clang")
+    assert fast_build.attempts() == [(["clang"], static), (["clang"], dynamic)]  # a named compiler is used alone
+    monkeypatch.delenv("CC")
+    found.discard("musl-gcc")
+    assert fast_build.attempts() == [(["cc"], static), (["cc"], dynamic)]
+
+
 # ---------------------------------------------------------------- Megatron jobs: the Python psbatch
 
 
@@ -751,13 +783,15 @@ def test_a_resubmission_is_carried_out_from_the_memo_without_asking(bins, tmp_pa
         assert _wait_for(lambda: len(_memo(folder)) == 1)
         entry = dict(ph.read_records_from((folder / "memo" / _memo(folder)[0]).read_bytes()))
         assert entry[b"k"].startswith(ph.encode_records([(b"v", os.fsencode(ph.protocol_id()))]))
-        lock = folder / ph.LOCK_NAME
+        lock, kept_entry = folder / ph.LOCK_NAME, folder / "memo" / _memo(folder)[0]
         os.utime(lock, (0, 0))
+        os.utime(kept_entry, (0, 0))
         proc.send_signal(signal.SIGSTOP)
         try:
             again = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh"], env=env)
             assert again == first and again.calls[0]["scripts"] == [ROUTED]
             assert lock.stat().st_mtime > 0  # marked: the helper counts the hit as a request
+            assert kept_entry.stat().st_mtime > 0  # marked used: the memo drops the least recently used
             other = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh"],
                          env=dict(env, SBATCH_COMMENT="other"))  # a variable the answer read
             assert other.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")
@@ -779,7 +813,8 @@ def test_memo_entries_record_what_the_answer_read():
     from pipeswift_slurm import psbatch_helper as ph
 
     key = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"t", MEGATRON)]
-    reply, entry = ph.respond(key + [(b"h", b"00000000000000aa"), (b"E", b"SBATCH_COMMENT=mine\0B=1\0")])
+    reply, environ = ph.respond(key + [(b"h", b"00000000000000aa"), (b"E", b"SBATCH_COMMENT=mine\0B=1\0")])
+    entry = ph.memo_entry(key, environ, reply)
     assert entry is not None
     records = ph.read_records_from(entry)
     assert records[0] == (b"k", ph.encode_records(key))
@@ -804,7 +839,7 @@ def test_the_memo_keeps_a_bounded_number_of_entries(tmp_path, monkeypatch):
     for i in range(7):
         ph.remember(str(tmp_path), b"%016x" % i, b"entry %d" % i)
         os.utime(tmp_path / "memo" / ("%016x" % i), ns=(i * 10**9, i * 10**9))
-    assert _memo(tmp_path) == ["%016x" % i for i in (3, 4, 5, 6)]  # the oldest went
+    assert _memo(tmp_path) == ["%016x" % i for i in (3, 4, 5, 6)]  # the least recently used went
     ph.remember(str(tmp_path), b"../escape0000000", b"x")
     ph.remember(str(tmp_path), b"%016x" % 9, b"x" * (ph.MEMO_MAX_ENTRY_BYTES + 1))
     assert len(_memo(tmp_path)) == 4 and not (tmp_path / "escape0000000").exists()
