@@ -10,7 +10,9 @@ submission that finds no helper (it goes through the Python psbatch and starts o
 Needs a Slurm controller (tests/slurm/testbed.sh up; source its env.sh) and, for the
 compiled front end, a C compiler (it is built into a temporary folder). Jobs are submitted
 held (-H) and cancelled at the end. Submissions are interleaved and the order rotates,
-so drift and order effects hit every variant alike. Prints JSON; never passes or fails on time.
+so drift and order effects hit every variant alike; besides the ratio of medians, each
+variant's ``paired_ratio`` is the median over rounds of its time over sbatch's in the same
+round. Prints JSON; never passes or fails on time.
 
     python bench/psbatch_overhead.py [-n 30] [--psbatch "python3 -m pipeswift_slurm.psbatch"]
                                      [--psbatch-fast PATH | --no-fast] [--cc CC]
@@ -116,14 +118,20 @@ def _compare(variants: dict[str, tuple[list[str], dict[str, str], bool]], name: 
             times[variant].append(_time(cmd + ["-H", script], cwd, ids, env))
     medians = {v: statistics.median(t) for v, t in times.items()}
     sb = medians["sbatch"]
+    deciles = statistics.quantiles(times["sbatch"], n=10) if n > 1 else [sb]
     row: dict[str, object] = {"sbatch_median_s": round(sb, 5),
+                              "sbatch_p10_p90_s": [round(deciles[0], 5), round(deciles[-1], 5)],
                               "psbatch_median_s": round(medians["psbatch"], 5),
                               "ratio": round(medians["psbatch"] / sb, 3)}
     for variant, key in (("psbatch_fast", "fast"), ("psbatch_fast_helper", "fast_helper"),
                          ("psbatch_fast_helper_new_script", "fast_helper_new_script")):
         if variant in medians:
+            # also per round: this variant's time over sbatch's in the same round (a
+            # paired estimate, steadier than a ratio of medians when the machine drifts)
+            paired = [mine / theirs for mine, theirs in zip(times[variant], times["sbatch"])]
             row.update({variant + "_median_s": round(medians[variant], 5),
                         key + "_ratio": round(medians[variant] / sb, 3),
+                        key + "_paired_ratio": round(statistics.median(paired), 3),
                         key + "_overhead_ms": round(1000 * (medians[variant] - sb), 2)})
     row["goal_ratio"] = GOAL_RATIO
     return row

@@ -18,7 +18,7 @@ from .cli import fail, pipeswift
 @pipeswift.command("build-psbatch")
 @click.option("--out", default="psbatch", show_default=True,
               help="Where to write the binary (a folder gets 'psbatch' in it); replaced atomically.")
-@click.option("--cc", help="C compiler command [default: $CC, else cc].")
+@click.option("--cc", help="C compiler command [default: $CC, else musl-gcc when installed, then cc].")
 @click.option("--python", "python", help="Interpreter that runs Megatron jobs' Python psbatch "
               "and its resident helper [default: this one, %s]." % (sys.executable or "?"))
 @click.option("--helper/--no-helper", default=True, show_default=True,

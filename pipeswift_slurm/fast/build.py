@@ -286,7 +286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  description="Build psbatch's compiled front end.")
     ap.add_argument("--print-header", action="store_true", help="print the generated header and exit")
     ap.add_argument("--out", default="psbatch", help="where to write the binary (default: %(default)s)")
-    ap.add_argument("--cc", help="C compiler command (default: $CC, else cc)")
+    ap.add_argument("--cc", help="C compiler command (default: $CC, else musl-gcc when installed, then cc)")
     ap.add_argument("--python", help="interpreter for Megatron jobs (default: this one)")
     ap.add_argument("--no-helper", action="store_true",
                     help="resident helper off unless $PIPESWIFT_PSBATCH_HELPER turns it on")

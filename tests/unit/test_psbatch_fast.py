@@ -362,18 +362,19 @@ def test_built_against_glibc_it_behaves_as_the_default_build(bins, helper, tmp_p
         assert got == _run(bins, [bins.no_python], args, stdin, env=_helper_env(helper)), args
         assert got.calls[0]["argv"][0].startswith(b"--comment=pswift1;") and got.stderr == b""
     missing = {"PIPESWIFT_SBATCH": "/nonexistent/sbatch"}
-    assert _run(bins, [glibc], ["plain.sh"], env=missing) == _run(bins, [bins.no_python], ["plain.sh"], env=missing)
+    said = _run(bins, [glibc], ["plain.sh"], env=missing)
+    assert said.rc != 0 and said == _run(bins, [bins.no_python], ["plain.sh"], env=missing)
 
 
 def test_the_default_build_prefers_musl_then_cc(monkeypatch):
     found = {"cc", "musl-gcc", "clang"}
-    monkeypatch.setattr(fast_build.shutil, "which", lambda name: "/usr/bin/" + name if name in found else None)
+    monkeypatch.setattr(fast_build.shutil, "which", lambda name: name in found and "/usr/bin/" + name or None)
     monkeypatch.delenv("CC", raising=False)
     static, dynamic = fast_build.STATIC, ()
     assert fast_build.attempts() == [(["musl-gcc"], static), (["cc"], static), (["cc"], dynamic)]
     assert fast_build.attempts("clang -O1") == [(["clang", "-O1"], static), (["clang", "-O1"], dynamic)]
     monkeypatch.setenv("CC", "clang")
-    assert fast_build.attempts() == [(["clang"], static), (["clang"], dynamic)]  # a named compiler is used alone
+    assert fast_build.attempts() == [(["clang"], static), (["clang"], dynamic)]  # named: used alone
     monkeypatch.delenv("CC")
     found.discard("musl-gcc")
     assert fast_build.attempts() == [(["cc"], static), (["cc"], dynamic)]
