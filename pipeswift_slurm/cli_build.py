@@ -31,11 +31,11 @@ def build_psbatch(out: str, cc: Optional[str], python: Optional[str], helper: bo
     background the first time, gone after 10 idle minutes: python -m
     pipeswift_slurm.psbatch_helper status|stop), else by the Python psbatch. Install it on
     PATH as psbatch."""
-    from .fast.build import BuildError, build
+    from .fast.build import BuildError, build_with
 
     try:
-        path = build(out, cc=cc, python=python, helper=helper)
+        path, how = build_with(out, cc=cc, python=python, helper=helper)
     except BuildError as exc:
         fail(str(exc), exc.code)
-    click.echo("wrote %s (Megatron jobs run %s%s)" % (path, python or sys.executable,
-                                                      "" if helper else "; resident helper off"))
+    click.echo("wrote %s (built with %s; Megatron jobs run %s%s)" % (
+        path, " ".join(how), python or sys.executable, "" if helper else "; resident helper off"))

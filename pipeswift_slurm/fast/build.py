@@ -231,6 +231,13 @@ def build(out: str | os.PathLike[str], cc: Optional[str] = None, python: Optiona
     Raises:
         BuildError: no compiler, the compiler failed, or ``out`` cannot be written.
     """
+    return build_with(out, cc, python, extra_flags, check_python, helper)[0]
+
+
+def build_with(out: str | os.PathLike[str], cc: Optional[str] = None, python: Optional[str] = None,
+               extra_flags: Sequence[str] = (), check_python: bool = True,
+               helper: bool = True) -> tuple[Path, list[str]]:
+    """``build``, also returning the compiler command and link flags that built it."""
     python = python or sys.executable
     root = package_root()
     target = Path(out)
@@ -264,7 +271,7 @@ def build(out: str | os.PathLike[str], cc: Optional[str] = None, python: Optiona
         else:
             raise BuildError(failure, 1)
         _install(exe, target)
-    return target
+    return target, [*words, *link]
 
 
 def _install(exe: Path, target: Path) -> None:
@@ -295,11 +302,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.print_header:
             sys.stdout.write(header_text(args.python, helper=not args.no_helper))
             return 0
-        path = build(args.out, cc=args.cc, python=args.python, helper=not args.no_helper)
+        path, how = build_with(args.out, cc=args.cc, python=args.python, helper=not args.no_helper)
     except BuildError as exc:
         sys.stderr.write("psbatch build: error: %s\n" % exc)
         return exc.code
-    sys.stdout.write("wrote %s\n" % path)
+    sys.stdout.write("wrote %s (%s)\n" % (path, " ".join(how)))
     return 0
 
 

@@ -964,7 +964,9 @@ def test_build_command_writes_an_executable(tmp_path):
     done = _cli(["--out", str(tmp_path)], tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "psbatch").is_file() and os.access(tmp_path / "psbatch", os.X_OK)
-    assert done.stdout.startswith("wrote %s" % (tmp_path / "psbatch"))
+    assert done.stdout.startswith("wrote %s (built with " % (tmp_path / "psbatch"))
+    musl = shutil.which("musl-gcc") is not None and not os.environ.get("CC")
+    assert ("built with musl-gcc -static" in done.stdout) == musl
     fake = tmp_path / "sbatch"
     fake.write_text("#!/bin/sh\nexit 7\n")
     fake.chmod(0o755)
