@@ -399,6 +399,19 @@ def remember(folder: str, name: bytes, entry: bytes) -> None:
         log.debug("cannot write a memo entry", exc_info=True)
 
 
+def pend(pending: list[tuple[bytes, bytes]], name: bytes, entry: bytes) -> Optional[tuple[bytes, bytes]]:
+    """Queue a new memo entry in ``pending`` (at most ``MEMO_MAX_ENTRIES``), or return it
+    to be written at once when the same request is already queued: asked twice before a
+    pause, it is being resubmitted in a loop, and waiting for a pause would have the helper
+    answer every one of them."""
+    if any(queued == name for queued, _ in pending):
+        pending[:] = [(queued, kept) for queued, kept in pending if queued != name]
+        return name, entry
+    if len(pending) < MEMO_MAX_ENTRIES:
+        pending.append((name, entry))
+    return None
+
+
 def _serve_one(conn: socket.socket) -> Optional[tuple[bytes, bytes]]:
     """Answer one connection: the memo name and entry of the answer, when reusable."""
     conn.settimeout(IO_TIMEOUT_S)
@@ -463,7 +476,9 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
         # hit) counts as a request, and once the code on disk changed the helper exits,
         # so the next submission starts one on the new code. New memo entries are written
         # once no request came for MEMO_WRITE_AFTER_S (not while the front end that was
-        # just answered submits the job).
+        # just answered submits the job), or at once when the same request comes again
+        # before that (a loop resubmitting one job: from its third time on, the memo
+        # answers).
         while True:
             now = time.monotonic()
             if to_remember and now >= last_request + MEMO_WRITE_AFTER_S:
@@ -488,8 +503,10 @@ def serve(folder: str, idle_s: float = IDLE_S_DEFAULT) -> int:
                 conn, _ = listener.accept()
                 with conn:
                     done = _serve_one(conn)
-                if done and len(to_remember) < MEMO_MAX_ENTRIES:
-                    to_remember.append(done)
+                if done:
+                    write_now = pend(to_remember, *done)
+                    if write_now:
+                        remember(folder, *write_now)
                 last_request = time.monotonic()
     finally:
         clear_memo(folder)

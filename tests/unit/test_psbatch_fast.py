@@ -848,6 +848,23 @@ def test_the_memo_keeps_a_bounded_number_of_entries(tmp_path, monkeypatch):
     assert _memo(tmp_path) == []
 
 
+def test_a_request_asked_again_before_a_pause_is_remembered_at_once(monkeypatch):
+    """New entries wait for a pause (not to compete with the sbatch just started), unless
+    the same request comes again first: a loop resubmitting one job then gets the memo
+    from its third submission on."""
+    from pipeswift_slurm import psbatch_helper as ph
+
+    monkeypatch.setattr(ph, "MEMO_MAX_ENTRIES", 3)
+    pending: list[tuple[bytes, bytes]] = []
+    assert ph.pend(pending, b"a", b"entry a") is None and pending == [(b"a", b"entry a")]
+    assert ph.pend(pending, b"b", b"entry b") is None
+    assert ph.pend(pending, b"a", b"entry a2") == (b"a", b"entry a2")  # asked again: write now
+    assert pending == [(b"b", b"entry b")]
+    for name in (b"c", b"d", b"e"):
+        assert ph.pend(pending, name, b"x") is None
+    assert [name for name, _ in pending] == [b"b", b"c", b"d"]  # bounded: the rest waits for a new request
+
+
 @needs_cc
 def test_memo_hits_keep_the_helper_from_exiting_idle(bins, tmp_path):
     import time
