@@ -199,16 +199,16 @@ def compiler(cc: Optional[str] = None) -> list[str]:
 def attempts(cc: Optional[str] = None) -> list[tuple[list[str], tuple[str, ...]]]:
     """(compiler command, link flags) to try in turn: the named compiler (``cc``, else
     ``$CC``) static, then dynamic; with none named, musl-gcc static first when installed,
-    then ``cc`` static, then dynamic.
+    then ``cc`` static, then dynamic (when there is a ``cc``).
 
     Raises:
         BuildError: the named compiler (or ``cc``) is not found.
     """
-    words = compiler(cc)
-    tries = [(words, STATIC), (words, ())]
     if not (cc or os.environ.get("CC")) and shutil.which(MUSL_CC):
-        tries.insert(0, ([MUSL_CC], STATIC))
-    return tries
+        fallback = [(["cc"], STATIC), (["cc"], ())] if shutil.which("cc") else []
+        return [([MUSL_CC], STATIC), *fallback]
+    words = compiler(cc)
+    return [(words, STATIC), (words, ())]
 
 
 def _check_python(python: str, root: str) -> None:

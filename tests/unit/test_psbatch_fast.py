@@ -376,7 +376,12 @@ def test_the_default_build_prefers_musl_then_cc(monkeypatch):
     monkeypatch.setenv("CC", "clang")
     assert fast_build.attempts() == [(["clang"], static), (["clang"], dynamic)]  # named: used alone
     monkeypatch.delenv("CC")
+    found.discard("cc")
+    assert fast_build.attempts() == [(["musl-gcc"], static)]  # musl alone will do
     found.discard("musl-gcc")
+    with pytest.raises(fast_build.BuildError, match="C compiler 'cc' not found"):
+        fast_build.attempts()
+    found.add("cc")
     assert fast_build.attempts() == [(["cc"], static), (["cc"], dynamic)]
 
 
