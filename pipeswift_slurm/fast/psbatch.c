@@ -303,8 +303,9 @@ static int executable_file(const char *path, struct stat *st)
 /* This binary, looked up only when a candidate sbatch might be it. */
 struct self {
     const char *argv0;
-    int looked, have_exe;
-    struct stat exe;    /* /proc/self/exe, when have_exe */
+    int looked;
+    int have_exe;       /* 1: exe holds /proc/self/exe's stat, -1: none, 0: not looked yet */
+    struct stat exe;
     char *path;         /* its real path (NULL: unknown), once looked */
     char buf[PATH_MAX];
 };
@@ -339,9 +340,9 @@ static int is_self(const char *candidate, const struct stat *st, struct self *me
 {
     char real[PATH_MAX];
     const char *mine;
-    if (!me->looked && !me->have_exe)
-        me->have_exe = stat("/proc/self/exe", &me->exe) == 0;
-    if (me->have_exe && (me->exe.st_dev != st->st_dev || me->exe.st_ino != st->st_ino))
+    if (me->have_exe == 0)
+        me->have_exe = stat("/proc/self/exe", &me->exe) == 0 ? 1 : -1;
+    if (me->have_exe == 1 && (me->exe.st_dev != st->st_dev || me->exe.st_ino != st->st_ino))
         return 0;
     mine = self_path(me);
     return mine && realpath(candidate, real) && strcmp(real, mine) == 0;
