@@ -249,8 +249,11 @@ def requested_world(values: dict[str, Optional[str]]) -> tuple[Optional[int], Op
     return None, None
 
 
+# sbatch's input variables that bear on the GPUs a job asks for (its man page, INPUT
+# ENVIRONMENT VARIABLES). There is no SBATCH_COMMENT: sbatch ignores it (seen on 22.05;
+# not in 24.11's list either), so a Comment comes from the script or the command line only.
 _ENV_OPTIONS = {"SBATCH_GPUS": "gpus", "SBATCH_GPUS_PER_NODE": "gpus-per-node",
-                "SBATCH_GPUS_PER_TASK": "gpus-per-task", "SBATCH_COMMENT": "comment"}
+                "SBATCH_GPUS_PER_TASK": "gpus-per-task", "SBATCH_GRES": "gres"}
 
 
 def effective_options(cmdline: Sequence[Opt], header: Sequence[str],

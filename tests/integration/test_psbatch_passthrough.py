@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -102,8 +103,10 @@ def _norm(text: str) -> str:
     return re.sub(r"\d+", "N", text)
 
 
-def _submit(tool: list[str], args: list[str], cwd: Path, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run(tool + args, input=stdin, capture_output=True, cwd=cwd, timeout=60, check=False)
+def _submit(tool: list[str], args: list[str], cwd: Path, stdin: bytes = b"",
+            env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess:
+    return subprocess.run(tool + args, input=stdin, capture_output=True, cwd=cwd, timeout=60, check=False,
+                          env=None if env is None else dict(os.environ, **env))
 
 
 def _job_ids(out: bytes) -> list[str]:
@@ -154,10 +157,10 @@ def test_dependency_same_job(front_end, tmp_path, submitted):
     assert _fields(got.stdout.decode().strip()) == _fields(want.stdout.decode().strip())
 
 
-def _submit_enriched(front_end, args, tmp_path, submitted, stdin=None):
+def _submit_enriched(front_end, args, tmp_path, submitted, stdin=None, env=None):
     """Submit a Megatron job that psbatch must enrich; returns (job id, the batch script
     Slurm stored, the job's comment)."""
-    got = _submit(front_end, args, tmp_path, stdin)
+    got = _submit(front_end, args, tmp_path, stdin, env)
     assert got.returncode == 0 and got.stderr == b"", got.stderr
     job_id = got.stdout.decode().strip()
     submitted.append(job_id)
@@ -190,10 +193,11 @@ def test_megatron_stdin_job_reaches_slurm_enriched(front_end, tmp_path, submitte
     text = ("#!/bin/bash\n#SBATCH --gpus=2\n"
             "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4"
             " --seq-length 64 --global-batch-size 8\n")
+    # sbatch has no SBATCH_COMMENT input variable: the Comment holds psbatch's token alone
     _, batch, comment = _submit_enriched(front_end, ["-H", "--parsable", "-J", "fromstdin"], tmp_path, submitted,
-                                         text.encode())
+                                         text.encode(), env={"SBATCH_COMMENT": "not-read"})
     assert batch == text.replace("torchrun", "pipeswift-launch -- torchrun", 1)
-    assert comment.startswith("pswift1;args=")
+    assert comment.startswith("pswift1;args=") and "not-read" not in comment
 
 
 DIRECTIVES = json.loads((Path(__file__).resolve().parents[1] / "data" / "psbatch" / "directives.json").read_text())

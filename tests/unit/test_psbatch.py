@@ -120,6 +120,19 @@ def test_effective_options_precedence():
     assert psbatch.effective_options([], ["--gpus=2"], {"SBATCH_GPUS": "4"})["gpus"] == "4"
 
 
+def test_environment_gres_counts_and_comment_does_not():
+    """sbatch reads SBATCH_GRES (over #SBATCH lines) but has no SBATCH_COMMENT."""
+    values = psbatch.effective_options([], ["--gres=gpu:1", "--comment=mine"],
+                                       {"SBATCH_GRES": "gpu:2", "SBATCH_COMMENT": "env"})
+    assert psbatch.requested_world(values) == (2, 2) and values["comment"] == "mine"
+    text = ("#!/bin/bash\ntorchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4"
+            " --seq-length 64 --global-batch-size 8 --pipeline-model-parallel-size 4\n")
+    plan = psbatch.plan_job(["x.sh"], [], text, {"SBATCH_COMMENT": "env"})
+    assert plan is not None and plan.argv[0].startswith("--comment=pswift1;")
+    with pytest.raises(MegatronArgError):  # four pipeline stages on the two GPUs asked for
+        psbatch.plan_job(["x.sh"], [], text, {"SBATCH_GRES": "gpu:2"})
+
+
 @pytest.mark.parametrize("text, found", [
     ("torchrun pretrain_gpt.py $ARGS", True),
     ("python train.py --num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8", True),

@@ -783,7 +783,7 @@ def test_a_resubmission_is_carried_out_from_the_memo_without_asking(bins, tmp_pa
     proc = subprocess.Popen([*HELPER_MODULE, "serve", "--dir", str(folder)], env=_env())
     try:
         assert _wait_for(lambda: _serving(folder))
-        env = _helper_env(folder, SBATCH_COMMENT="mine")
+        env = _helper_env(folder, SBATCH_GRES="gpu:4")
         first = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh"], env=env)
         assert first == _run(bins, PYTHON_PSBATCH, ["-p", "gpu", "meg.sh"], env=env)
         assert _wait_for(lambda: len(_memo(folder)) == 1)
@@ -799,7 +799,7 @@ def test_a_resubmission_is_carried_out_from_the_memo_without_asking(bins, tmp_pa
             assert lock.stat().st_mtime > 0  # marked: the helper counts the hit as a request
             assert kept_entry.stat().st_mtime > 0  # marked used: the memo drops the least recently used
             other = _run(bins, [bins.no_python], ["-p", "gpu", "meg.sh"],
-                         env=dict(env, SBATCH_COMMENT="other"))  # a variable the answer read
+                         env=dict(env, SBATCH_GRES="gpu:2"))  # a variable the answer read
             assert other.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")
         finally:
             proc.send_signal(signal.SIGCONT)
@@ -819,13 +819,13 @@ def test_memo_entries_record_what_the_answer_read():
     from pipeswift_slurm import psbatch_helper as ph
 
     key = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"t", MEGATRON)]
-    reply, environ = ph.respond(key + [(b"h", b"00000000000000aa"), (b"E", b"SBATCH_COMMENT=mine\0B=1\0")])
+    reply, environ = ph.respond(key + [(b"h", b"00000000000000aa"), (b"E", b"SBATCH_GRES=gpu:4\0B=1\0")])
     entry = ph.memo_entry(key, environ, reply)
     assert entry is not None
     records = ph.read_records_from(entry)
     assert records[0] == (b"k", ph.encode_records(key))
     asked = dict((records[i][1], records[i + 1]) for i in range(1, len(records)) if records[i][0] == b"g")
-    assert asked.pop(b"SBATCH_COMMENT") == (b"G", b"mine") and b"B" not in asked
+    assert asked.pop(b"SBATCH_GRES") == (b"G", b"gpu:4") and b"B" not in asked
     assert asked and all(value == (b"N", b"") for value in asked.values())  # SBATCH_GPUS and others: unset
     assert records[-len(reply):] == reply
     # not reusable: a fall back, an old front end's environment, the whole environment read
