@@ -33,6 +33,7 @@ class Script(NamedTuple):
 
     header: list[list[str]]
     own: list[tuple[str, str]]
+    version_dependent: bool = False  # a directive that 22.05 and 24.11 read differently
 
 
 _DIRECTIVE_RE = re.compile("#SBATCH|#SLURM")  # sbatch still reads the old #SLURM lines (and says to change them)
@@ -42,20 +43,21 @@ def read_header(lines: Sequence[str]) -> Script:
     """Collect ``#SBATCH`` words (per ``#SBATCH hetjob`` component) and ``#PSWIFT`` pairs."""
     header: list[list[str]] = [[]]
     own: list[tuple[str, str]] = []
-    in_header = True
+    in_header, version_dependent = True, False
     for line in lines:
         stripped = line.strip()
         if stripped.startswith("#PSWIFT"):
             own.extend(_pswift_pairs(stripped[len("#PSWIFT"):]))
         elif in_header and (magic := _DIRECTIVE_RE.match(line)):
-            words = directive_words(line[magic.end():])
+            words, differs = split_directive(line[magic.end():])
+            version_dependent |= differs
             if words[:1] in (["hetjob"], ["packjob"]):
                 header.append([])
             else:
                 header[-1].extend(words)
         elif stripped and not stripped.startswith("#"):
             in_header = False
-    return Script(header, own)
+    return Script(header, own, version_dependent)
 
 
 def _pswift_pairs(text: str) -> list[tuple[str, str]]:
@@ -75,13 +77,22 @@ def directive_words(text: str) -> list[str]:
     """The words of an ``#SBATCH`` line after the magic word, as sbatch splits them (its
     ``_get_argument``), which is not the shell's way: ``'`` and ``"`` quote alike, a
     backslash takes the next character as it is, even inside single quotes, but ends the
-    word before a blank; an unquoted ``#`` ends the line; and an empty word (``""``) ends
-    it too. An unmatched quote (sbatch refuses the script) keeps the words before it."""
+    word before a blank (22.05; see ``split_directive``); an unquoted ``#`` ends the line;
+    and an empty word (``""``) ends it too. An unmatched quote (sbatch refuses the script)
+    keeps the words before it."""
+    return split_directive(text)[0]
+
+
+def split_directive(text: str) -> tuple[list[str], bool]:
+    """``directive_words``, and whether the words depend on Slurm's version: an unquoted
+    backslash before a blank ends the word in 22.05's sbatch, and keeps the blank in the
+    word in 24.11's (both measured), so ``--comment=a\\ b`` is the comment ``a`` and an
+    invalid directive ``b`` in one, the comment ``a b`` in the other."""
     if _DIRECTIVE_QUOTING.search(text) is None:
         text = text.strip(_C_SPACE)
-        return _C_SPACES.split(text) if text else []
+        return (_C_SPACES.split(text) if text else []), False
     words: list[str] = []
-    i, n = 0, len(text)
+    i, n, differs = 0, len(text), False
     while True:
         while i < n and text[i] in _C_SPACE:
             i += 1
@@ -103,10 +114,11 @@ def directive_words(text: str) -> list[str]:
                 quote = c
                 continue
             elif c == "#":
-                return words + ["".join(word)] if word else words
+                return (words + ["".join(word)] if word else words), differs
             word.append(c)
+        differs |= escaped and i < n and text[i] != "\n"
         if quote or not word:
-            return words
+            return words, differs
         words.append("".join(word))
 
 

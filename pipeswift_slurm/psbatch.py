@@ -90,6 +90,9 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
         if own.declared:
             raise PsbatchError("no Megatron training command found in the script")
         return None
+    if script.version_dependent:
+        raise PsbatchError("an #SBATCH line has a backslash before a blank, which Slurm 22.05 and 24.11 "
+                           "read differently; put that value in quotes")
     values = effective_options(scan.opts, script.header[0], environ)
     token = build_request(cmd.words, values, own, environ)
     comment = values.get("comment")

@@ -47,7 +47,10 @@ class CommandResult:
 # errors are parsed by the caller); raises BackendError only when the command could not run.
 InputRunner = Callable[[list[str], str], CommandResult]
 
-SQUEUE_JSON_ARGV = ["squeue", "--json"]
+# --states=all: 24.11 lists only pending and running jobs without it, so a job that ended
+# between two ticks was never seen ending (22.05 lists every job the controller still holds
+# either way; it ignores squeue's filters under --json).
+SQUEUE_JSON_ARGV = ["squeue", "--json", "--states=all"]
 SCONTROL_JOBS_ARGV = ["scontrol", "-o", "show", "job"]
 NODES_ARGV = ["scontrol", "-d", "-o", "show", "node"]
 SPRIO_ARGV = ["sprio", "-h", "-o", "%i|%Y|%S"]
@@ -301,7 +304,7 @@ class SlurmCliBackend:
         try:
             return parse_squeue_json(self._run(list(SQUEUE_JSON_ARGV)))
         except BackendError as exc:
-            if str(exc).startswith(_JSON_REPORTED):
+            if str(exc).startswith(_JSON_REPORTED) or _CTLD_UNREACHABLE in str(exc):
                 self._ping(exc)
             if self._job_source == "json" or not _json_unsupported(str(exc)):
                 raise
@@ -422,6 +425,9 @@ class SlurmCliBackend:
             half = len(rest) // 2
             self._run_batch(rest[:half], results)
             self._run_batch(rest[half:], results)
+
+
+_CTLD_UNREACHABLE = "Unable to contact slurm controller"  # 24.11's squeue --json, exit 1
 
 
 def _json_unsupported(message: str) -> bool:

@@ -59,7 +59,7 @@ def test_apply_resizes_pending_jobs_which_start_at_new_size(
         assert after.config == CFG_2X2 and after.admin_comment.startswith(token.DECISION_PREFIX)
         assert 3000 <= after.priority - before.priority <= 3010  # age may add a point
         assert after.gpu_request.field == before.gpu_request.field
-    assert job_fields(per_job)["TresPerJob"] == "gres:gpu:4"
+    assert job_fields(per_job)["TresPerJob"] in ("gres:gpu:4", "gres/gpu:4")  # 22.05 / 24.11 spelling
     slurm(["scancel", str(blocker)])
     for job_id in (per_node, per_job):
         fields = wait_state(job_id, "RUNNING", 40)

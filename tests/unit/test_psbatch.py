@@ -90,7 +90,17 @@ DIRECTIVES = json.loads((DATA / "directives.json").read_text())
 @pytest.mark.parametrize("case", DIRECTIVES, ids=[c["line"] for c in DIRECTIVES])
 def test_directive_words_are_split_as_sbatch_splits_them(case):
     assert jobscript.directive_words(case["line"]) == case["words"]
-    assert psbatch.read_header(["#!/bin/sh", "#SBATCH" + case["line"], "true"]).header == [case["words"]]
+    script = psbatch.read_header(["#!/bin/sh", "#SBATCH" + case["line"], "true"])
+    assert script.header == [case["words"]]
+    assert script.version_dependent == case.get("versions_differ", False)
+
+
+def test_a_directive_slurm_versions_read_differently_keeps_the_job_as_written():
+    text = ("#!/bin/bash\n#SBATCH --gpus=2\n#SBATCH --comment=run\\ 7\ntorchrun pretrain_gpt.py --num-layers 4"
+            " --hidden-size 64 --num-attention-heads 4 --seq-length 64 --global-batch-size 8\n")
+    with pytest.raises(psbatch.PsbatchError, match="backslash before a blank"):
+        psbatch.plan_job(["x.sh"], [], text, {})
+    assert psbatch.plan_job(["x.sh"], [], text.replace("run\\ 7", "'run 7'"), {}) is not None
 
 
 def test_read_header_takes_the_old_slurm_directives_as_sbatch_does():
