@@ -1,7 +1,8 @@
 #!/bin/bash
 # Install everything the tests need on a fresh Debian 12/13 machine (as root, or with
-# sudo), bring up the Slurm test cluster, and run every test. This is the README's test
-# command and what CI runs (.ci/run).
+# sudo), run the Slurm integration tests against the other Debian release's Slurm in a
+# chroot (tests/slurm/other-debian.sh: as root only), bring up the Slurm test cluster, and
+# run every test. This is the README's test command and what CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -15,10 +16,13 @@ PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 echo "== packages (Slurm, munge, sqlite3) from the distribution"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins sqlite3 gcc libc6-dev musl-tools >/dev/null
+  munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins sqlite3 gcc libc6-dev musl-tools debootstrap >/dev/null
 
 echo "== python packages (project + dev tools + the megatron extra: CPU torch, megatron-core)"
 $PY -m pip install -q --disable-pip-version-check -e '.[dev,megatron]'
+
+echo "== the other Slurm: integration tests in a chroot of the other Debian release (22.05 <-> 24.11)"
+bash tests/slurm/other-debian.sh
 
 echo "== Slurm test cluster"
 export SLURM_TESTBED_DIR=${SLURM_TESTBED_DIR:-/tmp/pipeswift-testbed-ci}

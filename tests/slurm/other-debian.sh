@@ -1,0 +1,106 @@
+#!/bin/bash
+# Run the Slurm integration tests against the other supported Slurm too: on Debian 12 (Slurm
+# 22.05) inside a Debian 13 chroot (Slurm 24.11), on Debian 13 inside a Debian 12 one. The
+# chroot is built with debootstrap from the mirror this machine's apt already uses, holds
+# that release's own Slurm, munge, Python and compiler, and is kept for the next run. Its
+# test cluster (tests/slurm/testbed.sh) listens on other ports than the main one.
+#
+#   bash tests/slurm/other-debian.sh [pytest args]     (default: tests/integration)
+#
+# tests/run-all.sh (the README's test command, and CI) runs it first. It needs root (chroot,
+# mounts); elsewhere, or with PIPESWIFT_OTHER_SLURM=0, it says why it skips and exits 0.
+#   OTHER_DEBIAN_DIR=/var/tmp/pipeswift-<release>   where the chroot lives
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+say() { echo "[other-debian] $*"; }
+
+if [ "${PIPESWIFT_OTHER_SLURM:-1}" = 0 ]; then say "skipped (PIPESWIFT_OTHER_SLURM=0)"; exit 0; fi
+# shellcheck disable=SC1091
+. /etc/os-release
+case "${VERSION_CODENAME:-}" in
+  bookworm) SUITE=trixie ;;
+  trixie) SUITE=bookworm ;;
+  *) say "skipped: ${PRETTY_NAME:-this system} is neither Debian 12 nor Debian 13"; exit 0 ;;
+esac
+if [ "$(id -u)" != 0 ]; then say "skipped: needs root (debootstrap, chroot, mounts)"; exit 0; fi
+command -v debootstrap >/dev/null || { say "needs debootstrap (apt-get install debootstrap)"; exit 2; }
+DIR=${OTHER_DEBIAN_DIR:-/var/tmp/pipeswift-$SUITE}
+PACKAGES=slurmctld,slurmd,slurm-client,slurm-wlm-basic-plugins,munge,python3,python3-venv,procps,gcc,libc6-dev,musl-tools,sqlite3,ca-certificates
+
+# The mirror apt uses here for this release's main component (no host is written down).
+MIRROR=$(apt-cache policy | awk -v s="$VERSION_CODENAME/main" '$3 == s && $2 ~ /^https?:/ {print $2; exit}')
+[ -n "$MIRROR" ] || { say "no Debian mirror in apt's sources (run apt-get update)"; exit 2; }
+
+if [ ! -e "$DIR/.pipeswift-ready" ]; then
+  say "building a Debian $SUITE chroot in $DIR (once; a few minutes)"
+  ok=0
+  for attempt in 1 2; do
+    rm -rf "$DIR"
+    if debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$DIR" "$MIRROR" >"/tmp/debootstrap-$SUITE.log" 2>&1; then
+      ok=1; break
+    fi
+    say "debootstrap failed (attempt $attempt): $(tail -1 "/tmp/debootstrap-$SUITE.log")"
+  done
+  [ "$ok" = 1 ] || exit 1
+  touch "$DIR/.pipeswift-ready"
+fi
+
+stop_inside() {  # every process whose root is the chroot (slurmctld, slurmd, munged, ...)
+  local p pids=()
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/root" 2>/dev/null)" = "$DIR" ] && pids+=("${p#/proc/}")
+  done
+  [ ${#pids[@]} = 0 ] || { kill "${pids[@]}" 2>/dev/null; sleep 1; kill -9 "${pids[@]}" 2>/dev/null; } || true
+}
+MOUNTS=()
+cleanup() {
+  chroot "$DIR" /bin/bash -c 'cd /root/pipeswift && SLURM_TESTBED_DIR=/tmp/pipeswift-testbed-other bash tests/slurm/testbed.sh down' \
+    >/dev/null 2>&1 || true
+  stop_inside
+  local i
+  for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do umount -R "${MOUNTS[i]}" 2>/dev/null || umount -l "${MOUNTS[i]}" || true; done
+}
+trap cleanup EXIT
+stop_inside  # left from a run that was killed
+mount_in() {  # mount_in <target under DIR> <mount args...>
+  local target=$DIR/$1; shift
+  if mountpoint -q "$target"; then umount -R "$target" 2>/dev/null || umount -l "$target"; fi
+  mount "$@" "$target"
+  mount --make-rslave "$target"   # nothing unmounted in here reaches this machine's mounts
+  MOUNTS+=("$target")
+}
+mount_in proc --bind /proc
+mount_in sys --rbind /sys     # with cgroups: 24.11's slurmd refuses to start without them
+mount_in dev --bind /dev
+mount_in dev/pts --bind /dev/pts
+mount_in dev/shm -t tmpfs tmpfs
+cp /etc/resolv.conf "$DIR/etc/resolv.conf"
+
+# pip inside trusts what pip trusts here (a site's CA bundle, if one is set).
+CERT_ENV=()
+if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+  cp "$PIP_CERT" "$DIR/etc/ssl/pipeswift-host-ca.pem"
+  CERT_ENV=(PIP_CERT=/etc/ssl/pipeswift-host-ca.pem SSL_CERT_FILE=/etc/ssl/pipeswift-host-ca.pem)
+fi
+inside() {
+  chroot "$DIR" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 "${CERT_ENV[@]}" /bin/bash -c "$1"
+}
+
+# This checkout's files (tracked and new, not ignored), fresh each run.
+rm -rf "$DIR/root/pipeswift" && mkdir -p "$DIR/root/pipeswift"
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -C "$DIR/root/pipeswift" -xf -
+else
+  tar --exclude=.git -cf - . | tar -C "$DIR/root/pipeswift" -xf -
+fi
+
+inside 'set -e; [ -x /root/venv/bin/python ] || python3 -m venv /root/venv
+        /root/venv/bin/pip install -q -e /root/pipeswift "pytest>=7" "hypothesis>=6"'
+say "$(inside 'slurmctld -V; /root/venv/bin/python --version' | tr '\n' ' ')"
+ARGS=$(printf ' %q' "${@:-tests/integration}")
+inside "set -e; cd /root/pipeswift
+        export SLURM_TESTBED_DIR=/tmp/pipeswift-testbed-other CTLD_PORT=6917 SLURMD_PORT_BASE=17101
+        FRESH=1 bash tests/slurm/testbed.sh up
+        source \$SLURM_TESTBED_DIR/env.sh
+        /root/venv/bin/python -m pytest -q -p no:cacheprovider -m 'not megatron' $ARGS"
