@@ -84,7 +84,7 @@ def test_squeue_json_2205_states_gpus_and_tokens() -> None:
 def test_squeue_json_2411_dialect_matches_2205() -> None:
     old = by_id(cli.parse_squeue_json(read("squeue-22.05.json")))
     new = by_id(cli.parse_squeue_json(read("squeue-24.11.json")))
-    assert sorted(new) == [3, 4, 5, 6, 7, 8, 9]  # finished jobs are not listed by 24.11
+    assert sorted(new) == [3, 4, 5, 6, 7, 8, 9]  # written as 24.11 lists them without --states=all
     for job_id, job in new.items():
         ref = old[job_id]
         assert (job.state, job.num_nodes, job.gpus, job.opted_in, job.priority, job.config) == \

@@ -34,7 +34,7 @@ P6=$(sb -J nogpu -n1 --wrap 'sleep 20')
 scontrol update JobId="$P1" AdminComment='pswift-decision1;tp=1;pp=2;dp=1;mbs=1;M=8;nodes=2;gpn=1;at=1700000000'
 scontrol update JobId="$P2" SiteFactor=5000
 sleep 3
-squeue --json > "$OUT/squeue-$V.json"
+squeue --json --states=all > "$OUT/squeue-$V.json"   # the backend's argv
 scontrol -o show job > "$OUT/scontrol-jobs-$V.txt"
 scontrol -d -o show node > "$OUT/scontrol-nodes-$V.txt"
 sinfo --json > "$OUT/sinfo-$V.json"
