@@ -13,7 +13,7 @@ if [ "${1:-}" = typed ]; then
   T1=$(sb -J typed-node -H -N1 --gpus-per-node=a100:1 --wrap 'sleep 20')
   T2=$(sb -J typed-job -H --gpus=a100:3 --wrap 'sleep 20')
   sleep 2
-  squeue --json > "$OUT/squeue-$V-typed.json"
+  squeue --json --states=all > "$OUT/squeue-$V-typed.json"
   scontrol -o show job > "$OUT/scontrol-jobs-$V-typed.txt"
   scontrol -d -o show node > "$OUT/scontrol-nodes-$V-typed.txt"
   { scontrol update JobId="$T1" TresPerNode=gres:gpu:2 2>&1 || true; } > "$OUT/err-typed-untyped-$V.txt"
