@@ -216,8 +216,8 @@ def test_directives_are_read_as_the_real_sbatch_reads_them(tmp_path, submitted):
             assert psbatch.read_header(script.read_text().split("\n")).version_dependent, case
             if done.returncode == 0:  # 24.11: the blank stays in the word
                 submitted.append(done.stdout.decode().strip())
-                stored = subprocess.run(["squeue", "-h", "-j", submitted[-1], "-o", "%k"], capture_output=True,
-                                        text=True, check=False).stdout.rstrip("\n")
+                stored = subprocess.run(["squeue", "-h", "-j", submitted[-1], "-o", "%k"],
+                                        capture_output=True, text=True, check=False).stdout.rstrip("\n")
                 assert stored == case["words_2411"][0].partition("=")[2], case
             else:  # 22.05: it ends the word, and the next word is no option
                 assert case["words"] != case["words_2411"] and b"invalid" in done.stderr.lower(), done.stderr

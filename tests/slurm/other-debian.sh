@@ -25,7 +25,8 @@ esac
 if [ "$(id -u)" != 0 ]; then say "skipped: needs root (debootstrap, chroot, mounts)"; exit 0; fi
 command -v debootstrap >/dev/null || { say "needs debootstrap (apt-get install debootstrap)"; exit 2; }
 DIR=${OTHER_DEBIAN_DIR:-/var/tmp/pipeswift-$SUITE}
-PACKAGES=slurmctld,slurmd,slurm-client,slurm-wlm-basic-plugins,munge,python3,python3-venv,procps,gcc,libc6-dev,musl-tools,sqlite3,ca-certificates
+PACKAGES=slurmctld,slurmd,slurm-client,slurm-wlm-basic-plugins,munge,sqlite3,procps,ca-certificates
+PACKAGES=$PACKAGES,python3,python3-venv,gcc,libc6-dev,musl-tools
 
 # The mirror apt uses here for this release's main component (no host is written down).
 MIRROR=$(apt-cache policy | awk -v s="$VERSION_CODENAME/main" '$3 == s && $2 ~ /^https?:/ {print $2; exit}')

@@ -96,8 +96,9 @@ def test_directive_words_are_split_as_sbatch_splits_them(case):
 
 
 def test_a_directive_slurm_versions_read_differently_keeps_the_job_as_written():
-    text = ("#!/bin/bash\n#SBATCH --gpus=2\n#SBATCH --comment=run\\ 7\ntorchrun pretrain_gpt.py --num-layers 4"
-            " --hidden-size 64 --num-attention-heads 4 --seq-length 64 --global-batch-size 8\n")
+    text = ("#!/bin/bash\n#SBATCH --gpus=2\n#SBATCH --comment=run\\ 7\n"
+            "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64"
+            " --global-batch-size 8\n")
     with pytest.raises(psbatch.PsbatchError, match="backslash before a blank"):
         psbatch.plan_job(["x.sh"], [], text, {})
     assert psbatch.plan_job(["x.sh"], [], text.replace("run\\ 7", "'run 7'"), {}) is not None
