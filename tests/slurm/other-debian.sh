@@ -24,7 +24,8 @@ case "${VERSION_CODENAME:-}" in
 esac
 if [ "$(id -u)" != 0 ]; then say "skipped: needs root (debootstrap, chroot, mounts)"; exit 0; fi
 command -v debootstrap >/dev/null || { say "needs debootstrap (apt-get install debootstrap)"; exit 2; }
-DIR=${OTHER_DEBIAN_DIR:-/var/tmp/pipeswift-$SUITE}
+DIR=$(realpath -m "${OTHER_DEBIAN_DIR:-/var/tmp/pipeswift-$SUITE}")
+[ "$DIR" != / ] || { say "OTHER_DEBIAN_DIR must not be /"; exit 2; }
 PACKAGES=slurmctld,slurmd,slurm-client,slurm-wlm-basic-plugins,munge,sqlite3,procps,ca-certificates
 PACKAGES=$PACKAGES,python3,python3-venv,gcc,libc6-dev,musl-tools
 
@@ -32,11 +33,29 @@ PACKAGES=$PACKAGES,python3,python3-venv,gcc,libc6-dev,musl-tools
 MIRROR=$(apt-cache policy | awk -v s="$VERSION_CODENAME/main" '$3 == s && $2 ~ /^https?:/ {print $2; exit}')
 [ -n "$MIRROR" ] || { say "no Debian mirror in apt's sources (run apt-get update)"; exit 2; }
 
+stop_inside() {  # every process whose root is the chroot (slurmctld, slurmd, munged, ...)
+  local p pids=()
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/root" 2>/dev/null)" = "$DIR" ] && pids+=("${p#/proc/}")
+  done
+  [ ${#pids[@]} = 0 ] || { kill "${pids[@]}" 2>/dev/null; sleep 1; kill -9 "${pids[@]}" 2>/dev/null; } || true
+}
+release_mounts() {  # whatever a killed run left mounted in the chroot (/proc, /sys, /dev)
+  local m
+  while read -r m; do umount -R "$m" 2>/dev/null || umount -l "$m" || true; done \
+    < <(awk -v d="$DIR/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r)
+}
+stop_inside
+release_mounts
+if awk -v d="$DIR/" 'index($5, d) == 1 {found = 1} END {exit !found}' /proc/self/mountinfo; then
+  say "something is still mounted under $DIR; not touching it"; exit 1
+fi
+
 if [ ! -e "$DIR/.pipeswift-ready" ]; then
   say "building a Debian $SUITE chroot in $DIR (once; a few minutes)"
   ok=0
   for attempt in 1 2; do
-    rm -rf "$DIR"
+    rm -rf --one-file-system "$DIR"
     if debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$DIR" "$MIRROR" >"/tmp/debootstrap-$SUITE.log" 2>&1; then
       ok=1; break
     fi
@@ -46,13 +65,6 @@ if [ ! -e "$DIR/.pipeswift-ready" ]; then
   touch "$DIR/.pipeswift-ready"
 fi
 
-stop_inside() {  # every process whose root is the chroot (slurmctld, slurmd, munged, ...)
-  local p pids=()
-  for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/root" 2>/dev/null)" = "$DIR" ] && pids+=("${p#/proc/}")
-  done
-  [ ${#pids[@]} = 0 ] || { kill "${pids[@]}" 2>/dev/null; sleep 1; kill -9 "${pids[@]}" 2>/dev/null; } || true
-}
 MOUNTS=()
 cleanup() {
   chroot "$DIR" /bin/bash -c 'cd /root/pipeswift && SLURM_TESTBED_DIR=/tmp/pipeswift-testbed-other bash tests/slurm/testbed.sh down' \
@@ -62,7 +74,6 @@ cleanup() {
   for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do umount -R "${MOUNTS[i]}" 2>/dev/null || umount -l "${MOUNTS[i]}" || true; done
 }
 trap cleanup EXIT
-stop_inside  # left from a run that was killed
 mount_in() {  # mount_in <target under DIR> <mount args...>
   local target=$DIR/$1; shift
   if mountpoint -q "$target"; then umount -R "$target" 2>/dev/null || umount -l "$target"; fi
@@ -89,7 +100,7 @@ inside() {
 }
 
 # This checkout's files (tracked and new, not ignored), fresh each run.
-rm -rf "$DIR/root/pipeswift" && mkdir -p "$DIR/root/pipeswift"
+rm -rf --one-file-system "$DIR/root/pipeswift" && mkdir -p "$DIR/root/pipeswift"
 if git rev-parse --git-dir >/dev/null 2>&1; then
   git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -C "$DIR/root/pipeswift" -xf -
 else
