@@ -3,9 +3,11 @@
 # 22.05) inside a Debian 13 chroot (Slurm 24.11), on Debian 13 inside a Debian 12 one. The
 # chroot is built with debootstrap from the mirror this machine's apt already uses, holds
 # that release's own Slurm, munge, Python and compiler, and is kept for the next run. Its
-# test cluster (tests/slurm/testbed.sh) listens on other ports than the main one.
+# test cluster (tests/slurm/testbed.sh) listens on other ports than the main one. The unit
+# tests run there too, on that release's Python (3.13 on Debian 13): what an admin would run
+# the controller and psbatch with. Only the Megatron tests (torch) stay on the machine's own.
 #
-#   bash tests/slurm/other-debian.sh [pytest args]     (default: tests/integration)
+#   bash tests/slurm/other-debian.sh [pytest args]     (default: tests/unit tests/integration)
 #
 # tests/run-all.sh (the README's test command, and CI) runs it first. It needs root (chroot,
 # mounts); elsewhere, or with PIPESWIFT_OTHER_SLURM=0, it says why it skips and exits 0.
@@ -108,11 +110,13 @@ else
 fi
 
 inside 'set -e; [ -x /root/venv/bin/python ] || python3 -m venv /root/venv
-        /root/venv/bin/pip install -q -e /root/pipeswift "pytest>=7" "hypothesis>=6"'
+        /root/venv/bin/pip install -q -e "/root/pipeswift[dev]"'
 say "$(inside 'slurmctld -V; /root/venv/bin/python --version' | tr '\n' ' ')"
-ARGS=$(printf ' %q' "${@:-tests/integration}")
+[ $# -gt 0 ] || set -- tests/unit tests/integration
+ARGS=$(printf ' %q' "$@")
 inside "set -e; cd /root/pipeswift
         export SLURM_TESTBED_DIR=/tmp/pipeswift-testbed-other CTLD_PORT=6917 SLURMD_PORT_BASE=17101
+        export PATH=/root/venv/bin:\$PATH
         FRESH=1 bash tests/slurm/testbed.sh up
         source \$SLURM_TESTBED_DIR/env.sh
         /root/venv/bin/python -m pytest -q -p no:cacheprovider -m 'not megatron' $ARGS"
