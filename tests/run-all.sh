@@ -21,7 +21,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
 echo "== python packages (project + dev tools + the megatron extra: CPU torch, megatron-core)"
 $PY -m pip install -q --disable-pip-version-check -e '.[dev,megatron]'
 
-echo "== the other Slurm: integration tests in a chroot of the other Debian release (22.05 <-> 24.11)"
+echo "== the other Slurm: unit and Slurm tests in a chroot of the other Debian release (22.05 <-> 24.11)"
 bash tests/slurm/other-debian.sh
 
 echo "== Slurm test cluster"
