@@ -17,7 +17,8 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 
 OWN_PREFIX = "--pipeswift"
 
-# sbatch 22.05-25.11 options (slurm_opt.c), by how they take a value.
+# sbatch 22.05-25.11 options (slurm_opt.c; checked against 22.05 and 24.11 `sbatch --help`),
+# by how they take a value.
 _SHORT = {"a": "array", "A": "account", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task",
           "C": "constraint", "d": "dependency", "D": "chdir", "e": "error", "F": "nodefile",
           "G": "gpus", "i": "input", "J": "job-name", "L": "licenses", "m": "distribution",
@@ -36,7 +37,7 @@ _LONG_REQUIRED = frozenset("""
     resv-ports segment signal sockets-per-node switches thread-spec threads-per-core time time-min
     tmp tres-bind tres-per-task uid wait-all-nodes wckey wrap exclude
     """.split())
-_LONG_OPTIONAL = frozenset("exclusive get-user-env nice no-kill propagate".split())
+_LONG_OPTIONAL = frozenset("exclusive get-user-env nice no-kill oom-kill-step propagate".split())
 _LONG_FLAGS = frozenset("""
     contiguous help hold ignore-pbs no-requeue overcommit oversubscribe parsable quiet reboot requeue
     spread-job test-only usage use-min-nodes verbose version wait

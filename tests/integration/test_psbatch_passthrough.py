@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm import psbatch
+from pipeswift_slurm import psbatch, sbatch_args
 
 PSBATCH = [sys.executable, "-m", "pipeswift_slurm.psbatch"]
 FRONT_ENDS = ("python", "compiled", "compiled+helper")
@@ -198,6 +198,17 @@ def test_megatron_stdin_job_reaches_slurm_enriched(front_end, tmp_path, submitte
                                          text.encode(), env={"SBATCH_COMMENT": "not-read"})
     assert batch == text.replace("torchrun", "pipeswift-launch -- torchrun", 1)
     assert comment.startswith("pswift1;args=") and "not-read" not in comment
+
+
+@needs_slurm
+@pytest.mark.slurm
+def test_every_option_sbatch_lists_is_in_psbatchs_table():
+    """psbatch finds the script (and so its Megatron job) after any option sbatch has: a
+    new Slurm's new option would make it stop at that word (24.11 added --oom-kill-step)."""
+    out = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, check=False).stdout
+    listed = set(re.findall(r"--([a-z][a-z0-9-]*)", out))
+    assert len(listed) > 50, out
+    assert listed <= sbatch_args._LONG_ALL, sorted(listed - sbatch_args._LONG_ALL)
 
 
 DIRECTIVES = json.loads((Path(__file__).resolve().parents[1] / "data" / "psbatch" / "directives.json").read_text())
