@@ -1,7 +1,7 @@
 #!/bin/bash
 # Install everything the tests need on a fresh Debian 12/13 machine (as root, or with
-# sudo), run the Slurm integration tests against the other Debian release's Slurm in a
-# chroot (tests/slurm/other-debian.sh: as root only), bring up the Slurm test cluster, and
+# sudo), run the unit and Slurm tests in a chroot of the other Debian release, against its
+# Slurm (tests/slurm/other-debian.sh: as root only), bring up the Slurm test cluster, and
 # run every test. This is the README's test command and what CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -31,10 +31,6 @@ DIR=$(realpath -m "${OTHER_DEBIAN_DIR:-/var/tmp/pipeswift-$SUITE}")
 PACKAGES=slurmctld,slurmd,slurm-client,slurm-wlm-basic-plugins,munge,sqlite3,procps,ca-certificates
 PACKAGES=$PACKAGES,python3,python3-venv,gcc,libc6-dev,musl-tools
 
-# The mirror apt uses here for this release's main component (no host is written down).
-MIRROR=$(apt-cache policy | awk -v s="$VERSION_CODENAME/main" '$3 == s && $2 ~ /^https?:/ {print $2; exit}')
-[ -n "$MIRROR" ] || { say "no Debian mirror in apt's sources (run apt-get update)"; exit 2; }
-
 stop_inside() {  # every process whose root is the chroot (slurmctld, slurmd, munged, ...)
   local p pids=()
   for p in /proc/[0-9]*; do
@@ -42,19 +38,22 @@ stop_inside() {  # every process whose root is the chroot (slurmctld, slurmd, mu
   done
   [ ${#pids[@]} = 0 ] || { kill "${pids[@]}" 2>/dev/null; sleep 1; kill -9 "${pids[@]}" 2>/dev/null; } || true
 }
-release_mounts() {  # whatever a killed run left mounted in the chroot (/proc, /sys, /dev)
+mounts_under() {  # mount points inside the chroot, deepest first
+  awk -v d="$DIR/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r
+}
+release_mounts() {  # this run's, or what a killed run left mounted (/proc, /sys, /dev)
   local m
-  while read -r m; do umount -R "$m" 2>/dev/null || umount -l "$m" || true; done \
-    < <(awk -v d="$DIR/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r)
+  while read -r m; do umount -R "$m" 2>/dev/null || umount -l "$m" || true; done < <(mounts_under)
 }
 stop_inside
 release_mounts
-if awk -v d="$DIR/" 'index($5, d) == 1 {found = 1} END {exit !found}' /proc/self/mountinfo; then
-  say "something is still mounted under $DIR; not touching it"; exit 1
-fi
+if [ -n "$(mounts_under)" ]; then say "something is still mounted under $DIR; not touching it"; exit 1; fi
 
 if [ ! -e "$DIR/.pipeswift-ready" ]; then
   say "building a Debian $SUITE chroot in $DIR (once; a few minutes)"
+  # the mirror apt uses here for this release's main component (no host is written down)
+  MIRROR=$(apt-cache policy | awk -v s="$VERSION_CODENAME/main" '$3 == s && $2 ~ /^https?:/ {print $2; exit}')
+  [ -n "$MIRROR" ] || { say "no Debian mirror in apt's sources (run apt-get update)"; exit 2; }
   ok=0
   for attempt in 1 2; do
     rm -rf --one-file-system "$DIR"
@@ -67,21 +66,17 @@ if [ ! -e "$DIR/.pipeswift-ready" ]; then
   touch "$DIR/.pipeswift-ready"
 fi
 
-MOUNTS=()
 cleanup() {
   chroot "$DIR" /bin/bash -c 'cd /root/pipeswift && SLURM_TESTBED_DIR=/tmp/pipeswift-testbed-other bash tests/slurm/testbed.sh down' \
     >/dev/null 2>&1 || true
   stop_inside
-  local i
-  for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do umount -R "${MOUNTS[i]}" 2>/dev/null || umount -l "${MOUNTS[i]}" || true; done
+  release_mounts
 }
 trap cleanup EXIT
 mount_in() {  # mount_in <target under DIR> <mount args...>
   local target=$DIR/$1; shift
-  if mountpoint -q "$target"; then umount -R "$target" 2>/dev/null || umount -l "$target"; fi
   mount "$@" "$target"
   mount --make-rslave "$target"   # nothing unmounted in here reaches this machine's mounts
-  MOUNTS+=("$target")
 }
 mount_in proc --bind /proc
 mount_in sys --rbind /sys     # with cgroups: 24.11's slurmd refuses to start without them
