@@ -26,10 +26,18 @@ for MinJobAge=600 s). Submission times follow one seeded schedule (exponential g
 both runs. Prints one JSON object: both mean JCTs, their ratio (pipeswift / slurm), waits,
 run times, makespans, per-job rows, the scale and the seed.
 
-Run (about 2 x 4 minutes):
+One run of plain Slurm is a noisy figure: whether backfill (every 2 s on the test cluster)
+slots the small jobs ahead of the whole-cluster job's reservation depends on sub-second
+timing, and the same seed's plain mean JCT has come out anywhere from 72 s to 119 s.
+``--rounds K`` runs both sides K times, alternating, and adds each round's means and ratio
+(``round_summaries``) and their medians (``median_mean_jct_s_slurm``,
+``median_mean_jct_s_pipeswift``, ``median_jct_ratio_pipeswift_over_slurm``); the other keys
+are the first round's.
+
+Run (about 2 x 4 minutes per round):
     export SLURM_TESTBED_DIR=/tmp/pswift-e2e10 CTLD_PORT=6957 SLURMD_PORT_BASE=17501
     bash tests/slurm/testbed.sh up && source $SLURM_TESTBED_DIR/env.sh
-    python bench/emulated_workload.py --seed 7 > /tmp/emulated.json
+    python bench/emulated_workload.py --seed 7 [--rounds 3] > /tmp/emulated.json
 The cluster must be idle (no jobs in the queue): the bench refuses to start otherwise.
 """
 
@@ -203,10 +211,10 @@ def write_script(path: Path, job: JobSpec, body: str, own: str, log_dir: Path) -
                     % (job.name, job.nodes, job.gpus_per_node, job.time_limit_min, log_dir, own, body))
 
 
-def run_phase(mode: str, jobs: list[JobSpec], env: dict[str, str], work: Path, controller_cfg: Optional[Path],
-              interval_s: float, timeout_s: float) -> dict:
-    """Submit the workload on its schedule, wait for every job to end, read Slurm's times."""
-    phase = work / mode
+def run_phase(mode: str, jobs: list[JobSpec], env: dict[str, str], phase: Path,
+              controller_cfg: Optional[Path], interval_s: float, timeout_s: float) -> dict:
+    """Submit the workload on its schedule, wait for every job to end, read Slurm's times
+    (scripts, logs and the controller's output go to the new folder ``phase``)."""
     (phase / "logs").mkdir(parents=True)
     scripts = []
     for job in jobs:
@@ -305,7 +313,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                         " launcher (PIPESWIFT_EMULATE_SCALE; the controller sees A100 times)")
     p.add_argument("--only", choices=("slurm", "pipeswift"), help="run one side only")
     p.add_argument("--workdir", help="keep scripts, logs and the controller DB here")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run both sides this many times, alternating (plain Slurm's backfill makes one"
+                        " run's mean JCT vary by tens of seconds); the ratio's median is reported")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
 
     env = slurm_env()
     if queue_ids(env):
@@ -325,28 +338,47 @@ def main(argv: Optional[list[str]] = None) -> int:
         gpu_type, launch_scale = BASE_GPU, scale
     env_ps = dict(env, PIPESWIFT_GPU_TYPE=gpu_type, PIPESWIFT_HARDWARE=str(hardware),
                   PIPESWIFT_EMULATE_SCALE=repr(launch_scale))
-    cfg = work / "controller.toml"
-    cfg.write_text('[store]\nurl = "%s"\n\n[slurm]\nbackend = "cli"\ngpu_type = "%s"\n'
-                   'hardware_file = "%s"\n\n[policy]\nname = "pipeswift"\n\n[controller]\nlock_file = "%s"\n'
-                   % (work / "pipeswift.sqlite", gpu_type, hardware, work / "tick.lock"))
     result: dict = {"seed": args.seed, "scale": scale, "scale_via": args.scale_via, "gpu_type": BASE_GPU,
                     "cluster_gpus": total_gpus, "target_makespan_s": args.target_makespan_s,
-                    "controller_interval_s": args.interval_s, "workdir": str(work),
+                    "controller_interval_s": args.interval_s, "workdir": str(work), "rounds": args.rounds,
                     "workload": [asdict(j) for j in jobs]}
-    for mode in ("slurm", "pipeswift"):
-        if args.only and args.only != mode:
-            continue
-        while queue_ids(env):
-            time.sleep(2.0)
-        print("[bench] %s run: %d jobs, scale %.5f" % (mode, len(jobs), scale), file=sys.stderr, flush=True)
-        result[mode] = run_phase(mode, jobs, env if mode == "slurm" else env_ps, work,
-                                 cfg if mode == "pipeswift" else None, args.interval_s, args.timeout_s)
-        print("[bench] %s: mean JCT %.1f s, makespan %.0f s" % (mode, result[mode]["mean_jct_s"] or -1,
-                                                               result[mode]["makespan_s"] or -1),
-              file=sys.stderr, flush=True)
-    if "slurm" in result and "pipeswift" in result and result["slurm"]["mean_jct_s"]:
-        result["jct_ratio_pipeswift_over_slurm"] = round(result["pipeswift"]["mean_jct_s"]
-                                                         / result["slurm"]["mean_jct_s"], 4)
+    modes = [m for m in ("slurm", "pipeswift") if not args.only or args.only == m]
+    per_round: list[dict] = []
+    for k in range(args.rounds):
+        folder = work if args.rounds == 1 else work / ("round%d" % (k + 1))
+        folder.mkdir(parents=True, exist_ok=True)
+        cfg = folder / "controller.toml"  # a database per round: no history carried over
+        cfg.write_text('[store]\nurl = "%s"\n\n[slurm]\nbackend = "cli"\ngpu_type = "%s"\n'
+                       'hardware_file = "%s"\n\n[policy]\nname = "pipeswift"\n\n'
+                       '[controller]\nlock_file = "%s"\n'
+                       % (folder / "pipeswift.sqlite", gpu_type, hardware, folder / "tick.lock"))
+        phases: dict = {}
+        for mode in modes:
+            while queue_ids(env):
+                time.sleep(2.0)
+            print("[bench] round %d/%d, %s run: %d jobs, scale %.5f"
+                  % (k + 1, args.rounds, mode, len(jobs), scale), file=sys.stderr, flush=True)
+            phases[mode] = run_phase(mode, jobs, env if mode == "slurm" else env_ps, folder / mode,
+                                     cfg if mode == "pipeswift" else None, args.interval_s, args.timeout_s)
+            print("[bench] %s: mean JCT %.1f s, makespan %.0f s" % (mode, phases[mode]["mean_jct_s"] or -1,
+                                                                   phases[mode]["makespan_s"] or -1),
+                  file=sys.stderr, flush=True)
+        if "slurm" in phases and "pipeswift" in phases and phases["slurm"]["mean_jct_s"]:
+            phases["jct_ratio_pipeswift_over_slurm"] = round(phases["pipeswift"]["mean_jct_s"]
+                                                             / phases["slurm"]["mean_jct_s"], 4)
+        per_round.append(phases)
+    result.update(per_round[0])  # the first round's keys, as a single run has them
+    if args.rounds > 1:
+        result["round_summaries"] = [
+            {**{mode + "_mean_jct_s": r[mode]["mean_jct_s"] for mode in modes},
+             **{key: value for key, value in r.items() if key.startswith("jct_ratio")}} for r in per_round]
+        for mode in modes:
+            means = [r[mode]["mean_jct_s"] for r in per_round if r[mode]["mean_jct_s"] is not None]
+            result["median_mean_jct_s_" + mode] = statistics.median(means) if means else None
+        ratio_key = "jct_ratio_pipeswift_over_slurm"
+        ratios = [r[ratio_key] for r in per_round if ratio_key in r]
+        if ratios:
+            result["median_jct_ratio_pipeswift_over_slurm"] = statistics.median(ratios)
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0
