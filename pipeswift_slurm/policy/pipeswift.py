@@ -73,7 +73,7 @@ class PipeSwiftPolicy:
                  short_lane_fraction: float = 0.0, short_lane_max_s: float = 2 * 3600.0,
                  preempt: bool = False, preempt_margin: float = 0.2,
                  preempt_ratio: float = 1.5, preempt_min_run_s: float = 1800.0, preempt_per_tick: int = 8,
-                 preempt_max_restarts: int = 6, preempt_wait_share: float = 0.75, reshape_waiting: bool = True):
+                 preempt_max_restarts: int = 12, preempt_wait_share: float = 0.75, reshape_waiting: bool = True):
         self.wait_bound_s = wait_bound_s
         self.promote_fraction = promote_fraction
         self.aging = aging
