@@ -86,6 +86,7 @@ MODELS = {
 }
 HOURS = {"small": (0.4, 1.5), "medium": (1.0, 3.0), "large": (2.5, 5.0)}
 MIX = {"small": 20, "medium": 8, "large": 2}
+RATIO_KEY = "jct_ratio_pipeswift_over_slurm"
 
 
 @dataclass
@@ -364,21 +365,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                                    phases[mode]["makespan_s"] or -1),
                   file=sys.stderr, flush=True)
         if "slurm" in phases and "pipeswift" in phases and phases["slurm"]["mean_jct_s"]:
-            phases["jct_ratio_pipeswift_over_slurm"] = round(phases["pipeswift"]["mean_jct_s"]
-                                                             / phases["slurm"]["mean_jct_s"], 4)
+            phases[RATIO_KEY] = round(phases["pipeswift"]["mean_jct_s"] / phases["slurm"]["mean_jct_s"], 4)
         per_round.append(phases)
     result.update(per_round[0])  # the first round's keys, as a single run has them
     if args.rounds > 1:
         result["round_summaries"] = [
             {**{mode + "_mean_jct_s": r[mode]["mean_jct_s"] for mode in modes},
-             **{key: value for key, value in r.items() if key.startswith("jct_ratio")}} for r in per_round]
+             **({RATIO_KEY: r[RATIO_KEY]} if RATIO_KEY in r else {})} for r in per_round]
         for mode in modes:
             means = [r[mode]["mean_jct_s"] for r in per_round if r[mode]["mean_jct_s"] is not None]
             result["median_mean_jct_s_" + mode] = statistics.median(means) if means else None
-        ratio_key = "jct_ratio_pipeswift_over_slurm"
-        ratios = [r[ratio_key] for r in per_round if ratio_key in r]
+        ratios = [r[RATIO_KEY] for r in per_round if RATIO_KEY in r]
         if ratios:
-            result["median_jct_ratio_pipeswift_over_slurm"] = statistics.median(ratios)
+            result["median_" + RATIO_KEY] = statistics.median(ratios)
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0

@@ -45,7 +45,7 @@ if _MISSING:
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "slurm"))
-from testbed_env import cluster_env  # noqa: E402  (tests/slurm/testbed_env.py)
+from testbed_env import cluster_env, gpus_per_node_tres  # noqa: E402  (tests/slurm/testbed_env.py)
 
 BIN = Path(sys.executable).parent  # `pip install -e .` put psbatch / pipeswift / pipeswift-launch here
 GPU_TYPE = "A100-80GB"
@@ -206,7 +206,7 @@ def test_psbatch_job_resized_by_controller_trains_pp2_in_slurm(slurm_env, refere
     cancel_after.append(job_id)
     before = _job(job_id, env)
     assert before["JobState"] == "PENDING", before
-    assert _nodes(before) == 1 and before["TresPerNode"] in ("gres:gpu:1", "gres/gpu:1"), before
+    assert _nodes(before) == 1 and before["TresPerNode"] in gpus_per_node_tres(1), before
     request = decode_profile(before["Comment"])
     assert request.gpus == (1, 2)
 
@@ -228,7 +228,7 @@ def test_psbatch_job_resized_by_controller_trains_pp2_in_slurm(slurm_env, refere
 
     resized = _job(job_id, env)
     assert resized["JobState"] == "PENDING", resized
-    assert _nodes(resized) == 1 and resized["TresPerNode"] in ("gres:gpu:2", "gres/gpu:2"), resized
+    assert _nodes(resized) == 1 and resized["TresPerNode"] in gpus_per_node_tres(2), resized
     token_cfg, _ = decode_decision(resized["AdminComment"])
     assert (token_cfg.gpus, token_cfg.pp, token_cfg.micro_batch_size) == (2, 2, decision["micro_batch_size"])
 
@@ -237,7 +237,7 @@ def test_psbatch_job_resized_by_controller_trains_pp2_in_slurm(slurm_env, refere
     final, running = _wait_done(job_id, env, JOB_TIMEOUT_S)
     log_text = Path(final.get("StdOut") or tmp_path / f"slurm-{job_id}.out").read_text(errors="replace")
     assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", f"{final}\n{log_text[-4000:]}"
-    assert _nodes(final) == 1 and final["TresPerNode"] in ("gres:gpu:2", "gres/gpu:2"), final
+    assert _nodes(final) == 1 and final["TresPerNode"] in gpus_per_node_tres(2), final
     assert final.get("JOB_GRES", "gpu:2").endswith("gpu:2"), final
     if running:  # seen while it ran: two GPU indexes on one node
         assert "gpu:2" in running.get("GRES", running.get("JOB_GRES", "")), running

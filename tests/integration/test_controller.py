@@ -36,6 +36,7 @@ from pipeswift_slurm.hardware import get_gpu_type
 from pipeswift_slurm.model import ClusterView, Decision, Job
 from pipeswift_slurm.policy import get_policy
 from pipeswift_slurm.store import Store
+from testbed_env import gpus_per_node_tres  # tests/slurm/testbed_env.py (on sys.path: conftest)
 
 pytestmark = pytest.mark.slurm
 
@@ -175,7 +176,7 @@ def test_tick_resizes_pending_psbatch_job_which_starts_at_new_size(
     assert (config.num_nodes, config.gpus_per_node, config.pp, config.micro_batch_size) == (
         row["num_nodes"], row["gpus_per_node"], row["pp"], row["micro_batch_size"])
     assert after["NumNodes"] == "%d-%d" % (row["num_nodes"], row["num_nodes"])
-    wanted = ("gres:gpu:%d" % row["gpus_per_node"], "gres/gpu:%d" % row["gpus_per_node"])  # 22.05, 24.11
+    wanted = gpus_per_node_tres(row["gpus_per_node"])  # 22.05, 24.11
     assert after["TresPerNode"] in wanted
     assert site_factors(slurm)[job_id] == row["site_factor"] > 0
 
@@ -285,7 +286,7 @@ def test_reshaping_tick_grows_a_running_checkpointing_job_onto_idle_gpus(
     assert after["Restarts"] == "1", after
     config, _at = token.decode_decision(after["AdminComment"])
     assert config.short() == row["config"]
-    wanted = ("gres:gpu:%d" % row["gpus_per_node"], "gres/gpu:%d" % row["gpus_per_node"])  # 22.05, 24.11
+    wanted = gpus_per_node_tres(row["gpus_per_node"])  # 22.05, 24.11
     assert after["TresPerNode"] in wanted
     # (NumNodes still shows the old allocation's count until the job runs again.) Slurm
     # makes a requeued job wait two minutes before it is eligible again. Skipping that with

@@ -30,6 +30,7 @@ DIR=$(realpath -m "${OTHER_DEBIAN_DIR:-/var/tmp/pipeswift-$SUITE}")
 [ "$DIR" != / ] || { say "OTHER_DEBIAN_DIR must not be /"; exit 2; }
 PACKAGES=slurmctld,slurmd,slurm-client,slurm-wlm-basic-plugins,munge,sqlite3,procps,ca-certificates
 PACKAGES=$PACKAGES,python3,python3-venv,gcc,libc6-dev,musl-tools
+TESTBED=/tmp/pipeswift-testbed-other   # the chroot's test cluster, on ports the main one leaves free
 
 stop_inside() {  # every process whose root is the chroot (slurmctld, slurmd, munged, ...)
   local p pids=()
@@ -67,7 +68,7 @@ if [ ! -e "$DIR/.pipeswift-ready" ]; then
 fi
 
 cleanup() {
-  chroot "$DIR" /bin/bash -c 'cd /root/pipeswift && SLURM_TESTBED_DIR=/tmp/pipeswift-testbed-other bash tests/slurm/testbed.sh down' \
+  chroot "$DIR" /bin/bash -c "cd /root/pipeswift && SLURM_TESTBED_DIR=$TESTBED bash tests/slurm/testbed.sh down" \
     >/dev/null 2>&1 || true
   stop_inside
   release_mounts
@@ -110,7 +111,7 @@ say "$(inside 'slurmctld -V; /root/venv/bin/python --version' | tr '\n' ' ')"
 [ $# -gt 0 ] || set -- tests/unit tests/integration
 ARGS=$(printf ' %q' "$@")
 inside "set -e; cd /root/pipeswift
-        export SLURM_TESTBED_DIR=/tmp/pipeswift-testbed-other CTLD_PORT=6917 SLURMD_PORT_BASE=17101
+        export SLURM_TESTBED_DIR=$TESTBED CTLD_PORT=6917 SLURMD_PORT_BASE=17101
         export PATH=/root/venv/bin:\$PATH
         FRESH=1 bash tests/slurm/testbed.sh up
         source \$SLURM_TESTBED_DIR/env.sh

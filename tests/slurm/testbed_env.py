@@ -10,6 +10,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from pipeswift_slurm.backends.slurm_cli import gres_value
+from pipeswift_slurm.model import GpuRequest
+
 DEFAULT_TESTBED = "/tmp/pipeswift-testbed"
 
 
@@ -30,3 +33,9 @@ def cluster_env(base: Optional[dict[str, str]] = None) -> dict[str, str]:
     if env_sh.is_file():
         env.update(env_file_vars(env_sh))
     return env
+
+
+def gpus_per_node_tres(count: int) -> tuple[str, str]:
+    """What ``TresPerNode`` shows for ``count`` GPUs per node: ``gres:gpu:N`` on Slurm
+    22.05, ``gres/gpu:N`` on 24.11 (the test cluster may run either)."""
+    return gres_value(GpuRequest(slash=False), count), gres_value(GpuRequest(slash=True), count)
