@@ -36,7 +36,8 @@ from pipeswift_slurm.hardware import get_gpu_type
 from pipeswift_slurm.model import ClusterView, Decision, Job
 from pipeswift_slurm.policy import get_policy
 from pipeswift_slurm.store import Store
-from testbed_env import gpus_per_node_tres  # tests/slurm/testbed_env.py (on sys.path: conftest)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))  # also when a killed-tick child imports this
+from testbed_env import gpus_per_node_tres  # noqa: E402  (tests/slurm/testbed_env.py)
 
 pytestmark = pytest.mark.slurm
 
