@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
 from .backends import Backend, BackendError, JobGone
@@ -37,6 +37,20 @@ class TickReport:
     decide_s: float = 0.0
     duration_s: float = 0.0
     failed: Optional[str] = None
+
+
+def _evolve(decision: Decision, **changes: Any) -> Decision:
+    """``replace(decision, **changes)`` at a fifth of its cost: a copy of the frozen
+    instance's fields (Decision has no ``__post_init__`` and no slots). Every tick re-ranks
+    and compares every pending job's decision, which made ``replace`` a tenth of a
+    simulation's time."""
+    assert changes.keys() <= _DECISION_FIELDS, changes.keys() - _DECISION_FIELDS
+    copy = object.__new__(Decision)
+    copy.__dict__.update(decision.__dict__, **changes)
+    return copy
+
+
+_DECISION_FIELDS = frozenset(f.name for f in fields(Decision))
 
 
 @dataclass(frozen=True)
@@ -78,7 +92,7 @@ def unchanged_parts(decision: Decision, job: Job) -> Decision:
         config = None  # (a hold or release rewrites the token, so it keeps its config)
     site_factor = decision.site_factor if decision.site_factor != job.site_factor else None
     limit = decision.time_limit_s if decision.time_limit_s != job.time_limit_s else None
-    return replace(decision, config=config, site_factor=site_factor, time_limit_s=limit, hold=hold)
+    return _evolve(decision, config=config, site_factor=site_factor, time_limit_s=limit, hold=hold)
 
 
 class Controller:
@@ -199,7 +213,7 @@ class Controller:
         factors = stable_factors(order, current, top)
         out = list(decisions)
         for i, d in ranked:
-            out[i] = replace(d, site_factor=factors[d.job_id])
+            out[i] = _evolve(d, site_factor=factors[d.job_id])
         return out
 
     def _act(self, items: list[tuple[Decision, Job]], report: TickReport) -> None:

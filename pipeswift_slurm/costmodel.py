@@ -86,8 +86,9 @@ class CostModel:
     """Iteration time and memory of (profile, config) on one GPU type.
 
     ``schedule`` is "1f1b" (Megatron's default, interleaved when vp > 1) or "gpipe"
-    (same time, all M micro-batches' activations held). Per-layer times are memoised on
-    the instance (keyed by shape and layout), so repeated planning is cheap.
+    (same time, all M micro-batches' activations held). Per-layer times and whole
+    estimates are memoised on the instance (keyed by shape, training settings and layout),
+    so repeated planning, and predicting the ends of running jobs every tick, are cheap.
     """
 
     def __init__(self, gpu: GpuType, schedule: str = "1f1b", layer_profile: Any = None):
@@ -98,6 +99,8 @@ class CostModel:
         self.layer_profile = layer_profile
         self._layer_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._params_cache: dict[tuple[object, ...], float] = {}
+        self._estimates: dict[tuple[object, ...], Estimate] = {}
+        self._profile_keys: dict[int, tuple[JobProfile, tuple[object, ...]]] = {}
 
     # ------------------------------------------------------------------ time
     def _bytes_per_value(self, precision: str) -> int:
@@ -296,9 +299,27 @@ class CostModel:
         return (static + peak) / GIB + self.gpu.reserved_gib
 
     # ------------------------------------------------------------------ totals
+    def _profile_key(self, profile: JobProfile) -> tuple[object, ...]:
+        """What an estimate reads of a profile: its shape and the training settings other
+        than the length (memoised per profile object: hashing nested dataclasses is slow)."""
+        hit = self._profile_keys.get(id(profile))
+        if hit is None or hit[0] is not profile:
+            plan = profile.plan
+            hit = self._profile_keys[id(profile)] = (profile, (
+                profile.shape, plan.global_batch_size, plan.precision, plan.recompute_granularity,
+                plan.sequence_parallel, plan.use_distributed_optimizer))
+        return hit[1]
+
     def estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         """Iteration time = pipeline + data-parallel reduction + optimizer step; memory;
         model TFLOP/s per GPU = F / (iteration time * world size)."""
+        key = (self._profile_key(profile), cfg)
+        hit = self._estimates.get(key)
+        if hit is None:
+            hit = self._estimates[key] = self._estimate(profile, cfg)
+        return hit
+
+    def _estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         pipe, bubble = self.pipeline_s(profile, cfg)
         dp_s, opt_s = self.dp_allreduce_s(profile, cfg), self.optimizer_s(profile, cfg)
         iter_s = pipe + dp_s + opt_s

@@ -207,17 +207,17 @@ class Node:
     state: str = "IDLE"
     gpu_type: str = ""
     partitions: tuple[str, ...] = ()
+    # Worked out from the above when the node is made (policies read every node's free
+    # GPUs on every tick): whether it takes work (not down, drained, failed, ...), and
+    # its GPUs free for new work (0 when it takes none).
+    usable: bool = field(init=False, repr=False, compare=False)
+    gpus_free: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def gpus_free(self) -> int:
-        return max(0, self.gpus - self.gpus_alloc) if self.usable else 0
-
-    @property
-    def usable(self) -> bool:
-        if self.state in _USABLE_STATES:
-            return True
-        state = self.state.upper()
-        return not any(word in state for word in _UNUSABLE_WORDS)
+    def __post_init__(self) -> None:
+        state = self.state
+        usable = state in _USABLE_STATES or not any(word in state.upper() for word in _UNUSABLE_WORDS)
+        object.__setattr__(self, "usable", usable)
+        object.__setattr__(self, "gpus_free", max(0, self.gpus - self.gpus_alloc) if usable else 0)
 
 
 @dataclass(frozen=True)

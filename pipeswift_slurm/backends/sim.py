@@ -101,6 +101,7 @@ class SimBackend:
         self._finished: list[SimJob] = []
         self._nodes: tuple[Node, ...] = ()
         self._nodes_key: tuple[int, ...] = ()
+        self._node_cache: dict[tuple[int, int], Node] = {}
 
     # ------------------------------------------------------------ engine side
     def submit(self, job: SimJob) -> None:
@@ -122,14 +123,23 @@ class SimBackend:
     def snapshot(self) -> ClusterView:
         key = tuple(self.free)
         if self._nodes_key != key:  # rebuild the node list only when allocations changed
-            self._nodes = tuple(Node("node%d" % (i + 1), self.gpus_per_node, self.gpus_per_node - f, "IDLE" if
-                                     f == self.gpus_per_node else "MIXED", self.gpu_type) for i, f in enumerate(key))
+            self._nodes = tuple(self._node(i, f) for i, f in enumerate(key))
             self._nodes_key = key
         nodes = self._nodes
         # Like Slurm's MinJobAge, a finished job stays visible until the next snapshot.
         jobs = tuple(self._view(j) for j in (*self._finished, *self.running.values(), *self.pending.values()))
         self._finished = []
         return ClusterView(now=self.now, nodes=nodes, jobs=jobs)
+
+    def _node(self, index: int, free: int) -> Node:
+        """Node ``index`` with ``free`` GPUs free (made once per pair: most ticks change
+        only a few nodes)."""
+        node = self._node_cache.get((index, free))
+        if node is None:
+            node = self._node_cache[index, free] = Node(
+                "node%d" % (index + 1), self.gpus_per_node, self.gpus_per_node - free,
+                "IDLE" if free == self.gpus_per_node else "MIXED", self.gpu_type)
+        return node
 
     def _view(self, job: SimJob) -> Job:
         if job.view is None or job.seen_version != job.version:
@@ -219,8 +229,12 @@ class SimBackend:
         started: list[SimJob] = []
         shadow_s: Optional[float] = None
         slack: dict[int, int] = {}
+        no_room: set[tuple[int, int]] = set()  # shapes with no room: a pass only takes GPUs, so they stay so
         for job in order:
-            placement = self._place(self.free, job.num_nodes, job.gpus_per_node)
+            shape = (job.num_nodes, job.gpus_per_node)
+            placement = None if shape in no_room else self._place(self.free, *shape)
+            if placement is None:
+                no_room.add(shape)
             if shadow_s is None:
                 if placement is not None:
                     self._start(job, placement, now)
@@ -249,15 +263,20 @@ class SimBackend:
         """Earliest time the blocked ``job`` fits, releasing running jobs by their limits,
         and the spare GPUs on the nodes reserved for it at that time (node -> spare)."""
         free = list(self.free)
+        per_node = job.gpus_per_node
+        roomy = sum(1 for f in free if f >= per_node)  # nodes with room for one of its tasks
         ends = [(_started(r, now) + r.time_limit_s, r.job_id, r) for r in self.running.values()]
         heapq.heapify(ends)
         while ends:
             end_s, _, run = heapq.heappop(ends)
             for node in run.placement:
+                if free[node] < per_node <= free[node] + run.gpus_per_node:
+                    roomy += 1
                 free[node] += run.gpus_per_node
-            placement = self._place(free, job.num_nodes, job.gpus_per_node)
-            if placement is not None:
-                return max(end_s, now), {n: free[n] - job.gpus_per_node for n in placement}
+            if roomy >= job.num_nodes:
+                placement = self._place(free, job.num_nodes, per_node)
+                assert placement is not None
+                return max(end_s, now), {n: free[n] - per_node for n in placement}
         return float("inf"), {}
 
     def _place_with_slack(self, job: SimJob, slack: dict[int, int]) -> Optional[tuple[int, ...]]:

@@ -48,13 +48,13 @@ class TiresiasPolicy:
 
     def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any) -> list[Decision]:
         now = view.now
-        pending = sorted((j for j in view.pending if j.job_id in profiles),
-                         key=lambda j: (self.queue_of(j, now), j.submit_time, j.job_id))
-        factors = rank_factors([j.job_id for j in pending], self.site_factor_max)
-        out = [Decision(j.job_id, site_factor=factors[j.job_id], reason="2D-LAS queue %d" % self.queue_of(j, now))
-               for j in pending]
-        if self.preempt and pending:
-            out += self._preemptions(view, pending[0], profiles)
+        queued = sorted((self.queue_of(j, now), j.submit_time, j.job_id, j) for j in view.pending
+                        if j.job_id in profiles)
+        factors = rank_factors([job_id for _, _, job_id, _ in queued], self.site_factor_max)
+        out = [Decision(job_id, site_factor=factors[job_id], reason="2D-LAS queue %d" % queue)
+               for queue, _, job_id, _ in queued]
+        if self.preempt and queued:
+            out += self._preemptions(view, queued[0][3], profiles)
         return out
 
     def _preemptions(self, view: ClusterView, head: Job, profiles: Mapping[int, JobProfile]) -> list[Decision]:
@@ -69,10 +69,10 @@ class TiresiasPolicy:
         # Preemption compares attained service only: a job promoted for starvation is
         # ordered first but does not evict others (that would make jobs ping-pong).
         head_queue = self.service_queue(head, now)
-        index = {n.name: i for i, n in enumerate(view.nodes)}
         victims = sorted((r for r in view.running if r.job_id in profiles and self.service_queue(r, now) > head_queue
                           and r.start_time is not None and now - r.start_time >= self.min_run_s),
                          key=lambda r: (-(r.start_time if r.start_time is not None else 0.0), -r.job_id))
+        index = {n.name: i for i, n in enumerate(view.nodes)} if victims else {}
         chosen = []
         for victim in victims:
             per = victim.gpus // max(len(victim.node_list), 1)

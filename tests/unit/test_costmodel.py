@@ -222,3 +222,37 @@ def test_estimate_parts_add_up(profile: JobProfile, cost: CostModel) -> None:
     assert est.iter_time_s == pytest.approx(est.pipeline_s + est.dp_allreduce_s + est.optimizer_s)
     assert est.dp_allreduce_s > 0 and est.optimizer_s > 0
     assert cost.estimate(profile, valid(profile, layout(tp=2, pp=2))).dp_allreduce_s == 0
+
+
+# ---------------------------------------------------------------- memoised estimates
+
+# Another value for every field of the training plan, and whether it changes an
+# iteration's time or memory: whatever the cost model reads must be in its memo's key.
+_OTHER_PLAN_VALUES: dict[str, tuple[Any, bool]] = {
+    "global_batch_size": (1024, True), "train_iters": (77, False), "train_samples": (5000, False),
+    "rampup_batch_size": ((32, 32, 1000), False), "precision": ("fp32", True),
+    "use_distributed_optimizer": (True, True), "recompute_granularity": ("full", True),
+    "sequence_parallel": (True, True), "save_interval": (10, False),
+}
+
+
+def test_a_memoised_estimate_is_what_a_fresh_model_computes(profile: JobProfile,
+                                                           a100: hardware.GpuType) -> None:
+    from dataclasses import fields
+
+    from pipeswift_slurm.model import TrainingPlan
+
+    assert {f.name for f in fields(TrainingPlan)} == set(_OTHER_PLAN_VALUES), "new field: add it"
+    cfg = valid(profile, layout(tp=2, pp=2, dp=2))
+    shared = CostModel(a100)
+    base = shared.estimate(profile, cfg)
+    variants = [(with_plan(profile, **{name: value}), changes)
+                for name, (value, changes) in _OTHER_PLAN_VALUES.items()]
+    variants += [(replace(profile, shape=replace(profile.shape, **change)), True)
+                 for change in ({"hidden_size": profile.shape.hidden_size * 2}, {"seq_length": 4096},
+                                {"num_layers": profile.shape.num_layers * 2})]
+    for variant, changes in variants:
+        got = shared.estimate(variant, cfg)
+        assert got == CostModel(a100).estimate(variant, cfg), variant
+        assert (got != base) == changes, variant
+    assert shared.estimate(profile, cfg) is base

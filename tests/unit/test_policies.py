@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pipeswift_slurm import hardware, megatron
 from pipeswift_slurm.backends import JobGone
 from pipeswift_slurm.backends.sim import SimBackend, SimJob
-from pipeswift_slurm.controller import parse_profile
+from pipeswift_slurm.controller import parse_profile, unchanged_parts
 from pipeswift_slurm.costmodel import CostModel
 from pipeswift_slurm.estimator import Estimator
 from pipeswift_slurm.model import ClusterView, Decision, Job, Node
@@ -576,3 +576,12 @@ def test_pipeswift_grows_a_running_job_while_only_longer_jobs_wait(waiting_hours
     grown = [d for d in get_policy("pipeswift", **knobs).decide(view, profiles, est) if d.requeue]
     assert [d.job_id for d in grown] == ([1] if grows else [])
     assert not any(d.requeue for d in get_policy("pipeswift", reshape_waiting=False, **knobs).decide(view, profiles, est))
+
+
+def test_the_controller_acts_only_on_what_a_job_does_not_have_yet() -> None:
+    job = Job(7, "PENDING", 0.0, site_factor=30000, time_limit_s=3600)
+    wanted = Decision(7, site_factor=30000, time_limit_s=7200, reason="shortest first", predicted_end_s=5.0)
+    todo = unchanged_parts(wanted, job)
+    assert todo == replace(wanted, site_factor=None) and todo.changes_anything
+    assert wanted.site_factor == 30000  # the policy's own decision is left as it was
+    assert not unchanged_parts(Decision(7, site_factor=30000, time_limit_s=3600), job).changes_anything

@@ -176,6 +176,19 @@ def test_nodes_text_json_and_typed(version: str) -> None:
                                                                (8, 0, False)]
 
 
+def test_a_node_that_takes_no_work_has_no_free_gpus_also_when_changed() -> None:
+    from dataclasses import replace
+
+    from pipeswift_slurm.model import Node
+
+    idle = Node("n1", gpus=8, gpus_alloc=3, state="MIXED")
+    assert (idle.usable, idle.gpus_free) == (True, 5)
+    for state in ("DOWN+DRAIN", "idle+drain", "MIXED+NOT_RESPONDING", "FUTURE"):
+        assert (replace(idle, state=state).usable, replace(idle, state=state).gpus_free) == (False, 0), state
+    assert replace(idle, gpus_alloc=8).gpus_free == 0 and replace(idle, state="IDLE+RESERVED").gpus_free == 5
+    assert replace(idle, state="DOWN") == replace(idle, state="DOWN") != idle
+
+
 def test_nodes_from_tres_when_gres_missing() -> None:
     line = "NodeName=x Gres=(null) CfgTRES=cpu=4,gres/gpu=4 AllocTRES=gres/gpu=1 State=MIXED Partitions=a,b"
     (node,) = cli.parse_scontrol_nodes(line)
