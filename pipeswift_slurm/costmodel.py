@@ -99,8 +99,8 @@ class CostModel:
         self.layer_profile = layer_profile
         self._layer_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._params_cache: dict[tuple[object, ...], float] = {}
-        self._estimates: dict[tuple[object, ...], Estimate] = {}
-        self._profile_keys: dict[int, tuple[JobProfile, tuple[object, ...]]] = {}
+        self._estimates: dict[tuple[object, ...], dict[ExecConfig, Estimate]] = {}
+        self._memo_by_profile: dict[int, tuple[JobProfile, dict[ExecConfig, Estimate]]] = {}
 
     # ------------------------------------------------------------------ time
     def _bytes_per_value(self, precision: str) -> int:
@@ -299,24 +299,25 @@ class CostModel:
         return (static + peak) / GIB + self.gpu.reserved_gib
 
     # ------------------------------------------------------------------ totals
-    def _profile_key(self, profile: JobProfile) -> tuple[object, ...]:
-        """What an estimate reads of a profile: its shape and the training settings other
-        than the length (memoised per profile object: hashing nested dataclasses is slow)."""
-        hit = self._profile_keys.get(id(profile))
+    def _estimates_of(self, profile: JobProfile) -> dict[ExecConfig, Estimate]:
+        """The memo of estimates (config -> estimate) for the profile's shape and training
+        settings other than the length: what an estimate reads of a profile. Found once
+        per profile object (hashing nested dataclasses is slow)."""
+        hit = self._memo_by_profile.get(id(profile))
         if hit is None or hit[0] is not profile:
             plan = profile.plan
-            hit = self._profile_keys[id(profile)] = (profile, (
-                profile.shape, plan.global_batch_size, plan.precision, plan.recompute_granularity,
-                plan.sequence_parallel, plan.use_distributed_optimizer))
+            key = (profile.shape, plan.global_batch_size, plan.precision, plan.recompute_granularity,
+                   plan.sequence_parallel, plan.use_distributed_optimizer)
+            hit = self._memo_by_profile[id(profile)] = (profile, self._estimates.setdefault(key, {}))
         return hit[1]
 
     def estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         """Iteration time = pipeline + data-parallel reduction + optimizer step; memory;
         model TFLOP/s per GPU = F / (iteration time * world size)."""
-        key = (self._profile_key(profile), cfg)
-        hit = self._estimates.get(key)
+        memo = self._estimates_of(profile)
+        hit = memo.get(cfg)
         if hit is None:
-            hit = self._estimates[key] = self._estimate(profile, cfg)
+            hit = memo[cfg] = self._estimate(profile, cfg)
         return hit
 
     def _estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
