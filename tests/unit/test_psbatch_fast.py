@@ -636,6 +636,8 @@ def test_helper_removes_the_scripts_of_ended_submissions_only(tmp_path):
 
 @needs_cc
 def test_first_use_starts_a_helper_and_stop_ends_it(bins, tmp_path):
+    from pipeswift_slurm import psbatch_helper as ph
+
     folder = tmp_path / "h"
     first = _run(bins, [bins.fast], ["meg.sh"], env=_helper_env(folder))  # no helper yet: Python
     assert first == _run(bins, PYTHON_PSBATCH, ["meg.sh"])
@@ -643,6 +645,8 @@ def test_first_use_starts_a_helper_and_stop_ends_it(bins, tmp_path):
         assert _wait_for(lambda: _serving(folder)), "the front end did not start a helper"
         assert (folder.stat().st_mode & 0o777) == 0o700
         assert _run(bins, [bins.no_python], ["meg.sh"], env=_helper_env(folder)) == first
+        # the helper writes its answer to the memo once no request came for a moment
+        assert _wait_for(lambda: ph.memo_size(str(folder)) == 1), "the answer never reached the memo"
         status = _helper_cmd("status", folder)
         assert status.returncode == 0 and status.stdout.startswith("running (pid ")
         assert status.stdout.endswith("; 1 answer in its memo\n")
