@@ -14,11 +14,13 @@ Must not import SQLAlchemy, Slurm or torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from .hardware import GpuType
 from .megatron import stage_layers
 from .model import ExecConfig, JobProfile, ModelShape
+
+V = TypeVar("V")
 
 GIB = 1024 ** 3
 
@@ -80,6 +82,17 @@ class Estimate:
     mem_gib: float
     tflops_per_gpu: float
     fits: bool
+
+
+def per_profile(memo: dict[int, tuple[JobProfile, V]], profile: JobProfile,
+                make: Callable[[JobProfile], V]) -> V:
+    """``make(profile)``, worked out once per profile object: ``memo`` is keyed by its id and
+    keeps the profile, so the id cannot be reused (hashing nested dataclasses on every
+    call is slow)."""
+    hit = memo.get(id(profile))
+    if hit is None or hit[0] is not profile:
+        hit = memo[id(profile)] = (profile, make(profile))
+    return hit[1]
 
 
 class CostModel:
@@ -301,15 +314,14 @@ class CostModel:
     # ------------------------------------------------------------------ totals
     def _estimates_of(self, profile: JobProfile) -> dict[ExecConfig, Estimate]:
         """The memo of estimates (config -> estimate) for the profile's shape and training
-        settings other than the length: what an estimate reads of a profile. Found once
-        per profile object (hashing nested dataclasses is slow)."""
-        hit = self._memo_by_profile.get(id(profile))
-        if hit is None or hit[0] is not profile:
-            plan = profile.plan
-            key = (profile.shape, plan.global_batch_size, plan.precision, plan.recompute_granularity,
-                   plan.sequence_parallel, plan.use_distributed_optimizer)
-            hit = self._memo_by_profile[id(profile)] = (profile, self._estimates.setdefault(key, {}))
-        return hit[1]
+        settings other than the length: what an estimate reads of a profile."""
+        return per_profile(self._memo_by_profile, profile, self._new_memo)
+
+    def _new_memo(self, profile: JobProfile) -> dict[ExecConfig, Estimate]:
+        plan = profile.plan
+        return self._estimates.setdefault((profile.shape, plan.global_batch_size, plan.precision,
+                                           plan.recompute_granularity, plan.sequence_parallel,
+                                           plan.use_distributed_optimizer), {})
 
     def estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         """Iteration time = pipeline + data-parallel reduction + optimizer step; memory;

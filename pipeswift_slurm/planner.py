@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from .costmodel import CostModel, Estimate
+from .costmodel import CostModel, Estimate, per_profile
 from .megatron import Problem, check_config, enumerate_configs
 from .model import ExecConfig, JobProfile
 
@@ -61,11 +61,8 @@ class Planner:
         self._keys: dict[int, tuple[JobProfile, tuple[object, ...]]] = {}
 
     def _key(self, profile: JobProfile) -> tuple[object, ...]:
-        """The plan key, memoised per profile object (hashing nested dataclasses is slow)."""
-        hit = self._keys.get(id(profile))
-        if hit is None or hit[0] is not profile:
-            hit = self._keys[id(profile)] = (profile, _plan_key(profile))
-        return hit[1]
+        """The plan key, memoised per profile object."""
+        return per_profile(self._keys, profile, _plan_key)
 
     def ranked(self, profile: JobProfile, gpus: int) -> list[Estimate]:
         """Valid configs on exactly ``gpus`` GPUs that fit in memory, fastest first."""
