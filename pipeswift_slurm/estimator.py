@@ -8,12 +8,15 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping, Optional
 
 from .calibration import lookup_bias
 from .costmodel import CostModel, Estimate
 from .model import ExecConfig, JobProfile
 from .planner import Planner
+
+log = logging.getLogger(__name__)
 
 
 class Estimator:
@@ -62,3 +65,18 @@ class Estimator:
         iters = profile.plan.iterations
         run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class)
         return est.config, run_s
+
+
+def estimator_from_env(env: Mapping[str, str], gpus_per_node: int) -> Estimator:
+    """An unbiased Estimator for ``$PIPESWIFT_GPU_TYPE`` (with ``$PIPESWIFT_HARDWARE``'s
+    table), where no controller config is at hand (inside a job, on a submit host); an
+    unknown type logs a warning and falls back to the default type."""
+    from .hardware import DEFAULT_GPU_TYPE, HardwareError, get_gpu_type
+
+    name = env.get("PIPESWIFT_GPU_TYPE") or DEFAULT_GPU_TYPE
+    try:
+        gpu = get_gpu_type(name, env.get("PIPESWIFT_HARDWARE") or None)
+    except HardwareError as exc:
+        log.warning("%s; using %s", exc, DEFAULT_GPU_TYPE)
+        gpu = get_gpu_type(DEFAULT_GPU_TYPE)
+    return Estimator(CostModel(gpu), gpus_per_node)

@@ -186,20 +186,6 @@ def check_decision(admin_comment: str, profile: JobProfile, alloc: Allocation) -
     return cfg, "decision from controller at %s" % when
 
 
-def _estimator(env: dict[str, str], gpus_per_node: int):  # type: ignore[no-untyped-def]
-    from .costmodel import CostModel
-    from .estimator import Estimator
-    from .hardware import DEFAULT_GPU_TYPE, HardwareError, get_gpu_type
-
-    name = env.get("PIPESWIFT_GPU_TYPE") or DEFAULT_GPU_TYPE
-    try:
-        gpu = get_gpu_type(name, env.get("PIPESWIFT_HARDWARE") or None)
-    except HardwareError as exc:
-        log.warning("%s; using %s", exc, DEFAULT_GPU_TYPE)
-        gpu = get_gpu_type(DEFAULT_GPU_TYPE)
-    return Estimator(CostModel(gpu), gpus_per_node)
-
-
 def best_config(profile: JobProfile, alloc: Allocation, estimator) -> Optional[ExecConfig]:  # type: ignore[no-untyped-def]
     """The fastest valid config that fits in memory; else any valid one; else None."""
     est = estimator.best(profile, alloc.gpus)
@@ -315,7 +301,9 @@ def choose(command: Sequence[str], alloc: Allocation, env: dict[str, str],
     cfg, why = check_decision(admin, profile, alloc)
     if cfg is not None:
         return cfg, profile, why
-    best = best_config(profile, alloc, _estimator(env, alloc.gpus_per_node))
+    from .estimator import estimator_from_env
+
+    best = best_config(profile, alloc, estimator_from_env(env, alloc.gpus_per_node))
     if best is None:
         return None, profile, "%s and no valid config on %d GPUs; running the command unchanged" % (why, alloc.gpus)
     return best, profile, "%s: best for the allocation" % why
@@ -355,7 +343,9 @@ def _emulate(cfg: Optional[ExecConfig], profile: Optional[JobProfile], alloc: Al
     if cfg is None or profile is None:
         _say("emulating: no config to predict; finishing at once")
         return 0
-    run_s = _estimator(env, alloc.gpus_per_node).run_time_s(profile, cfg)
+    from .estimator import estimator_from_env
+
+    run_s = estimator_from_env(env, alloc.gpus_per_node).run_time_s(profile, cfg)
     _say("emulating: predicted %.1f s x scale %g = sleeping %.3f s" % (run_s, scale, run_s * scale))
     sleep(max(0.0, run_s * scale))
     return 0
