@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
 
 from .jobscript import find_training_command, megatron_words, read_header, rewrite_lines, routed
 from .jobscript import Command, LAUNCHER, MAX_LOGICAL_LINES, Script, find_commands  # noqa: F401
@@ -29,14 +29,18 @@ from .sbatch_args import OwnOptions, PsbatchError, Scan, _NO_STDIN, _count, effe
 from .sbatch_args import requested_world, scan_argv, strip_own_options
 from .sbatch_args import OWN_PREFIX, Opt  # noqa: F401
 
+if TYPE_CHECKING:
+    from .model import JobProfile
+
 log = logging.getLogger(__name__)
 
 MAX_SCRIPT_BYTES = 1 << 20  # bigger scripts go through unchanged (bounded effort)
 
 
 def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: OwnOptions,
-                  environ: Mapping[str, str]) -> str:
-    """Validate the training command with the core and return the profile token.
+                  environ: Mapping[str, str]) -> tuple[str, "JobProfile"]:
+    """Validate the training command with the core: the profile token, and the profile
+    as validated.
 
     Raises:
         megatron.MegatronArgError: the Megatron arguments are invalid for this job.
@@ -46,23 +50,27 @@ def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: O
 
     world, per_node = requested_world(values)
     gpus_per_node = per_node or _count(environ.get("PIPESWIFT_GPUS_PER_NODE")) or 8
-    profile_from_argv(list(words), world_size=world, gpus_per_node=gpus_per_node, gpu_range=own.gpus,
-                      min_micro_batch_size=own.min_micro_batch_size, allowed_pp=own.allowed_pp,
-                      job_class=own.job_class)
-    return encode_profile(ProfileRequest(tuple(megatron_words(words)), own.gpus,
-                                         own.min_micro_batch_size, own.allowed_pp, own.job_class))
+    profile = profile_from_argv(list(words), world_size=world, gpus_per_node=gpus_per_node, gpu_range=own.gpus,
+                                min_micro_batch_size=own.min_micro_batch_size, allowed_pp=own.allowed_pp,
+                                job_class=own.job_class)
+    return encode_profile(ProfileRequest(tuple(megatron_words(words)), own.gpus, own.min_micro_batch_size,
+                                         own.allowed_pp, own.job_class)), profile
 
 
 # ---------------------------------------------------------------- submission
 
 _MARKERS = ("--num-layers", "pretrain_", "#PSWIFT")
+CHECK = ("", "check")  # --pipeswift=check: say what psbatch would do, submit nothing
 
 
 class Plan(NamedTuple):
-    """What to hand sbatch: its argv (no argv[0]) and the script text, when rewritten."""
+    """What to hand sbatch: its argv (no argv[0]) and the script text, when rewritten;
+    and what that came from: the training command and its profile as validated."""
 
     argv: list[str]
     text: Optional[str]
+    command: Command
+    profile: "JobProfile"
 
 
 def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
@@ -94,11 +102,11 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
         raise PsbatchError("an #SBATCH line has a backslash before a blank, which Slurm 22.05 and 24.11 "
                            "read differently; put that value in quotes")
     values = effective_options(scan.opts, script.header[0], environ)
-    token = build_request(cmd.words, values, own, environ)
+    token, profile = build_request(cmd.words, values, own, environ)
     comment = values.get("comment")
     new_text = text if routed(cmd) else "\n".join(rewrite_lines(lines, cmd))
-    return Plan(_with_options(argv, scan, comment + " " + token if comment else token,
-                              new_text), new_text)
+    return Plan(_with_options(argv, scan, comment + " " + token if comment else token, new_text), new_text,
+                cmd, profile)
 
 
 def _with_options(argv: Sequence[str], scan: Scan, comment: str, text: str) -> list[str]:
@@ -193,6 +201,7 @@ class Action(NamedTuple):
     """What psbatch does, decided before anything runs: sbatch's argv (no argv[0]), the
     bytes to give it on stdin (None: stdin as it is), the script to write to a temporary
     file (argv index, file name, text) and a warning for stderr (``warning_line``).
+    ``check``: no submission, but ``--pipeswift=check``'s report (``psbatch_check``).
 
     The Python psbatch carries it out itself (``_run``); the compiled front end gets it
     from the resident helper (``psbatch_helper``) and carries it out in C."""
@@ -201,6 +210,7 @@ class Action(NamedTuple):
     stdin: Optional[bytes]
     script: Optional[tuple[int, str, str]]
     warning: Optional[str]
+    check: bool = False
 
 
 def decide(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[str]], Source]) -> Action:
@@ -211,6 +221,8 @@ def decide(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
     warning, plan, source = None, None, Source(None, None)
     try:
         argv, pairs = strip_own_options(raw)
+        if CHECK in pairs:
+            return Action(list(raw), None, None, None, check=True)
         source = read(argv)
         if source.text is not None:
             plan = plan_job(argv, pairs, source.text, environ)
@@ -235,6 +247,10 @@ def decide(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
 def submit(raw: Sequence[str], environ: Mapping[str, str], stdin: object = None) -> int:
     """Submit like sbatch, enriching a Megatron job; returns sbatch's exit code."""
     action = decide(raw, environ, lambda argv: read_source(argv, stdin))
+    if action.check:
+        from .psbatch_check import report
+
+        return report(raw, environ, lambda argv: read_source(argv, stdin), sys.stdout)
     sbatch = find_sbatch(environ)
     if sbatch is None:
         sys.stderr.write("psbatch: error: sbatch not found (set PIPESWIFT_SBATCH or PATH)\n")

@@ -25,9 +25,10 @@ length and the bytes, ending with a ``z`` record.
              as read (absent: unreadable or none) -- these three are the request's *key* --
              then ``h`` the key's memo name (16 hex digits: its 64-bit FNV-1a hash) and
              ``E`` the environment (each ``NAME=value`` ended by a NUL).
-    answer:  ``x`` fall back to the Python psbatch; else ``w`` a warning line for stderr,
-             ``a`` each argument for sbatch, ``i`` bytes for sbatch's stdin, or ``n`` the
-             argv index, ``f`` the file name and ``s`` the text of a script to write.
+    answer:  ``x`` fall back to the Python psbatch (also for ``--pipeswift=check``, whose
+             report it prints); else ``w`` a warning line for stderr, ``a`` each argument for
+             sbatch, ``i`` bytes for sbatch's stdin, or ``n`` the argv index, ``f`` the file
+             name and ``s`` the text of a script to write.
 
 The memo: ``decide`` depends only on the key and on the few variables it looks up, so
 after answering, the helper writes the answer to ``memo/<name>`` in its folder, with the
@@ -259,6 +260,8 @@ def respond(request: Sequence[Record]) -> tuple[list[Record], Optional[Mapping[s
         return [(b"x", b"")], None
     text = texts[0].decode("utf-8", "surrogateescape") if texts else None
     action = psbatch.decide(argv, environ, lambda _argv: psbatch.Source(text, None))
+    if action.check:  # a report, not a submission: the Python psbatch prints it
+        return [(b"x", b"")], None
     out: list[Record] = []
     if action.warning:
         out.append((b"w", psbatch.warning_line(action.warning).encode("utf-8", "backslashreplace")))

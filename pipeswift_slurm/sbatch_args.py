@@ -188,7 +188,8 @@ def own_options(pairs: Sequence[tuple[str, str]]) -> OwnOptions:
         try:
             if key == "":
                 if value not in ("on", "off"):
-                    raise ValueError(value)
+                    raise PsbatchError("bad value %r for --pipeswift (on or off; check only on the command line)"
+                                       % value)
                 values["off"] = value == "off"
             elif key == "gpus":
                 lo, hi = _parse_range(value)
@@ -203,7 +204,7 @@ def own_options(pairs: Sequence[tuple[str, str]]) -> OwnOptions:
                 values["job_class"] = value
             else:
                 raise PsbatchError("unknown option --pipeswift-%s (known: gpus, min-micro-batch, pp, class,"
-                                   " --pipeswift=off)" % key)
+                                   " --pipeswift=off, --pipeswift=check)" % key)
         except ValueError:
             raise PsbatchError("bad value %r for --pipeswift-%s" % (value, key)) from None
     return OwnOptions(**values)  # type: ignore[arg-type]

@@ -94,6 +94,7 @@ def tables() -> dict[str, Any]:
         "max_script_bytes": psbatch.MAX_SCRIPT_BYTES,
         "markers": list(psbatch._MARKERS),
         "own_prefix": sbatch_args.OWN_PREFIX,
+        "check_value": psbatch.CHECK[1],
         "long": dict(sorted(long_kind.items())),
         "short": {letter: (name, 0 if name in sbatch_args._LONG_REQUIRED else 2)
                   for letter, name in sorted(sbatch_args._SHORT.items())},
@@ -141,6 +142,7 @@ def header_text(python: Optional[str] = None, root: Optional[str] = None, helper
         "",
         "#define PSB_MAX_SCRIPT_BYTES ((size_t)%d)" % t["max_script_bytes"],
         "#define PSB_OWN_PREFIX %s" % c_string(t["own_prefix"]),
+        "#define PSB_CHECK_VALUE %s" % c_string(t["check_value"]),
         "#define PSB_DEFPATH %s" % c_string(t["defpath"]),
         "#define PSB_PYTHON %s" % c_string(python),
         "#define PSB_NO_SBATCH_MESSAGE %s" % c_string(t["no_sbatch_message"]),

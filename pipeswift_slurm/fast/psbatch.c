@@ -398,7 +398,30 @@ static void exec_sbatch(const char *sbatch, char **argv)
     exit(126);
 }
 
-/* Hand the submission to the Python psbatch; if it cannot start, submit unchanged. */
+/* Whether a --pipeswift option asks for psbatch's report (--pipeswift=check, as
+ * strip_own_options reads it): only the Python psbatch writes it, and nothing is submitted. */
+static int asks_check(int argc, char **argv, const struct scan *s)
+{
+    size_t plen = strlen(PSB_OWN_PREFIX);
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char *rest;
+        if (!s->own[i] || strncmp(argv[i], PSB_OWN_PREFIX, plen) != 0)
+            continue;
+        rest = argv[i] + plen;
+        while (*rest == '-')
+            rest++;
+        if (*rest == '=' && strcmp(rest + 1, PSB_CHECK_VALUE) == 0)
+            return 1;
+        if (*rest == '\0' && rest > argv[i] + plen && i + 1 < argc && s->own[i + 1] &&
+            strcmp(argv[i + 1], PSB_CHECK_VALUE) == 0) /* --pipeswift- check; bare --pipeswift takes no value */
+            return 1;
+    }
+    return 0;
+}
+
+/* Hand the submission to the Python psbatch; if it cannot start, submit unchanged (a
+ * check submits nothing: it fails). */
 static void exec_python(int argc, char **argv, const char *sbatch, const struct scan *s)
 {
     const char *saved = getenv("PIPESWIFT_SBATCH");
@@ -422,6 +445,11 @@ static void exec_python(int argc, char **argv, const char *sbatch, const struct 
         setenv("PIPESWIFT_SBATCH", old, 1);
     else
         unsetenv("PIPESWIFT_SBATCH");
+    if (asks_check(argc, argv, s)) {
+        fprintf(stderr, "psbatch: error: %s=%s needs the Python psbatch, which cannot run (%s: %s);"
+                " nothing submitted\n", PSB_OWN_PREFIX, PSB_CHECK_VALUE, PSB_PYTHON, strerror(err));
+        exit(2);
+    }
     fprintf(stderr, "%scannot run the Python psbatch (%s: %s)%s", PSB_WARN_PREFIX, PSB_PYTHON,
             strerror(err), PSB_WARN_SUFFIX);
     for (i = 1, n = 1; i < argc; i++)  /* without psbatch's own options, as Python would */

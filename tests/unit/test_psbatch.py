@@ -377,6 +377,84 @@ def test_opt_out_and_sbatch_missing(tmp_path):
     assert done.returncode != 0 and calls == []
 
 
+# ---------------------------------------------------------------- --pipeswift=check
+
+CHECKED = ("#!/bin/bash\n#SBATCH --gres=gpu:4\n#PSWIFT gpus=2-8\nexport X=1\n"
+           "torchrun --nproc_per_node 4 pretrain_gpt.py --num-layers 8 --hidden-size 1024 --num-attention-heads 8"
+           " \\\n  --seq-length 1024 --global-batch-size 64 --micro-batch-size 2 --train-iters 1000"
+           " --tensor-model-parallel-size 2 --save /ck --load /ck --save-interval 100\n")
+
+
+def _rows(stdout: str) -> dict[int, tuple[str, bool]]:
+    """The prediction table: GPU count -> (run time, marked fastest)."""
+    rows = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if parts and parts[0].isdigit() and "gpu=" in line:
+            rows[int(parts[0])] = (parts[-1], parts[1] == "*")
+    return rows
+
+
+def test_check_reports_what_psbatch_would_do_and_submits_nothing(tmp_path):
+    (tmp_path / "meg.sh").write_text(CHECKED)
+    done, calls = _psbatch(["--pipeswift=check", "-p", "gpu", "meg.sh", "x"], tmp_path)
+    out = done.stdout.decode()
+    assert done.returncode == 0 and calls == [] and done.stderr == b""
+    assert out.startswith("psbatch: this Megatron job would be opted in to PipeSwift")
+    assert "line 5: torchrun --nproc_per_node 4 pretrain_gpt.py --num-layers 8" in out
+    assert "line 5 becomes     pipeswift-launch -- torchrun" in out
+    assert "your config        4gpu=1x4 tp2 pp1 dp2 mbs2 M16" in out
+    assert "2-8 GPUs" in out and "checkpoints every 100 iterations" in out
+    assert "'--comment=pswift1;args=<" in out and ";gpus=2-8' -p gpu meg.sh x" in out
+    rows = _rows(out)
+    assert set(rows) == {2, 4, 8}  # no split of 8 heads, 8 layers and a batch of 64 over 3, 5, 6 or 7
+    assert "no valid layout that fits in memory on 3, 5, 6, 7 GPUs" in out
+    assert [g for g, (_, fastest) in rows.items() if fastest] == [8]
+    # the same job submitted for real is what the report said
+    done, calls = _psbatch(["-p", "gpu", "meg.sh", "x"], tmp_path)
+    assert done.returncode == 0 and calls[0]["argv"][0].endswith(";gpus=2-8")
+    assert "pipeswift-launch -- torchrun" in calls[0]["script"]
+
+
+def test_check_reads_the_script_from_stdin_and_the_gpu_type_from_the_environment(tmp_path):
+    done, calls = _psbatch(["--pipeswift=check"], tmp_path, stdin=CHECKED.encode(),
+                           extra_env={"PIPESWIFT_GPU_TYPE": "H100-80GB"})
+    assert done.returncode == 0 and calls == []
+    assert "Predicted run time on H100-80GB, 4 GPUs per node" in done.stdout.decode()
+
+
+@pytest.mark.parametrize("script, why", [
+    ("#!/bin/bash\necho hello\n", "not a Megatron job: no training command found"),
+    (CHECKED.replace("--num-attention-heads 8", "--num-attention-heads 7"), "invalid Megatron arguments"),
+    (CHECKED.replace("#PSWIFT gpus=2-8", "#PSWIFT off"), "opted out"),
+    (CHECKED.replace("#PSWIFT gpus=2-8", "#PSWIFT gpus=8-2"), "bad value '8-2' for --pipeswift-gpus"),
+])
+def test_check_says_why_a_job_would_go_unchanged(tmp_path, script, why):
+    (tmp_path / "job.sh").write_text(script)
+    done, calls = _psbatch(["--pipeswift=check", "job.sh"], tmp_path)
+    out = done.stdout.decode()
+    assert done.returncode == 1 and calls == [] and out.count("\n") == 1
+    assert why in out and out.endswith("psbatch would submit the job unchanged (--pipeswift=check: nothing submitted)\n")
+
+
+def test_check_is_a_command_line_option_only(tmp_path):
+    (tmp_path / "job.sh").write_text(CHECKED.replace("#PSWIFT gpus=2-8", "#PSWIFT check"))
+    done, calls = _psbatch(["job.sh"], tmp_path)
+    assert "unknown option --pipeswift-check" in done.stderr.decode() and calls[0]["argv"] == ["job.sh"]
+
+
+@pytest.mark.parametrize("lo, hi, requested, expected", [
+    (2, 8, 4, [2, 3, 4, 5, 6, 7, 8]),
+    (1, 512, 24, [1, 2, 4, 8, 16, 24, 32, 64, 128, 256, 512]),
+    (12, 100, 12, [12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]),
+])
+def test_check_shows_a_bounded_set_of_gpu_counts(lo, hi, requested, expected):
+    from pipeswift_slurm.psbatch_check import MAX_ROWS, gpu_counts
+
+    counts = gpu_counts(lo, hi, requested, 8)
+    assert counts == expected and len(counts) <= MAX_ROWS
+
+
 def test_find_sbatch_skips_itself(tmp_path, monkeypatch):
     (tmp_path / "sbatch").write_text("#!/bin/sh\n")
     (tmp_path / "sbatch").chmod(0o755)

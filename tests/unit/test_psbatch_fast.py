@@ -431,6 +431,23 @@ def test_markers_and_own_options_go_through_python(bins, args, text):
     assert fallback.stderr.decode().endswith("; submitted unchanged\n")
 
 
+@needs_cc
+@pytest.mark.parametrize("args", [["--pipeswift=check", "meg.sh"], ["--pipeswift-=check", "plain.sh"],
+                                  ["-p", "gpu", "--pipeswift--", "check", "meg.sh"]])
+def test_check_is_the_python_report_and_never_a_submission(bins, helper, args):
+    """--pipeswift=check: the report comes from the Python psbatch, through the helper too
+    (it answers "fall back"); when no Python can run, the front end fails without
+    submitting, where other jobs would go to sbatch unchanged."""
+    python = _run(bins, PYTHON_PSBATCH, args)
+    assert python.calls == [] and python.rc == (1 if "plain.sh" in args else 0) and python.stdout
+    assert _run(bins, [bins.fast], args) == python
+    assert _run(bins, [bins.fast], args, env=_helper_env(helper)) == python
+    for env in (None, _helper_env(helper)):
+        got = _run(bins, [bins.no_python], args, env=env)
+        assert got.rc == 2 and got.calls == [] and got.stdout == b""
+        assert got.stderr.decode().startswith("psbatch: error: --pipeswift=check needs the Python psbatch")
+
+
 # ---------------------------------------------------------------- finding sbatch
 
 
