@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
 
+from pipeswift_slurm.policy import PRESETS  # noqa: E402
 from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison  # noqa: E402
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "workloads" / "philly_dev.csv.gz"
@@ -33,8 +34,8 @@ DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "workloa
 
 # pipeswift with its switch-cost-gated changes to running jobs on: preemption and reshaping
 # (both off by default, like requeue at a site)
-PREEMPT = "pipeswift:preempt"
-VARIANTS = {PREEMPT: {"preempt": True, "reshape_running": True}}
+PREEMPT = "pipeswift:preempt"  # a preset (policy.PRESETS); --knobs adds to it
+assert PREEMPT in PRESETS
 GOALS = {"mean_jct_vs_slurm": 0.5, "mean_jct_vs_sjf": 0.75, "mean_jct_vs_tiresias": 0.75, "p99_large_vs_slurm": 1.2}
 
 
@@ -49,9 +50,8 @@ def ratios_of(ps: dict, by: dict) -> dict:
 def one(args: tuple[str, float, float, float, int, dict]) -> dict:
     trace, start_day, days, load, gpus, knobs = args
     t0 = time.perf_counter()
-    knobs = {**VARIANTS, **knobs}
     spec = RunSpec(gpus=gpus, workload=trace, start_day=start_day, window_days=days, load=load,
-                   policies=ALL_POLICIES + tuple(VARIANTS), policy_knobs=knobs, drop_oversized=True)
+                   policies=ALL_POLICIES + (PREEMPT,), policy_knobs=knobs, drop_oversized=True)
     comp = run_comparison(spec)
     by = {m["policy"]: m for m in comp.metrics}
     ps, pre = by["pipeswift"], by[PREEMPT]

@@ -24,6 +24,45 @@ def _policies(text: str) -> tuple[str, ...]:
     return names
 
 
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _knob_value(text: str, default: Any) -> Any:
+    """``text`` as the type of the knob's default (bool, int, float; else text)."""
+    if isinstance(default, bool):
+        if text.lower() not in _TRUE + _FALSE:
+            raise ValueError("expected true or false")
+        return text.lower() in _TRUE
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, float):
+        return float(text)
+    return text
+
+
+def _knobs(items: tuple[str, ...], policies: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """``--knob LABEL.NAME=VALUE`` items as knobs per policy label of ``--policy``."""
+    from .policy import knob_defaults
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        target, eq, text = item.partition("=")
+        label, dot, name = target.rpartition(".")
+        if not (eq and dot and label and name):
+            fail("--knob %r: expected POLICY.NAME=VALUE, e.g. pipeswift.preempt=true" % item)
+        if label not in policies:
+            fail("--knob %r: %s is not one of --policy (%s)" % (item, label, ",".join(policies)))
+        known = knob_defaults(label.split(":")[0])
+        if name not in known:
+            fail("--knob %r: %s has no knob %s; its knobs: %s" % (item, label.split(":")[0], name,
+                                                                  ", ".join(known)))
+        try:
+            out.setdefault(label, {})[name] = _knob_value(text, known[name])
+        except ValueError as exc:
+            fail("--knob %r: bad value for %s (%s)" % (item, name, str(exc).split(":")[0]))
+    return out
+
+
 def _bias(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     out = []
     for item in items:
@@ -145,7 +184,11 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True)
 @click.option("--load", type=click.FloatRange(min=0.01), help="Rescale arrivals to this offered load (synthetic"
               " default 0.9; traces keep their own times unless given).")
-@click.option("--policy", "policy_text", default="fifo,slurm,sjf,tiresias,pipeswift", show_default=True)
+@click.option("--policy", "policy_text", default="fifo,slurm,sjf,tiresias,pipeswift", show_default=True,
+              help="Policies to compare. BASE:NAME runs BASE under that name, with the preset knobs of"
+              " pipeswift:preempt (requeue allowed), pipeswift:order, pipeswift:config, else its defaults.")
+@click.option("--knob", "knob_items", multiple=True, metavar="POLICY.NAME=VALUE",
+              help="Set a policy knob for one entry of --policy, e.g. pipeswift:preempt.preempt_margin=0.3.")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--start-day", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--window-days", type=click.FloatRange(min=0.001))
@@ -167,14 +210,16 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
              load: Optional[float], policy_text: str, seed: int, start_day: float, window_days: Optional[float],
              cluster_filter: Optional[str], flex: float, tick_interval_s: float, wait_bound_h: float,
              truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool, json_out: Optional[str],
-             db: Optional[str], plot: Optional[str]) -> None:
+             db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...]) -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
     from .sim.runner import RunSpec
 
+    policies = _policies(policy_text)
     spec = RunSpec(gpus=gpus, gpus_per_node=gpus_per_node, gpu=obj.gpu(gpu_type), workload=workload,
                    synthetic_jobs=synthetic_jobs, load=load if (load or workload) else 0.9,
-                   policies=_policies(policy_text), seed=seed, start_day=start_day, window_days=window_days,
-                   flex=flex, tick_interval_s=tick_interval_s, wait_bound_s=wait_bound_h * 3600.0,
+                   policies=policies, policy_knobs=_knobs(knob_items, policies), seed=seed,
+                   start_day=start_day, window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
+                   wait_bound_s=wait_bound_h * 3600.0,
                    drop_oversized=drop_oversized, class_bias=_bias(truth_bias), noise_sigma=truth_noise,
                    cluster_filter=cluster_filter)
     comp = _run(spec, db)
@@ -183,10 +228,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
     _outputs(comp, json_out, plot)
 
 
-DEMO_VARIANTS = {
-    "pipeswift:order": {"reconfigure": False},
-    "pipeswift:config": {"resize": False},
-}
+DEMO_VARIANTS = ("pipeswift:order", "pipeswift:config")  # presets: the gains taken apart
 
 
 @pipeswift.command()
@@ -201,7 +243,7 @@ def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
     from .sim.runner import ALL_POLICIES, RunSpec, run_comparison
 
     spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
-                   policies=ALL_POLICIES + tuple(DEMO_VARIANTS), seed=seed, policy_knobs=DEMO_VARIANTS)
+                   policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed)
     comp = run_comparison(replace(spec, policies=spec.policies))
     _print_comparison(comp)
     _explain_gains(comp)

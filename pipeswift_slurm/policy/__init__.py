@@ -14,6 +14,7 @@ would configure slurm.conf.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, ClassVar, Mapping, Protocol
 
 from ..model import ClusterView, Decision, JobProfile
@@ -36,8 +37,31 @@ _REGISTRY = {
 }
 
 
+# Named knob sets: the label "BASE:NAME" runs policy BASE with these knobs (``pipeswift
+# simulate --policy``, the demo, the benches). Any other "BASE:NAME" is BASE under that label.
+PRESETS: dict[str, dict[str, Any]] = {
+    # the switch-cost-gated levers on running jobs, as a site that allows requeue would run it
+    "pipeswift:preempt": {"preempt": True, "reshape_running": True},
+    # ablations: queue order and the wait bound only (the users' configs) ...
+    "pipeswift:order": {"reconfigure": False},
+    # ... and the best config at the user's GPU count (no resizing)
+    "pipeswift:config": {"resize": False},
+}
+
+
 def policy_names() -> list[str]:
     return list(_REGISTRY)
+
+
+def _policy_class(name: str) -> Any:
+    module_name, _, attr = _REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def knob_defaults(name: str) -> dict[str, Any]:
+    """The knobs registered policy ``name`` takes, with their defaults."""
+    params = inspect.signature(_policy_class(name)).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
 def get_policy(name: str, **knobs: Any) -> Policy:
@@ -48,7 +72,5 @@ def get_policy(name: str, **knobs: Any) -> Policy:
     """
     if name not in _REGISTRY:
         raise KeyError("unknown policy %r; known: %s" % (name, ", ".join(_REGISTRY)))
-    module_name, _, attr = _REGISTRY[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    policy: Policy = cls(**knobs)
+    policy: Policy = _policy_class(name)(**knobs)
     return policy

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 from ..costmodel import CostModel
 from ..estimator import Estimator
 from ..hardware import GpuType
-from ..policy import get_policy
+from ..policy import PRESETS, get_policy
 from .engine import SimResult, SimSettings, Simulation
 from .metrics import lower_bound_s, summarize
 from .workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
@@ -50,7 +50,7 @@ class RunSpec:
     class_bias: tuple[tuple[str, float], ...] = ()
     noise_sigma: float = 0.0
     cluster_filter: Optional[str] = None
-    policy_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    policy_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # by label, over policy.PRESETS
 
 
 @dataclass
@@ -116,7 +116,7 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     metrics, results = [], []
     for name in spec.policies:
         base = name.split(":")[0]
-        knobs = dict(spec.policy_knobs.get(name, {}))
+        knobs = {**PRESETS.get(name, {}), **spec.policy_knobs.get(name, {})}
         if base == "pipeswift":
             knobs.setdefault("wait_bound_s", spec.wait_bound_s)
         policy = get_policy(base, **knobs)

@@ -125,6 +125,38 @@ def test_unknown_policy_and_bad_truth_bias(runner: CliRunner) -> None:
                           "--gpus 12", "--gpus-per-node 8")
 
 
+def _metrics(result: Result) -> dict[str, dict]:
+    assert result.exit_code == 0, result.output
+    return {m["policy"]: {k: v for k, v in m.items() if not k.startswith(("decide_ms", "wall_s", "policy"))}
+            for m in json.loads(result.stdout)["policies"]}
+
+
+def test_presets_and_knobs_reach_the_policy(runner: CliRunner) -> None:
+    """pipeswift:order is a preset (the users' configs); --knob sets the same knob on any
+    label, with the same schedule; without it the label is plain pipeswift."""
+    got = _metrics(invoke(runner, "simulate", *SMALL, "--jobs", "30", "--json", "-",
+                          "--policy", "pipeswift,pipeswift:order,pipeswift:mine,pipeswift:plain",
+                          "--knob", "pipeswift:mine.reconfigure=false"))
+    assert got["pipeswift:order"] == got["pipeswift:mine"] != got["pipeswift"] == got["pipeswift:plain"]
+    assert got["pipeswift:order"]["reconfigured_jobs"] == 0 < got["pipeswift"]["reconfigured_jobs"]
+    bound = _metrics(invoke(runner, "simulate", *SMALL, "--jobs", "30", "--json", "-", "--policy",
+                            "pipeswift", "--knob", "pipeswift.wait_bound_s=60",
+                            "--knob", "pipeswift.promote_fraction=0"))
+    assert bound["pipeswift"] != got["pipeswift"]  # every job promoted at once: submit order
+
+
+@pytest.mark.parametrize("knob, words", [
+    ("pipeswift", ["expected POLICY.NAME=VALUE"]),
+    ("sjf.aging=1", ["sjf is not one of --policy"]),
+    ("pipeswift.colour=red", ["pipeswift has no knob colour", "preempt_margin"]),
+    ("pipeswift.preempt=maybe", ["bad value for preempt", "true or false"]),
+    ("pipeswift.plan_depth=1.5", ["bad value for plan_depth"]),
+])
+def test_bad_knobs_are_one_error_line(runner: CliRunner, knob: str, words: list[str]) -> None:
+    result = invoke(runner, "simulate", *SMALL, "--policy", "fifo,pipeswift", "--knob", knob)
+    assert_one_error_line(result, *words)
+
+
 def test_window_selection_and_load(runner: CliRunner) -> None:
     path = DATA / "tiny-trace.csv"
     result = invoke(runner, "simulate", "--workload", str(path), *SMALL, "--drop-oversized", "--policy", "fifo",
