@@ -53,30 +53,34 @@ def _load(config_path: Optional[str], overrides: dict[str, Any]) -> Any:
     return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def site_gpu(cfg: Any, obj: Obj) -> Any:
+    """The config's GPU type (with its hardware file, else ``--hardware``'s)."""
+    from .hardware import HardwareError, get_gpu_type
+
+    try:
+        return get_gpu_type(cfg.gpu_type, cfg.hardware_file or obj.hardware)
+    except HardwareError as exc:
+        fail("%s: [slurm] gpu_type: %s" % (cfg.source, exc))
+
+
 def build_controller(cfg: Any, obj: Obj) -> Any:
     """Backend, store, policy and calibrated estimator from the config."""
     from .backends import BackendError, get_backend
+    from .config import policy_knobs
     from .controller import Controller, ControllerSettings
     from .costmodel import CostModel
     from .estimator import Estimator
-    from .hardware import HardwareError, get_gpu_type
     from .policy import get_policy
     from .store import Store
 
-    try:
-        gpu = get_gpu_type(cfg.gpu_type, cfg.hardware_file or obj.hardware)
-    except HardwareError as exc:
-        fail("%s: [slurm] gpu_type: %s" % (cfg.source, exc))
+    gpu = site_gpu(cfg, obj)
     try:
         backend = get_backend(cfg.backend, partitions=cfg.partitions or None)
     except BackendError as exc:
         fail(str(exc), 1)
     store = Store.from_url(cfg.db_url)
-    knobs = dict(cfg.policy_knobs)
-    if cfg.policy != "fifo" and cfg.policy != "slurm":
-        knobs.setdefault("site_factor_max", cfg.site_factor_max)
     try:
-        policy = get_policy(cfg.policy, **knobs)
+        policy = get_policy(cfg.policy, **policy_knobs(cfg))
     except TypeError as exc:
         fail("%s: [policy.knobs] %s" % (cfg.source, exc))
     gpn = cfg.gpus_per_node or 8

@@ -180,8 +180,8 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--jobs", "synthetic_jobs", type=click.IntRange(min=1), default=400, show_default=True,
               help="Jobs of the synthetic workload.")
 @click.option("--gpus", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="[default: the --config's, else 8]")
+@click.option("--gpu-type", help="[default: the --config's, else %s]" % DEFAULT_GPU_TYPE)
 @click.option("--load", type=click.FloatRange(min=0.01), help="Rescale arrivals to this offered load (synthetic"
               " default 0.9; traces keep their own times unless given).")
 @click.option("--policy", "policy_text", default="fifo,slurm,sjf,tiresias,pipeswift", show_default=True,
@@ -189,6 +189,9 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               " pipeswift:preempt (requeue allowed), pipeswift:order, pipeswift:config, else its defaults.")
 @click.option("--knob", "knob_items", multiple=True, metavar="POLICY.NAME=VALUE",
               help="Set a policy knob for one entry of --policy, e.g. pipeswift:preempt.preempt_margin=0.3.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="Also run the controller's policy as this config sets it ([policy] name and knobs,"
+              " [controller] allow_requeue, [slurm] gpu_type and gpus_per_node), named POLICY:site.")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--start-day", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--window-days", type=click.FloatRange(min=0.001))
@@ -206,26 +209,57 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--db", help="Write the controller history to this SQLite file (one per policy).")
 @click.option("--plot", help="Draw the JCT CDF per policy to this PNG.")
 @pass_obj
-def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: int, gpu_type: str,
-             load: Optional[float], policy_text: str, seed: int, start_day: float, window_days: Optional[float],
-             cluster_filter: Optional[str], flex: float, tick_interval_s: float, wait_bound_h: float,
+def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: Optional[int],
+             gpu_type: Optional[str], load: Optional[float], policy_text: str, seed: int, start_day: float,
+             window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
+             wait_bound_h: float,
              truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool, json_out: Optional[str],
-             db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...]) -> None:
+             db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
+             config_path: Optional[str]) -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
     from .sim.runner import RunSpec
 
     policies = _policies(policy_text)
-    spec = RunSpec(gpus=gpus, gpus_per_node=gpus_per_node, gpu=obj.gpu(gpu_type), workload=workload,
-                   synthetic_jobs=synthetic_jobs, load=load if (load or workload) else 0.9,
-                   policies=policies, policy_knobs=_knobs(knob_items, policies), seed=seed,
-                   start_day=start_day, window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
-                   wait_bound_s=wait_bound_h * 3600.0,
-                   drop_oversized=drop_oversized, class_bias=_bias(truth_bias), noise_sigma=truth_noise,
-                   cluster_filter=cluster_filter)
+    site, no_requeue, gpu = None, (), None  # type: Optional[tuple[str, dict[str, Any]]], tuple[str, ...], Any
+    if config_path:
+        from .cli_controller import site_gpu
+
+        cfg, site = _site(config_path)
+        policies += (site[0],) if site[0] not in policies else ()
+        no_requeue = () if cfg.allow_requeue else (site[0],)
+        gpus_per_node = gpus_per_node or cfg.gpus_per_node or None
+        gpu = site_gpu(cfg, obj) if gpu_type is None else None
+    knobs = _knobs(knob_items, policies)
+    if site is not None:
+        knobs[site[0]] = {**site[1], **knobs.get(site[0], {})}
+    gpu = gpu or obj.gpu(gpu_type or DEFAULT_GPU_TYPE)
+    spec = RunSpec(gpus=gpus, gpus_per_node=gpus_per_node or 8, gpu=gpu, workload=workload,
+                   synthetic_jobs=synthetic_jobs, load=load if (load or workload) else 0.9, policies=policies,
+                   policy_knobs=knobs, no_requeue=no_requeue, seed=seed, start_day=start_day,
+                   window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
+                   wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
+                   noise_sigma=truth_noise, cluster_filter=cluster_filter)
     comp = _run(spec, db)
     if json_out != "-":
         _print_comparison(comp)
     _outputs(comp, json_out, plot)
+
+
+def _site(path: str) -> tuple[Any, tuple[str, dict[str, Any]]]:
+    """The controller config at ``path``, and its policy's simulate label and knobs."""
+    from .config import ConfigError, load_config, policy_knobs
+    from .policy import knob_defaults
+
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        fail(str(exc))
+    knobs, known = policy_knobs(cfg), knob_defaults(cfg.policy)
+    unknown = sorted(set(knobs) - set(known))
+    if unknown:
+        fail("%s: [policy.knobs] %s has no knob %s; its knobs: %s"
+             % (cfg.source, cfg.policy, ", ".join(unknown), ", ".join(known)))
+    return cfg, ("%s:site" % cfg.policy, knobs)
 
 
 DEMO_VARIANTS = ("pipeswift:order", "pipeswift:config")  # presets: the gains taken apart

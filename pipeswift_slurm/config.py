@@ -99,3 +99,12 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
         raise ConfigError("%s: [policy] name %r unknown; known: %s"
                           % (chosen, values["policy"], ", ".join(policy_names())))
     return ControllerConfig(**values)
+
+
+def policy_knobs(cfg: ControllerConfig) -> dict[str, Any]:
+    """The knobs the controller gives its policy: ``[policy.knobs]``, and the SiteFactor
+    bound for the policies that set SiteFactors (all but fifo and slurm)."""
+    knobs = dict(cfg.policy_knobs)
+    if cfg.policy not in ("fifo", "slurm"):
+        knobs.setdefault("site_factor_max", cfg.site_factor_max)
+    return knobs

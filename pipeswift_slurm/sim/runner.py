@@ -51,6 +51,7 @@ class RunSpec:
     noise_sigma: float = 0.0
     cluster_filter: Optional[str] = None
     policy_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # by label, over policy.PRESETS
+    no_requeue: tuple[str, ...] = ()  # labels run where the site does not allow requeue
 
 
 @dataclass
@@ -123,7 +124,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         store = store_for(name) if store_for else None
         tick_cb = (lambda now, rep, _n=name: on_tick(_n, now, rep)) if on_tick else None
         t0 = time.perf_counter()
-        result = Simulation(jobs, policy, estimator, truth, settings, store=store, on_tick=tick_cb).run()
+        run_settings = replace(settings, allow_requeue=False) if name in spec.no_requeue else settings
+        result = Simulation(jobs, policy, estimator, truth, run_settings, store=store, on_tick=tick_cb).run()
         result.policy = name
         log.info("%s: %d jobs simulated in %.1f s", name, len(jobs), time.perf_counter() - t0)
         results.append(result)

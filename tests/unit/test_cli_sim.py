@@ -157,6 +157,48 @@ def test_bad_knobs_are_one_error_line(runner: CliRunner, knob: str, words: list[
     assert_one_error_line(result, *words)
 
 
+SITE = """[slurm]
+gpu_type = "H100-80GB"
+gpus_per_node = 4
+[policy]
+name = "pipeswift"
+[policy.knobs]
+preempt = true
+reshape_running = true
+[controller]
+allow_requeue = %s
+"""
+
+
+def test_config_runs_the_controllers_policy_as_the_site_set_it(runner: CliRunner, tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    runs = {}
+    for allow in ("true", "false"):
+        config.write_text(SITE % allow)
+        result = invoke(runner, "simulate", "--gpus", "32", "--jobs", "60", "--policy", "slurm,pipeswift",
+                        "--config", str(config), "--json", "-")
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["spec"]["gpu_type"] == "H100-80GB" and data["spec"]["gpus_per_node"] == 4
+        runs[allow] = {m["policy"]: m for m in data["policies"]}
+        assert list(runs[allow]) == ["slurm", "pipeswift", "pipeswift:site"]
+    assert runs["true"]["pipeswift:site"]["restarts"] > 0 == runs["true"]["pipeswift"]["restarts"]
+    assert runs["false"]["pipeswift:site"]["restarts"] == 0  # the site does not allow requeue
+    # the command line still wins over the config
+    result = invoke(runner, "simulate", "--gpus", "32", "--jobs", "20", "--policy", "slurm", "--gpu-type",
+                    "A100-80GB", "--gpus-per-node", "8", "--config", str(config), "--json", "-")
+    assert json.loads(result.stdout)["spec"]["gpu_type"] == "A100-80GB"
+
+
+def test_bad_config_is_one_error_line(runner: CliRunner, tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("[policy.knobs]\ncolour = 1\n")
+    result = invoke(runner, "simulate", *SMALL, "--config", str(config))
+    assert_one_error_line(result, str(config), "[policy.knobs] pipeswift has no knob colour")
+    config.write_text("[slurm]\ngpu_type = \"Z80\"\n")
+    assert_one_error_line(invoke(runner, "simulate", *SMALL, "--config", str(config)), "[slurm] gpu_type", "Z80")
+
+
 def test_window_selection_and_load(runner: CliRunner) -> None:
     path = DATA / "tiny-trace.csv"
     result = invoke(runner, "simulate", "--workload", str(path), *SMALL, "--drop-oversized", "--policy", "fifo",
