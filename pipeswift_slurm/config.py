@@ -93,11 +93,16 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
                                   % (chosen, section, key, ", ".join(_SCHEMA[section])))
             attr, kind = _SCHEMA[section][key]
             values[attr] = _check(chosen, section, key, value, kind)
-    from .policy import policy_names
+    from .policy import knob_defaults, policy_names
 
-    if values.get("policy", "pipeswift") not in policy_names():
-        raise ConfigError("%s: [policy] name %r unknown; known: %s"
-                          % (chosen, values["policy"], ", ".join(policy_names())))
+    policy = values.get("policy", "pipeswift")
+    if policy not in policy_names():
+        raise ConfigError("%s: [policy] name %r unknown; known: %s" % (chosen, policy, ", ".join(policy_names())))
+    known = knob_defaults(policy)
+    unknown = sorted(set(values.get("policy_knobs", {})) - set(known))
+    if unknown:
+        raise ConfigError("%s: [policy.knobs] %s has no knob %s; its knobs: %s"
+                          % (chosen, policy, ", ".join(unknown), ", ".join(known)))
     return ControllerConfig(**values)
 
 

@@ -143,6 +143,9 @@ def test_presets_and_knobs_reach_the_policy(runner: CliRunner) -> None:
                             "pipeswift", "--knob", "pipeswift.wait_bound_s=60",
                             "--knob", "pipeswift.promote_fraction=0"))
     assert bound["pipeswift"] != got["pipeswift"]  # every job promoted at once: submit order
+    queues = _metrics(invoke(runner, "simulate", *SMALL, "--jobs", "30", "--json", "-", "--policy",
+                             "tiresias,tiresias:one", "--knob", "tiresias:one.queue_limits_gpu_s=1e12"))
+    assert queues["tiresias"] != queues["tiresias:one"]  # one queue: least attained service throughout
 
 
 @pytest.mark.parametrize("knob, words", [

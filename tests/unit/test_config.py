@@ -21,6 +21,7 @@ def test_shipped_example_config_loads():
     ("[nonsense]\nx = 1\n", "nonsense"),
     ("[policy]\nname = 'magic'\n", "magic"),
     ("[controller]\ndry_run = 'yes'\n", "dry_run"),
+    ("[policy]\nname = 'sjf'\n[policy.knobs]\npreempt = true\n", "[policy.knobs] sjf has no knob preempt"),
     ("not toml = = =\n", "cannot read"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, needle):
