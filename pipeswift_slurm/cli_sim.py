@@ -215,9 +215,8 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: Optional[int],
              gpu_type: Optional[str], load: Optional[float], policy_text: str, seed: int, start_day: float,
              window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
-             wait_bound_h: float,
-             truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool, json_out: Optional[str],
-             db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
+             wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool,
+             json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
              config_path: Optional[str]) -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
     from .sim.runner import RunSpec

@@ -3,7 +3,8 @@
 Every policy sees run times only through an Estimator, so calibration reaches all of them
 at once. The bias map (job_class -> actual/predicted ratio) comes from the Store in the
 controller and from online learning in the simulator; ``calibration.py`` computes it.
-Pure: no I/O.
+Pure: no I/O, apart from ``estimator_from_env`` reading the hardware file the environment
+names.
 """
 
 from __future__ import annotations
