@@ -423,6 +423,13 @@ def test_check_reads_the_script_from_stdin_and_the_gpu_type_from_the_environment
     assert "Predicted run time on H100-80GB, 4 GPUs per node" in done.stdout.decode()
 
 
+def test_check_says_when_the_run_length_is_missing(tmp_path):
+    (tmp_path / "job.sh").write_text(CHECKED.replace(" --train-iters 1000", ""))
+    done, calls = _psbatch(["--pipeswift=check", "job.sh"], tmp_path)
+    assert done.returncode == 0 and calls == []
+    assert "no --train-iters or --train-samples (Megatron needs one" in done.stdout.decode()
+
+
 @pytest.mark.parametrize("script, why", [
     ("#!/bin/bash\necho hello\n", "not a Megatron job: no training command found"),
     (CHECKED.replace("--num-attention-heads 8", "--num-attention-heads 7"), "invalid Megatron arguments"),
