@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
 from .backends import Backend, BackendError, JobGone
-from .megatron import MegatronArgError, profile_from_argv
+from .megatron import MegatronArgError, profile_from_argv, require_length
 from .model import ClusterView, Decision, Job, JobProfile
 from .policy.common import stable_factors
 from .token import TokenError, decode_profile, held_by_controller
@@ -76,7 +76,7 @@ def parse_profile(job: Job, gpus_per_node: int, cluster_gpus: int) -> tuple[Opti
         profile = profile_from_argv(list(req.argv), world_size=world, gpus_per_node=gpus_per_node,
                                     gpu_range=(lo, hi), min_micro_batch_size=req.min_micro_batch_size,
                                     allowed_pp=req.allowed_pp, job_class=req.job_class)
-        return profile, ""
+        return require_length(profile), ""
     except (TokenError, MegatronArgError) as exc:
         return None, str(exc)
 

@@ -269,6 +269,20 @@ def profile_from_argv(argv: Sequence[str], *, world_size: Optional[int] = None,
     return profile
 
 
+def require_length(profile: JobProfile) -> JobProfile:
+    """``profile``, when it says how long the job trains: PipeSwift plans jobs by their
+    length (the controller and psbatch opt in only such jobs; ``estimate`` and ``plan``
+    work without it).
+
+    Raises:
+        MegatronArgError: neither --train-iters nor --train-samples.
+    """
+    if not profile.plan.iterations:
+        raise MegatronArgError("--train-iters", "neither it nor --train-samples is given (Megatron needs one,"
+                               " and PipeSwift plans a job by its length)")
+    return profile
+
+
 def default_job_class(shape: ModelShape) -> str:
     """Calibration key: model family (gpt / gpt-swiglu / gpt-gqa) and size bucket (B params)."""
     family = "gpt" + ("-swiglu" if shape.swiglu else "") + (

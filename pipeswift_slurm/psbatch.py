@@ -45,14 +45,14 @@ def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: O
     Raises:
         megatron.MegatronArgError: the Megatron arguments are invalid for this job.
     """
-    from .megatron import profile_from_argv
+    from .megatron import profile_from_argv, require_length
     from .token import ProfileRequest, encode_profile
 
     world, per_node = requested_world(values)
     gpus_per_node = per_node or _count(environ.get("PIPESWIFT_GPUS_PER_NODE")) or 8
-    profile = profile_from_argv(list(words), world_size=world, gpus_per_node=gpus_per_node, gpu_range=own.gpus,
-                                min_micro_batch_size=own.min_micro_batch_size, allowed_pp=own.allowed_pp,
-                                job_class=own.job_class)
+    profile = require_length(profile_from_argv(list(words), world_size=world, gpus_per_node=gpus_per_node,
+                                               gpu_range=own.gpus, min_micro_batch_size=own.min_micro_batch_size,
+                                               allowed_pp=own.allowed_pp, job_class=own.job_class))
     return encode_profile(ProfileRequest(tuple(megatron_words(words)), own.gpus, own.min_micro_batch_size,
                                          own.allowed_pp, own.job_class)), profile
 

@@ -99,9 +99,8 @@ def _model(profile: JobProfile) -> str:
 
 def _training(profile: JobProfile) -> str:
     plan = profile.plan
-    length = "%s iterations" % f"{plan.iterations:,}" if plan.iterations else \
-        "no --train-iters or --train-samples (Megatron needs one; predictions are startup only)"
-    text = "global batch %d (kept), %s, %s" % (plan.global_batch_size, length, plan.precision)
+    text = "global batch %d (kept), %s iterations, %s" % (plan.global_batch_size, f"{plan.iterations:,}",
+                                                          plan.precision)
     if plan.save_interval:
         return text + "; checkpoints every %d iterations and resumes" % plan.save_interval
     return text + "; no --save/--load/--save-interval: never requeued"

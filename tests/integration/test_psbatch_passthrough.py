@@ -192,7 +192,7 @@ def test_megatron_job_reaches_slurm_enriched(front_end, tmp_path, submitted):
 def test_megatron_stdin_job_reaches_slurm_enriched(front_end, tmp_path, submitted):
     text = ("#!/bin/bash\n#SBATCH --gpus=2\n"
             "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4"
-            " --seq-length 64 --global-batch-size 8\n")
+            " --seq-length 64 --global-batch-size 8 --train-iters 10\n")
     # sbatch has no SBATCH_COMMENT input variable: the Comment holds psbatch's token alone
     _, batch, comment = _submit_enriched(front_end, ["-H", "--parsable", "-J", "fromstdin"], tmp_path, submitted,
                                          text.encode(), env={"SBATCH_COMMENT": "not-read"})

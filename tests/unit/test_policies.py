@@ -21,7 +21,7 @@ from pipeswift_slurm.controller import parse_profile, unchanged_parts
 from pipeswift_slurm.costmodel import CostModel
 from pipeswift_slurm.estimator import Estimator
 from pipeswift_slurm.model import ClusterView, Decision, Job, Node
-from pipeswift_slurm.policy import get_policy, policy_names
+from pipeswift_slurm.policy import PRESETS, get_policy, policy_names
 from pipeswift_slurm.policy.common import RANK_STEP, predicted_end_s, remaining_iterations
 from pipeswift_slurm.policy.pipeswift import PipeSwiftPolicy
 from pipeswift_slurm.sim.workload import ZOO, Conversion, TraceRow, to_megatron_job
@@ -503,6 +503,19 @@ def views(draw: Any) -> tuple[ClusterView, dict[int, Any], int]:
     return view, profiles, gpn
 
 
+def test_a_profile_without_a_length_is_left_as_submitted() -> None:
+    """No --train-iters or --train-samples: no run time to plan by (it would look like the
+    shortest job of all), so the controller leaves the job to Slurm, with the reason."""
+    shape = ("--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+             "--global-batch-size", "8")
+    job = Job(1, "PENDING", 0.0, gpus=2, opted_in=True, comment=encode_profile(ProfileRequest(shape)))
+    profile, why = parse_profile(job, 8, 64)
+    assert profile is None and why.startswith("--train-iters: neither it nor --train-samples is given")
+    profile, why = parse_profile(replace(job, comment=encode_profile(ProfileRequest(shape + ("--train-samples",
+                                                                                             "80")))), 8, 64)
+    assert profile is not None and profile.plan.iterations == 10 and why == ""
+
+
 @pytest.mark.parametrize("name", ["fifo", "slurm", "sjf", "tiresias", "pipeswift", "pipeswift:preempt"])
 @settings(max_examples=25, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow])
@@ -511,8 +524,8 @@ def views(draw: Any) -> tuple[ClusterView, dict[int, Any], int]:
 def test_decisions_respect_the_invariants(name: str, data: tuple[ClusterView, dict[int, Any], int]) -> None:
     view, profiles, gpn = data
     est = Estimator(COST, gpn)
-    base, _, variant = name.partition(":")
-    knobs = {"preempt": True, "reshape_running": True} if variant == "preempt" else {}
+    base = name.partition(":")[0]
+    knobs = PRESETS.get(name, {})
     decisions = get_policy(base, **knobs).decide(view, profiles, est)
     again = get_policy(base, **knobs).decide(view, profiles, est)
     assert decisions == again  # same input, same output

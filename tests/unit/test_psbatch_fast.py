@@ -133,7 +133,7 @@ int main(void)
 
 PLAIN = b"#!/bin/bash\n#SBATCH -N 1\n#SBATCH --comment=plain\necho hello \xff\xfe odd bytes\n"
 MEGATRON = (b"#!/bin/bash\n#SBATCH --gpus=2\ntorchrun pretrain_gpt.py --num-layers 4 --hidden-size 64"
-            b" --num-attention-heads 4 --seq-length 64 --global-batch-size 8\n")
+            b" --num-attention-heads 4 --seq-length 64 --global-batch-size 8 --train-iters 10\n")
 ROUTED = MEGATRON.replace(b"torchrun", b"pipeswift-launch -- torchrun", 1)
 
 
@@ -488,7 +488,7 @@ _WORDS = ["-H", "-J", "x", "-Jname", "-HJ", "-HQ", "-o", "-e", "-N", "2", "-p", 
           "missing.sh", "adir", "big.sh", "a b"]
 _LINES = ["#!/bin/bash", "#SBATCH --gpus=2", "#SBATCH hetjob", "#PSWIFT gpus=2-4", "#PSWIFT off", "echo hi",
           "A='--num-layers 4'", "torchrun pretrain_gpt.py $A --hidden-size 64 --num-attention-heads 4",
-          " --seq-length 64 --global-batch-size 8 \\", "python pretrain_gpt.py --num-layers x", "\udcff",
+          " --seq-length 64 --global-batch-size 8 --train-iters 10 \\", "python pretrain_gpt.py --num-layers x", "\udcff",
           "#SBATCH --comment='q", "srun true"]
 _word = st.sampled_from(_WORDS)
 _text = st.text(max_size=5).filter(lambda w: "\x00" not in w)
