@@ -37,7 +37,6 @@ def report(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
            out: TextIO) -> int:
     """Print what psbatch would do with ``raw`` (psbatch's argv, with ``--pipeswift=check``);
     0 when the job would be opted in, 1 when it would be submitted unchanged."""
-    argv: list[str] = list(raw)
     try:
         argv, pairs = strip_own_options(raw)
         pairs = [pair for pair in pairs if pair != CHECK]
@@ -82,8 +81,10 @@ def _short(text: str, limit: int = _SHOWN_CHARS) -> str:
 
 def _comment_shown(word: str) -> str:
     """sbatch's argument, with the profile token's base64 Megatron flags shown by size."""
-    return re.sub(r"args=([A-Za-z0-9_=-]+)", lambda m: "args=<%d characters: the Megatron flags>"
-                  % len(m.group(1)), word)
+    if not word.startswith("--comment="):
+        return word
+    return re.sub(r"\bpswift1;args=([A-Za-z0-9_=-]+)", lambda m: "pswift1;args=<%d characters: the Megatron"
+                  " flags>" % len(m.group(1)), word)
 
 
 def _model(profile: JobProfile) -> str:
