@@ -79,10 +79,7 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     except BackendError as exc:
         fail(str(exc), 1)
     store = Store.from_url(cfg.db_url)
-    try:
-        policy = get_policy(cfg.policy, **policy_knobs(cfg))
-    except TypeError as exc:
-        fail("%s: [policy.knobs] %s" % (cfg.source, exc))
+    policy = get_policy(cfg.policy, **policy_knobs(cfg))  # names checked by load_config
     gpn = cfg.gpus_per_node or 8
     from .cli import load_layer_profile
 

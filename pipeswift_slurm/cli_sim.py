@@ -274,7 +274,7 @@ def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
 
     spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
                    policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed)
-    comp = run_comparison(replace(spec, policies=spec.policies))
+    comp = run_comparison(spec)
     _print_comparison(comp)
     _explain_gains(comp)
     _demo_history(spec, db)
