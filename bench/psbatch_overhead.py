@@ -9,13 +9,15 @@ submission that finds no helper (it goes through the Python psbatch and starts o
 
 Needs a Slurm controller (tests/slurm/testbed.sh up; source its env.sh) and, for the
 compiled front end, a C compiler (it is built into a temporary folder). Jobs are submitted
-held (-H) and cancelled at the end. Submissions are interleaved and the order rotates,
-so drift and order effects hit every variant alike; besides the ratio of medians, each
-variant's ``paired_ratio`` is the median over rounds of its time over sbatch's in the same
-round. Prints JSON; never passes or fails on time.
+held (-H) and cancelled at the end. Submissions are interleaved, in a new random order
+each round (seeded), so drift, order and what ran just before hit every variant alike (a
+fixed rotation would keep each variant behind the same neighbour every round). Besides
+the ratio of medians, each variant's ``paired_ratio`` is the median over rounds of its
+time over sbatch's in the same round. Prints JSON; never passes or fails on time.
 
     python bench/psbatch_overhead.py [-n 30] [--psbatch "python3 -m pipeswift_slurm.psbatch"]
                                      [--psbatch-fast PATH | --no-fast] [--cc CC] [--no-python]
+                                     [--seed S]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shlex
 import shutil
@@ -100,15 +103,16 @@ def _first_submissions(fast: str, cwd: Path, ids: list[str], env: dict[str, str]
 
 
 def _compare(variants: dict[str, tuple[list[str], dict[str, str], bool]], name: str, text: str, n: int,
-             cwd: Path, ids: list[str]) -> dict[str, object]:
+             cwd: Path, ids: list[str], order: random.Random) -> dict[str, object]:
     """Medians and ratios to sbatch; a variant marked ``new`` submits ``new/<name>.sh``,
     written afresh before each submission (another ``--train-iters``, or for a script
     without one, another last comment line)."""
     times: dict[str, list[float]] = {v: [] for v in variants}
     names = list(variants)
     (cwd / "new").mkdir(exist_ok=True)
-    for k in range(n):  # interleaved and rotated, so drift and order hit every variant alike
-        for variant in names[k % len(names):] + names[:k % len(names)]:
+    for k in range(n):  # interleaved and shuffled, so drift and neighbours hit every variant alike
+        order.shuffle(names)
+        for variant in names:
             cmd, env, new = variants[variant]
             script = name + ".sh"
             if new:
@@ -148,6 +152,7 @@ def main() -> None:
     ap.add_argument("--no-python", action="store_true",
                     help="leave the Python psbatch out: the other submissions then follow each other "
                     "without its 0.1-0.2 s pauses, as in a loop of submissions")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the submission order (default: %(default)s)")
     ap.add_argument("--cc", help="C compiler for the build (default: $CC, else cc)")
     args = ap.parse_args()
     ids: list[str] = []
@@ -168,16 +173,17 @@ def main() -> None:
                 variants["psbatch_fast"] = ([fast], plain_env, False)
             variants["psbatch_fast_helper"] = ([fast], helped_env, False)
             variants["psbatch_fast_helper_new_script"] = ([fast], helped_env, True)
-        result: dict[str, object] = {"n": args.n, "psbatch": args.psbatch, "psbatch_fast": fast,
+        result: dict[str, object] = {"n": args.n, "seed": args.seed, "psbatch": args.psbatch, "psbatch_fast": fast,
                                      "helper_dir": str(helper_dir)}
         scripts = {"megatron": MEGATRON, "plain": PLAIN}
         for name, text in scripts.items():
             (cwd / (name + ".sh")).write_text(text)
+        order = random.Random(args.seed)
         try:
             if fast:
                 result["megatron_no_helper_yet_s"] = _first_submissions(fast, cwd, ids, helped_env, helper_dir)
             for name, text in scripts.items():
-                result[name] = _compare(variants, name, text, args.n, cwd, ids)
+                result[name] = _compare(variants, name, text, args.n, cwd, ids, order)
         finally:
             if fast:
                 _stop_helper(helper_dir)
