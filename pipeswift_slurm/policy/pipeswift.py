@@ -3,8 +3,12 @@
 Each tick (pure; only ``view.now`` as the clock):
 1. Options: for every pending opted-in job and every GPU count it allows, the fastest
    valid config and its predicted run time (the planner, through the Estimator).
-2. Order: jobs that have waited past ``promote_fraction`` x ``wait_bound_s`` first, in
-   submit order (the hard bound on waiting); then shortest predicted run time first,
+2. Order: starving jobs first, in submit order (the hard bound on waiting): those that
+   have waited past ``promote_fraction`` x ``wait_bound_s``, and those *at risk*: the
+   earliest they could start, were they first in the queue (on whole nodes, as the
+   running jobs' predicted ends free them, node by node), would come after
+   ``risk_fraction`` x ``wait_bound_s`` of waiting (a job behind multi-day jobs must get
+   its reservation before its bound is already lost). Then shortest predicted run time first,
    with an aging credit of ``aging`` seconds per second waited (a job's key falls as it
    waits, so none starves behind a stream of short jobs).
 3. Walk the order over a free-GPU timeline built from the running jobs' predicted ends
@@ -35,7 +39,8 @@ shorter jobs that start at once on its GPUs end, plus its restart and the work s
 last checkpoint) by ``preempt_margin`` (``_preemptions``). The waiting saved is those
 jobs' predicted waits, plus, for every other queued job, its share of the freed
 GPU-seconds (a saturated queue drains that much sooner). Only jobs that save and resume
-checkpoints are ever requeued, and never past their own share of the wait bound.
+checkpoints are ever requeued, never a multi-node one that once starved, and never
+past their own share of the wait bound.
 Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer than
 ``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs; a long job that would
 exceed it is held (Slurm's hold, marked in the decision token) until the plan starts it,
@@ -50,7 +55,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Collection, Mapping, Optional
 
-from ..model import ClusterView, Decision, Job, JobProfile
+from ..model import ClusterView, Decision, ExecConfig, Job, JobProfile
 from .common import (Option, Timeline, best_run_s, current_config, decision_for, fits_now, free_by_node,
                      job_options, predicted_end_s, rank_factors, remaining_iterations)
 
@@ -60,6 +65,45 @@ class _Plan:
     option: Optional[Option]
     start_s: Optional[float]
     reason: str
+
+
+class EarliestFit:
+    """When a job of a given shape could start at the earliest were it first in the queue:
+    on ``num_nodes`` nodes with ``gpus_per_node`` free GPUs each, counting each node's GPUs
+    free now (``free``, per node of ``view.nodes``) and those its running jobs release at
+    their predicted ``ends`` (job id -> time). Running jobs whose nodes are unknown release
+    nothing. Called as ``fit(config)``; infinite when no such time comes. Cached per shape."""
+
+    def __init__(self, view: ClusterView, free: list[int], ends: Mapping[int, float]):
+        self._now = view.now
+        index = {n.name: i for i, n in enumerate(view.nodes) if n.usable}
+        releases: list[list[tuple[float, int]]] = [[] for _ in free]
+        for job in view.running:
+            for name in job.node_list:
+                if name in index:
+                    releases[index[name]].append((ends[job.job_id], job.gpus // len(job.node_list)))
+        self._steps = []  # per node: (time, GPUs free from then on), times ascending
+        for node, events in enumerate(releases):
+            steps, count = [(self._now, free[node])], free[node]
+            for end_s, gpus in sorted(events):
+                count += gpus
+                steps.append((end_s, count))
+            self._steps.append(steps)
+        # every shape that ever fits does by then: when the last running job ends
+        self.latest_s = max((steps[-1][0] for steps in self._steps), default=self._now)
+        self._cache: dict[tuple[int, int], float] = {}
+
+    def _node_s(self, steps: list[tuple[float, int]], gpus: int) -> float:
+        return next((t for t, count in steps if count >= gpus), math.inf)
+
+    def __call__(self, config: ExecConfig) -> float:
+        shape = (config.num_nodes, config.gpus_per_node)
+        hit = self._cache.get(shape)
+        if hit is None:
+            times = sorted(self._node_s(steps, shape[1]) for steps in self._steps)
+            hit = times[shape[0] - 1] if 0 < shape[0] <= len(times) else math.inf
+            self._cache[shape] = hit
+        return hit
 
 
 class PipeSwiftPolicy:
@@ -73,9 +117,11 @@ class PipeSwiftPolicy:
                  short_lane_fraction: float = 0.0, short_lane_max_s: float = 2 * 3600.0,
                  preempt: bool = False, preempt_margin: float = 0.2,
                  preempt_ratio: float = 1.5, preempt_min_run_s: float = 1800.0, preempt_per_tick: int = 8,
-                 preempt_max_restarts: int = 12, preempt_wait_share: float = 0.75, reshape_waiting: bool = True):
+                 preempt_max_restarts: int = 12, preempt_wait_share: float = 0.75, reshape_waiting: bool = True,
+                 risk_fraction: float = 0.75):
         self.wait_bound_s = wait_bound_s
         self.promote_fraction = promote_fraction
+        self.risk_fraction = risk_fraction
         self.aging = aging
         self.start_margin = start_margin
         self.plan_depth = plan_depth
@@ -129,10 +175,32 @@ class PipeSwiftPolicy:
             profile = profile.with_range(user.gpus, user.gpus)
         return job_options(profile, estimator, *cluster, iterations=iterations)
 
-    def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float) -> list[Job]:
+    def starving(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float,
+                 earliest_fit: Optional["EarliestFit"] = None) -> set[int]:
+        """Jobs that go first, in submit order: waited past ``promote_fraction`` of the
+        bound, or at risk (``earliest_fit`` given and ``risk_fraction`` > 0): even first in
+        the queue, the earliest any of their GPU counts could start would leave them
+        waiting ``risk_fraction`` of the bound or more."""
         promote_s = self.promote_fraction * self.wait_bound_s
-        starving = sorted((j for j in pending if j.queued_s(now) >= promote_s), key=lambda j: (j.submit_time, j.job_id))
-        rest = [j for j in pending if j.queued_s(now) < promote_s]
+        risk_s = self.risk_fraction * self.wait_bound_s
+        out = set()
+        for job in pending:
+            queued_s = job.queued_s(now)
+            if queued_s >= promote_s:
+                out.add(job.job_id)
+            elif earliest_fit is not None and 0 < risk_s <= queued_s + earliest_fit.latest_s - now and \
+                    queued_s + min((earliest_fit(o.config) for o in opts[job.job_id]), default=math.inf) - now >= risk_s:
+                out.add(job.job_id)
+        return out
+
+    def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float,
+              starving_ids: Optional[Collection[int]] = None) -> list[Job]:
+        """Starving jobs (``starving_ids``; default: by age alone) in submit order, then
+        the rest by predicted run time less the aging credit."""
+        if starving_ids is None:
+            starving_ids = self.starving(pending, opts, now)
+        starving = sorted((j for j in pending if j.job_id in starving_ids), key=lambda j: (j.submit_time, j.job_id))
+        rest = [j for j in pending if j.job_id not in starving_ids]
 
         def key(job: Job) -> tuple[float, float, int]:
             return best_run_s(opts[job.job_id]) - self.aging * job.queued_s(now), job.submit_time, job.job_id
@@ -142,8 +210,15 @@ class PipeSwiftPolicy:
     # ------------------------------------------------------------ planning
     def _plan(self, job: Job, options: tuple[Option, ...], free: list[int], timeline: Timeline,
               now: float, starving: bool, user_gpus: int) -> _Plan:
+        """Start now or wait, and on how many GPUs (see the module's step 3). A job that is
+        not starving never waits for a start that would take its wait past
+        ``risk_fraction`` of the bound while it has another choice; with none, it waits
+        for the earliest start, as a starving job does."""
         best_now: Optional[Option] = None
         best_wait: Optional[tuple[float, Option]] = None
+        late: Optional[tuple[float, Option]] = None  # the earliest start past that point
+        deadline_s = math.inf if starving or self.risk_fraction <= 0 else \
+            now + self.risk_fraction * self.wait_bound_s - job.queued_s(now)
         reserve = self.expand_reserve_fraction * self._total
         for opt in options:
             long_job = opt.run_s > self.short_lane_max_s
@@ -155,10 +230,15 @@ class PipeSwiftPolicy:
             if start == now and not expands and not lane_full and fits_now(free, opt.config) is not None:
                 if best_now is None or opt.run_s < best_now.run_s:
                     best_now = opt
-            elif start < float("inf"):
+            elif start > deadline_s and start < math.inf:
+                if late is None or start < late[0]:
+                    late = (start, opt)
+            elif start < math.inf:
                 key = start if starving else start + opt.run_s
                 if best_wait is None or key < best_wait[0]:
                     best_wait = (key, opt)
+        if best_now is None and best_wait is None and late is not None:
+            starving, best_wait = True, late
         if best_now is not None:
             wait_jct = float("inf") if best_wait is None else (
                 best_wait[0] if not starving else best_wait[0] + best_wait[1].run_s) - now
@@ -181,7 +261,7 @@ class PipeSwiftPolicy:
             return _Plan(opt, start, "wait for %d GPUs (free now, but not on enough whole nodes)" % opt.gpus)
         return _Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
 
-    def _hold(self, job: Job, plan: _Plan, now: float) -> Optional[bool]:
+    def _hold(self, job: Job, plan: _Plan, now: float, starving: bool) -> Optional[bool]:
         """The short-job lane: hold a long job that waits while long jobs fill their share
         of the cluster (Slurm would otherwise start it as soon as it fits); release it
         once the plan starts it now or the lane has room. None: leave as is."""
@@ -189,7 +269,7 @@ class PipeSwiftPolicy:
             return False if job.held else None
         long_job = plan.option.run_s > self.short_lane_max_s
         lane_full = self._long_busy + plan.option.gpus > self._long_cap
-        if long_job and plan.start_s != now and lane_full and job.queued_s(now) < self.promote_fraction * self.wait_bound_s:
+        if long_job and plan.start_s != now and lane_full and not starving:
             return None if job.held else True
         return False if job.held else None
 
@@ -205,19 +285,18 @@ class PipeSwiftPolicy:
         total = self._total = view.total_gpus
         cluster = (total, sum(1 for n in view.nodes if n.usable))
         opts = {j.job_id: self.options(j, profiles[j.job_id], estimator, cluster) for j in pending}
-        ordered = self.order(pending, opts, now)
+        ends = {r.job_id: predicted_end_s(r, profiles, estimator, now) for r in view.running}
         free = free_by_node(view)
-        timeline = Timeline(now, sum(free), [(predicted_end_s(r, profiles, estimator, now), r.gpus)
-                                             for r in view.running])
-        promote_s = self.promote_fraction * self.wait_bound_s
+        starving = self.starving(pending, opts, now, EarliestFit(view, free, ends) if self.risk_fraction > 0 else None)
+        ordered = self.order(pending, opts, now, starving)
+        timeline = Timeline(now, sum(free), [(ends[r.job_id], r.gpus) for r in view.running])
         self._reserved = 0
         self._long_cap = (1.0 - self.short_lane_fraction) * total
         self._long_busy = sum(r.gpus for r in view.running
-                              if predicted_end_s(r, profiles, estimator, now) - (now if r.start_time is None else r.start_time)
-                              > self.short_lane_max_s)
+                              if ends[r.job_id] - (now if r.start_time is None else r.start_time) > self.short_lane_max_s)
         plans: dict[int, _Plan] = {}
         for job in ordered[:self.plan_depth]:
-            plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.queued_s(now) >= promote_s,
+            plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,
                                            profiles[job.job_id].requested.gpus)
         # Jobs planned to start now go first: they fit, so Slurm starts them before it
         # reserves for the first job that waits (the timeline already checked that they
@@ -236,7 +315,7 @@ class PipeSwiftPolicy:
                 continue
             profile = profiles[job.job_id]
             option = plan.option
-            hold = self._hold(job, plan, now)
+            hold = self._hold(job, plan, now, job.job_id in starving)
             if hold is None and option is not None and option.config == current_config(job, profile) \
                     and job.config is not None:
                 option = None
@@ -266,7 +345,9 @@ class PipeSwiftPolicy:
         Victims, longest predicted remaining first: opted-in jobs that checkpoint and
         resume (``--save``, ``--load``, ``--save-interval``), have run
         ``preempt_min_run_s`` since their last start, were requeued fewer than
-        ``preempt_max_restarts`` times, and whose queue time plus this loss stays within
+        ``preempt_max_restarts`` times, that never starved if they span several nodes
+        (queued ``promote_fraction`` of the wait bound: requeued, such a job may wait
+        hours for whole nodes again), and whose queue time plus this loss stays within
         ``preempt_wait_share`` of the wait bound. Beneficiaries: planned jobs that wait and
         are ``preempt_ratio`` times shorter than the victim's remaining run. The jobs
         packed onto the freed GPUs are re-planned to start now; ``free`` is updated."""
@@ -283,12 +364,13 @@ class PipeSwiftPolicy:
         # GPU-seconds' share of the cluster sooner (a saturated queue drains that much faster)
         queued = sum(1 for j in ordered if j.job_id not in plans or waits(j))
         total_gpus = max(view.total_gpus, 1)
+        promote_s = self.promote_fraction * self.wait_bound_s  # a multi-node job that starved stays
         index = {n.name: i for i, n in enumerate(view.nodes)}
         victims = sorted(((predicted_end_s(r, profiles, estimator, now) - now, r) for r in view.running
                           if r.job_id in profiles and profiles[r.job_id].plan.save_interval
                           and r.restarts < self.preempt_max_restarts
                           and r.start_time is not None and now - r.start_time >= self.preempt_min_run_s
-                          and r.node_list),
+                          and (r.queued_s(now) < promote_s or len(r.node_list) == 1) and r.node_list),
                          key=lambda pair: (-pair[0], pair[1].job_id))
         out: list[Decision] = []
         for remaining_s, victim in victims:

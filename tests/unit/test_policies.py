@@ -23,7 +23,7 @@ from pipeswift_slurm.estimator import Estimator
 from pipeswift_slurm.model import ClusterView, Decision, Job, Node
 from pipeswift_slurm.policy import PRESETS, get_policy, policy_names
 from pipeswift_slurm.policy.common import RANK_STEP, predicted_end_s, remaining_iterations
-from pipeswift_slurm.policy.pipeswift import PipeSwiftPolicy
+from pipeswift_slurm.policy.pipeswift import EarliestFit, PipeSwiftPolicy
 from pipeswift_slurm.sim.workload import ZOO, Conversion, TraceRow, to_megatron_job
 from pipeswift_slurm.token import ProfileRequest, encode_profile
 
@@ -286,6 +286,83 @@ def test_pipeswift_puts_a_starving_job_first() -> None:
     assert max(bounded, key=lambda d: d.site_factor or 0).job_id == 2  # waited 10 h > half the bound
 
 
+def _two_nodes_one_held_long() -> tuple[ClusterView, dict[int, Any]]:
+    """Two nodes of 8 GPUs: job 1 holds node1 for 40 h, job 2 holds node2 for 2 h; job 3
+    (16 GPUs, 10 h: both whole nodes) and job 4 (8 GPUs, 3 h) wait since a minute."""
+    _, held_long = _profile(8, 40.0, 8)
+    _, held_short = _profile(8, 2.0, 8)
+    _, wide = _profile(16, 10.0, 8)
+    _, one_node = _profile(8, 3.0, 8)
+    view, profiles = _view(2, 8, [(1, "RUNNING", 8, 0.0, held_long), (2, "RUNNING", 8, 0.0, held_short),
+                                  (3, "PENDING", 16, 0.0, wide), (4, "PENDING", 8, 0.0, one_node)],
+                           now=60.0, busy={0: 8, 1: 8})
+    placed = tuple(replace(j, node_list=("node2",)) if j.job_id == 2 else j for j in view.jobs)
+    return replace(view, jobs=placed), profiles
+
+
+def test_earliest_fit_counts_whole_nodes_as_running_jobs_end() -> None:
+    view, profiles = _two_nodes_one_held_long()
+    est = Estimator(COST, 8)
+    ends = {r.job_id: predicted_end_s(r, profiles, est, view.now) for r in view.running}
+    fit = EarliestFit(view, [0, 0], ends)
+    one, two = megatron.node_shape(8, 8), megatron.node_shape(16, 8)
+    assert (one, two) == ((1, 8), (2, 8))
+    assert fit(replace(profiles[4].requested, num_nodes=1, gpus_per_node=8)) == pytest.approx(ends[2])
+    assert fit(replace(profiles[3].requested, num_nodes=2, gpus_per_node=8)) == pytest.approx(ends[1])
+    assert fit(replace(profiles[3].requested, num_nodes=3, gpus_per_node=8)) == float("inf")
+    assert ends[1] == pytest.approx(40 * HOUR, rel=0.02) and ends[2] == pytest.approx(2 * HOUR, rel=0.02)
+
+
+def test_pipeswift_promotes_a_job_whose_earliest_start_is_late_in_its_bound() -> None:
+    """Job 3 can start at the earliest in 40 h, when node1 frees: past 0.75 of the 48 h
+    bound, so it goes first now (and gets the reservation), before the shorter job 4;
+    with the rule off it ranks by run time, behind job 4, as before."""
+    view, profiles = _two_nodes_one_held_long()
+    est = Estimator(COST, 8)
+
+    def first(**knobs: Any) -> int:
+        decisions = get_policy("pipeswift", **knobs).decide(view, profiles, est)
+        return max((d for d in decisions if d.job_id in (3, 4)), key=lambda d: d.site_factor or 0).job_id
+
+    assert first() == 3
+    assert first(risk_fraction=0.0) == 4
+    assert first(wait_bound_s=60 * HOUR) == 4  # 40 h is less than 0.75 of 60 h
+
+
+def test_pipeswift_never_waits_past_its_bound_for_a_faster_start() -> None:
+    """The seed's case: waiting 1 h for 8 GPUs finishes A sooner than 4 GPUs now, but with a
+    1 h bound that wait would pass 0.75 of it: A starts now on 4 GPUs instead."""
+    _, bc = _profile(2, 1.0, 8)
+    _, a = _profile(8, 4.0, 8, gpu_range=(4, 8))
+    view, profiles = _view(1, 8, [(2, "RUNNING", 2, 0.0, bc), (3, "RUNNING", 2, 0.0, bc),
+                                  (1, "PENDING", 8, 0.0, a)], now=0.0, busy={0: 4})
+    est = Estimator(COST, 8)
+    waits = get_policy("pipeswift").decide(view, profiles, est)
+    assert waits[0].reason.startswith("wait for 8 GPUs")
+    bounded = get_policy("pipeswift", wait_bound_s=HOUR).decide(view, profiles, est)
+    assert bounded[0].reason == "start now on 4 GPUs" and bounded[0].config is not None
+    assert bounded[0].config.gpus == 4
+
+
+def test_pipeswift_short_lane_holds_a_long_job_unless_it_starves() -> None:
+    """One node: a long job (8 h) holds 4 GPUs, a short one the other 4 for 1 h. A long
+    pending job (10 h on 4) would take the lane's share (half the GPUs) too: held, so a
+    short job finds the GPUs the short one frees; once it starves, it is never held."""
+    _, running_long = _profile(4, 8.0, 8)
+    _, running_short = _profile(4, 1.0, 8)
+    _, long_p = _profile(4, 10.0, 8)
+    view, profiles = _view(1, 8, [(1, "RUNNING", 4, 0.0, running_long), (3, "RUNNING", 4, 0.0, running_short),
+                                  (2, "PENDING", 4, 60.0, long_p)], now=120.0, busy={0: 8})
+    est = Estimator(COST, 8)
+
+    def hold(**knobs: Any) -> Any:
+        return [d.hold for d in get_policy("pipeswift", **knobs).decide(view, profiles, est) if d.job_id == 2]
+
+    assert hold() == [None]  # no lane (the default)
+    assert hold(short_lane_fraction=0.5) == [True]
+    assert hold(short_lane_fraction=0.5, wait_bound_s=100.0) == [None]  # queued 60 s: past half of 100 s
+
+
 def test_pipeswift_never_picks_more_nodes_than_the_cluster_has() -> None:
     """BUG (reported): 3 nodes x 6 GPUs, a 2-GPU job running, a flexible job (8 GPUs as
     2 x 4, allows 4..18) pending. pipeswift decides "wait for 16 GPUs (predicted start in
@@ -400,6 +477,27 @@ def test_pipeswift_preemption_counts_the_queue_behind_the_packed_jobs() -> None:
     assert not any(d.requeue for d in few)
     many = get_policy("pipeswift", preempt=True).decide(*view_with(100), est)
     assert [d.job_id for d in many if d.requeue] == [1]
+
+
+def test_pipeswift_never_requeues_a_multi_node_job_that_starved() -> None:
+    """Requeued, a job on several nodes may wait hours for whole nodes again: once it has
+    waited half the bound, it is no victim (a one-node job still may be)."""
+    est = Estimator(COST, 8)
+    _, big = _profile(16, 8.0, 8, save_interval=100)
+    _, small = _profile(2, 0.25, 8)
+
+    def view_with(queued_h: float, nodes: tuple[str, ...]) -> tuple[ClusterView, dict[int, Any]]:
+        jobs = [(1, "RUNNING", 16, 0.0, big)] + [(10 + i, "PENDING", 2, HOUR - 60.0, small) for i in range(8)]
+        view, profiles = _view(2, 8, jobs, now=HOUR, busy={0: 8, 1: 8})
+        placed = tuple(replace(j, node_list=nodes, submit_time=-queued_h * HOUR) if j.running else j
+                       for j in view.jobs)
+        return replace(view, jobs=placed), profiles
+
+    policy = get_policy("pipeswift", preempt=True)
+    assert [d.job_id for d in policy.decide(*view_with(1.0, ("node1", "node2")), est) if d.requeue] == [1]
+    assert not any(d.requeue for d in policy.decide(*view_with(25.0, ("node1", "node2")), est))
+    # the same wait on one node (16 GPUs counted on node1 alone: only the node count matters here)
+    assert [d.job_id for d in policy.decide(*view_with(25.0, ("node1",)), est) if d.requeue] == [1]
 
 
 def _small_running_job(busy: dict[int, int], nodes: int = 2,
