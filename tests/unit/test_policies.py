@@ -263,12 +263,18 @@ def test_pipeswift_replans_a_seen_job_after_a_calibration_refit() -> None:
     assert second.predicted_end_s - 60.0 == pytest.approx(2 * (first.predicted_end_s - 60.0))
 
 
-def test_pipeswift_waits_when_waiting_is_faster() -> None:
-    """The seed's case: B, C (2 GPUs x 1 h) run; A (8 GPUs x 4 h, allows 4..8) waits 1 h for 8 GPUs."""
+def _seed_case() -> tuple[ClusterView, dict[int, Any]]:
+    """The seed's case: B, C (2 GPUs x 1 h) run on one node of 8; A (8 GPUs x 4 h, allows
+    4..8) is submitted."""
     _, bc = _profile(2, 1.0, 8)
     _, a = _profile(8, 4.0, 8, gpu_range=(4, 8))
-    view, profiles = _view(1, 8, [(2, "RUNNING", 2, 0.0, bc), (3, "RUNNING", 2, 0.0, bc),
-                                  (1, "PENDING", 8, 0.0, a)], now=0.0, busy={0: 4})
+    return _view(1, 8, [(2, "RUNNING", 2, 0.0, bc), (3, "RUNNING", 2, 0.0, bc), (1, "PENDING", 8, 0.0, a)],
+                 now=0.0, busy={0: 4})
+
+
+def test_pipeswift_waits_when_waiting_is_faster() -> None:
+    """The seed's case: A waits 1 h for 8 GPUs."""
+    view, profiles = _seed_case()
     decisions = get_policy("pipeswift").decide(view, profiles, Estimator(COST, 8))
     assert [d.job_id for d in decisions] == [1]
     assert decisions[0].reason.startswith("wait for 8 GPUs")
@@ -332,10 +338,7 @@ def test_pipeswift_promotes_a_job_whose_earliest_start_is_late_in_its_bound() ->
 def test_pipeswift_never_waits_past_its_bound_for_a_faster_start() -> None:
     """The seed's case: waiting 1 h for 8 GPUs finishes A sooner than 4 GPUs now, but with a
     1 h bound that wait would pass 0.75 of it: A starts now on 4 GPUs instead."""
-    _, bc = _profile(2, 1.0, 8)
-    _, a = _profile(8, 4.0, 8, gpu_range=(4, 8))
-    view, profiles = _view(1, 8, [(2, "RUNNING", 2, 0.0, bc), (3, "RUNNING", 2, 0.0, bc),
-                                  (1, "PENDING", 8, 0.0, a)], now=0.0, busy={0: 4})
+    view, profiles = _seed_case()
     est = Estimator(COST, 8)
     waits = get_policy("pipeswift").decide(view, profiles, est)
     assert waits[0].reason.startswith("wait for 8 GPUs")
