@@ -8,9 +8,9 @@ Each tick (pure; only ``view.now`` as the clock):
    earliest they could start, were they first in the queue (on whole nodes, as the
    running jobs' predicted ends free them, node by node), would come after
    ``risk_fraction`` x ``wait_bound_s`` of waiting (a job behind multi-day jobs must get
-   its reservation before its bound is already lost). Then shortest predicted run time first,
-   with an aging credit of ``aging`` seconds per second waited (a job's key falls as it
-   waits, so none starves behind a stream of short jobs).
+   its reservation before its bound is already lost). Then shortest predicted run time
+   first, with an aging credit of ``aging`` seconds per second waited (a job's key falls
+   as it waits, so none starves behind a stream of short jobs).
 3. Walk the order over a free-GPU timeline built from the running jobs' predicted ends
    (count-level, exact node placement only for "now"). For each job compare starting
    now on GPUs free now (the best config for that count; fragments included) with
@@ -176,7 +176,7 @@ class PipeSwiftPolicy:
         return job_options(profile, estimator, *cluster, iterations=iterations)
 
     def starving(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float,
-                 earliest_fit: Optional["EarliestFit"] = None) -> set[int]:
+                 earliest_fit: Optional[EarliestFit] = None) -> set[int]:
         """Jobs that go first, in submit order: waited past ``promote_fraction`` of the
         bound, or at risk (``earliest_fit`` given and ``risk_fraction`` > 0): even first in
         the queue, the earliest any of their GPU counts could start would leave them
