@@ -222,7 +222,8 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
     from .sim.runner import RunSpec
 
     policies = _policies(policy_text)
-    site, no_requeue, gpu = None, (), None  # type: Optional[tuple[str, dict[str, Any]]], tuple[str, ...], Any
+    site, no_requeue = None, ()  # type: Optional[tuple[str, dict[str, Any]]], tuple[str, ...]
+    gpu = obj.gpu(gpu_type) if gpu_type else None
     if config_path:
         from .cli_controller import site_gpu
 
@@ -230,11 +231,11 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
         policies += (site[0],) if site[0] not in policies else ()
         no_requeue = () if cfg.allow_requeue else (site[0],)
         gpus_per_node = gpus_per_node or cfg.gpus_per_node or None
-        gpu = site_gpu(cfg, obj) if gpu_type is None else None
+        gpu = gpu or site_gpu(cfg, obj)
     knobs = _knobs(knob_items, policies)
     if site is not None:
         knobs[site[0]] = {**site[1], **knobs.get(site[0], {})}
-    gpu = gpu or obj.gpu(gpu_type or DEFAULT_GPU_TYPE)
+    gpu = gpu or obj.gpu(DEFAULT_GPU_TYPE)
     spec = RunSpec(gpus=gpus, gpus_per_node=gpus_per_node or 8, gpu=gpu, workload=workload,
                    synthetic_jobs=synthetic_jobs, load=load if (load or workload) else 0.9, policies=policies,
                    policy_knobs=knobs, no_requeue=no_requeue, seed=seed, start_day=start_day,

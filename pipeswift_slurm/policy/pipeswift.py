@@ -93,7 +93,8 @@ class EarliestFit:
         self.latest_s = max((steps[-1][0] for steps in self._steps), default=self._now)
         self._cache: dict[tuple[int, int], float] = {}
 
-    def _node_s(self, steps: list[tuple[float, int]], gpus: int) -> float:
+    @staticmethod
+    def _node_s(steps: list[tuple[float, int]], gpus: int) -> float:
         return next((t for t, count in steps if count >= gpus), math.inf)
 
     def __call__(self, config: ExecConfig) -> float:
@@ -145,6 +146,12 @@ class PipeSwiftPolicy:
         self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...], Any, Optional[int]]] = {}
 
     @property
+    def promote_s(self) -> float:
+        """Queue time from which a job starves by age (goes first; never a multi-node
+        preemption victim)."""
+        return self.promote_fraction * self.wait_bound_s
+
+    @property
     def preempts(self) -> bool:
         """Whether it may requeue running jobs (the simulator then keeps ticking)."""
         return self.preempt
@@ -181,12 +188,11 @@ class PipeSwiftPolicy:
         bound, or at risk (``earliest_fit`` given and ``risk_fraction`` > 0): even first in
         the queue, the earliest any of their GPU counts could start would leave them
         waiting ``risk_fraction`` of the bound or more."""
-        promote_s = self.promote_fraction * self.wait_bound_s
         risk_s = self.risk_fraction * self.wait_bound_s
         out = set()
         for job in pending:
             queued_s = job.queued_s(now)
-            if queued_s >= promote_s:
+            if queued_s >= self.promote_s:
                 out.add(job.job_id)
             elif earliest_fit is not None and 0 < risk_s <= queued_s + earliest_fit.latest_s - now and \
                     queued_s + min((earliest_fit(o.config) for o in opts[job.job_id]), default=math.inf) - now >= risk_s:
@@ -194,11 +200,9 @@ class PipeSwiftPolicy:
         return out
 
     def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float,
-              starving_ids: Optional[Collection[int]] = None) -> list[Job]:
-        """Starving jobs (``starving_ids``; default: by age alone) in submit order, then
-        the rest by predicted run time less the aging credit."""
-        if starving_ids is None:
-            starving_ids = self.starving(pending, opts, now)
+              starving_ids: Collection[int]) -> list[Job]:
+        """Starving jobs (``starving_ids``) in submit order, then the rest by predicted
+        run time less the aging credit."""
         starving = sorted((j for j in pending if j.job_id in starving_ids), key=lambda j: (j.submit_time, j.job_id))
         rest = [j for j in pending if j.job_id not in starving_ids]
 
@@ -364,13 +368,12 @@ class PipeSwiftPolicy:
         # GPU-seconds' share of the cluster sooner (a saturated queue drains that much faster)
         queued = sum(1 for j in ordered if j.job_id not in plans or waits(j))
         total_gpus = max(view.total_gpus, 1)
-        promote_s = self.promote_fraction * self.wait_bound_s  # a multi-node job that starved stays
         index = {n.name: i for i, n in enumerate(view.nodes)}
         victims = sorted(((predicted_end_s(r, profiles, estimator, now) - now, r) for r in view.running
                           if r.job_id in profiles and profiles[r.job_id].plan.save_interval
                           and r.restarts < self.preempt_max_restarts
                           and r.start_time is not None and now - r.start_time >= self.preempt_min_run_s
-                          and (r.queued_s(now) < promote_s or len(r.node_list) == 1) and r.node_list),
+                          and (r.queued_s(now) < self.promote_s or len(r.node_list) == 1) and r.node_list),
                          key=lambda pair: (-pair[0], pair[1].job_id))
         out: list[Decision] = []
         for remaining_s, victim in victims:
