@@ -196,10 +196,12 @@ class Command(NamedTuple):
 _ASSIGN = r"[A-Za-z_][A-Za-z0-9_]*=(?:'[^']*'|\"(?:[^\"\\]|\\.)*\"|[^\s'\"])*"
 _ASSIGN_RE = re.compile(_ASSIGN)
 _ASSIGNMENT_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
-_PREFIX_RE = re.compile(r"\s*(?:(?:%s)\s+)*(?:(?:exec|time|nohup|command|then|do|else|!)\s+)*" % _ASSIGN)
+PREFIX_WORDS = ("exec", "time", "nohup", "command", "then", "do", "else", "!")  # before a command's name
+_PREFIX_RE = re.compile(r"\s*(?:(?:%s)\s+)*(?:(?:%s)\s+)*" % (_ASSIGN, "|".join(map(re.escape, PREFIX_WORDS))))
 _VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?\}|([A-Za-z_][A-Za-z0-9_]*))")
 _HEREDOC_RE = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
-_NOT_COMMANDS = frozenset("echo printf export declare local readonly typeset set unset cat source . "
+ASSIGN_COMMANDS = ("export", "declare", "local", "readonly", "typeset")  # X=value after these too
+NOT_COMMANDS = frozenset("echo printf export declare local readonly typeset set unset cat source . "
                           "if elif while until for case function return eval alias".split())
 
 
@@ -262,8 +264,10 @@ def _expand(words: Sequence[str], env: _Vars) -> list[str]:
 
 def _record_assignment(words: list[str], env: _Vars) -> bool:
     """Remember ``X=value``, ``export X=value`` and ``X=( ... )``; True if the line is one."""
-    while words and words[0] in ("export", "declare", "local", "readonly", "typeset"):
-        words = [w for w in words[1:] if not w.startswith("-")]
+    while words and words[0] in ASSIGN_COMMANDS:
+        words = words[1:]
+        while words and words[0].startswith("-"):  # the command's own options: declare -a, export -n
+            words = words[1:]
     m = _ASSIGNMENT_RE.match(words[0]) if words else None
     if not m:
         return False
@@ -342,17 +346,16 @@ def find_commands(lines: Sequence[str], environ: Optional[Mapping[str, str]] = N
 
 def _strip_prefix(words: list[str]) -> list[str]:
     i = 0
-    while i < len(words) and (_ASSIGN_RE.fullmatch(words[i]) or words[i] in
-                              ("exec", "time", "nohup", "command", "then", "do", "else", "!")):
+    while i < len(words) and (_ASSIGN_RE.fullmatch(words[i]) or words[i] in PREFIX_WORDS):
         i += 1
     return words[i:]
 
 
 # ---------------------------------------------------------------- Megatron jobs
 
-_SHAPE_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
+SHAPE_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
 _PRETRAIN_RE = re.compile(r"(?:^|/)pretrain_[A-Za-z0-9_]*\.py$")
-_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
 
 def _flag_names(words: Sequence[str]) -> set[str]:
@@ -362,13 +365,13 @@ def _flag_names(words: Sequence[str]) -> set[str]:
 def is_training_command(words: Sequence[str]) -> bool:
     """A Megatron training command: runs ``pretrain_*.py``, holds all the model-shape flags,
     or is a torchrun with any of them."""
-    if not words or os.path.basename(words[0]) in _NOT_COMMANDS:
+    if not words or os.path.basename(words[0]) in NOT_COMMANDS:
         return False
     flags = _flag_names(words)
-    if all(f in flags for f in _SHAPE_FLAGS) or any(_PRETRAIN_RE.search(w) for w in words):
+    if all(f in flags for f in SHAPE_FLAGS) or any(_PRETRAIN_RE.search(w) for w in words):
         return True
-    launcher = any(os.path.basename(w) in _LAUNCHERS or w in _LAUNCHERS for w in words[:4])
-    return launcher and any(f in flags for f in _SHAPE_FLAGS)
+    launcher = any(os.path.basename(w) in LAUNCHERS or w in LAUNCHERS for w in words[:4])
+    return launcher and any(f in flags for f in SHAPE_FLAGS)
 
 
 def find_training_command(lines: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> Optional[Command]:

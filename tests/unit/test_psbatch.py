@@ -164,6 +164,14 @@ def test_variables_expand_from_script_and_environment():
     assert cmd.words[-6:] == ("--num-layers", "12", "--hidden-size", "64", "--seq-length", "128")
 
 
+def test_declared_arrays_keep_their_flags():
+    lines = ["declare -a BATCH=(--micro-batch-size 2 --global-batch-size 64)", "export -n L=12",
+             'torchrun pretrain_gpt.py --num-layers $L "${BATCH[@]}"']
+    cmd = psbatch.find_training_command(lines)
+    assert cmd is not None
+    assert cmd.words[-6:] == ("--num-layers", "12", "--micro-batch-size", "2", "--global-batch-size", "64")
+
+
 def test_unknown_variables_stay_and_make_the_job_invalid(tmp_path):
     text = "#!/bin/bash\ntorchrun pretrain_gpt.py --num-layers $NL --hidden-size 8 " \
            "--num-attention-heads 2 --seq-length 8\n"
