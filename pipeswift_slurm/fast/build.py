@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .. import __version__, psbatch, psbatch_helper, sbatch_args
+from .. import __version__, jobscript, megatron, psbatch, psbatch_helper, sbatch_args, token
 
 SOURCE = Path(__file__).resolve().with_name("psbatch.c")
 HEADER = "psbatch_tables.h"
@@ -39,6 +39,10 @@ STATIC = ("-static",)
 # (IRELATIVE relocations, TLS, more pages to fault in) is most of a static exec here.
 MUSL_CC = "musl-gcc"
 KINDS = ("PSB_REQUIRED", "PSB_OPTIONAL", "PSB_FLAG")
+# megatron.FLAGS kinds, as decide.c names them
+MEGATRON_KINDS = {"int": "PSB_MEG_INT", "bool": "PSB_MEG_BOOL", "str": "PSB_MEG_STR", "int3": "PSB_MEG_INT3",
+                  "path": "PSB_MEG_PATH"}
+SOURCES = ("psbatch.c", "decide.c", "decide.h")
 
 
 class BuildError(Exception):
@@ -119,6 +123,10 @@ def c_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _word_list(name: str, words: Sequence[str]) -> list[str]:
+    return ["PSB_TABLE char *const %s[] = {" % name, *("    %s," % c_string(w) for w in words), "    NULL};"]
+
+
 def header_text(python: Optional[str] = None, root: Optional[str] = None, helper: bool = True) -> str:
     """``psbatch_tables.h`` for the interpreter ``python`` (default: this one); ``helper``:
     whether the resident helper is on when ``$PIPESWIFT_PSBATCH_HELPER`` does not say."""
@@ -139,6 +147,7 @@ def header_text(python: Optional[str] = None, root: Optional[str] = None, helper
         "#define PSB_FLAG 2",
         "struct psb_long { const char *name; int kind; };",
         "struct psb_short { const char *name; int kind; };",
+        "#define PSB_TABLE static const __attribute__((unused))  /* not every file uses every table */",
         "",
         "#define PSB_MAX_SCRIPT_BYTES ((size_t)%d)" % t["max_script_bytes"],
         "#define PSB_OWN_PREFIX %s" % c_string(t["own_prefix"]),
@@ -159,22 +168,37 @@ def header_text(python: Optional[str] = None, root: Optional[str] = None, helper
         "#define PSB_HELPER_TIMEOUT_S %d" % int(psbatch_helper.IO_TIMEOUT_S),
         "#define PSB_HELPER_MAX_ANSWER_BYTES ((size_t)%d)" % psbatch_helper.MAX_REQUEST_BYTES,
         "",
-        "static const char *const psb_python_flags[] = {",
+        "#define PSB_LAUNCHER %s" % c_string(jobscript.LAUNCHER),
+        "#define PSB_MAX_LOGICAL_LINES %d" % jobscript.MAX_LOGICAL_LINES,
+        "#define PSB_PROFILE_PREFIX %s" % c_string(token.PROFILE_PREFIX.rstrip(";")),
+        "#define PSB_MEGATRON_FLAG_COUNT %d" % len(megatron.FLAGS),
+        *("#define %s %d" % (name, k) for k, name in enumerate(MEGATRON_KINDS.values())),
+        "struct psb_megatron_flag { const char *name; int kind; };",
+        "",
+        *_word_list("psb_prefix_words", jobscript.PREFIX_WORDS),
+        *_word_list("psb_assign_commands", jobscript.ASSIGN_COMMANDS),
+        *_word_list("psb_not_commands", sorted(jobscript.NOT_COMMANDS)),
+        *_word_list("psb_launchers", jobscript.LAUNCHERS),
+        *_word_list("psb_shape_flags", jobscript.SHAPE_FLAGS),
+        "PSB_TABLE struct psb_megatron_flag psb_megatron_flags[] = {",
+        *("    {%s, %s}," % (c_string(name), MEGATRON_KINDS[kind]) for name, kind in megatron.FLAGS.items()),
+        "    {NULL, 0}};",
+        "PSB_TABLE char *const psb_python_flags[] = {",
         *("    %s," % c_string(word) for word in python_argv(root)),
         "    NULL};",
-        "static const char *const psb_helper_flags[] = {",
+        "PSB_TABLE char *const psb_helper_flags[] = {",
         *("    %s," % c_string(word) for word in python_argv(root, psbatch_helper.__name__)),
         "    NULL};",
-        "static const char *const psb_markers[] = {",
+        "PSB_TABLE char *const psb_markers[] = {",
         *("    %s," % c_string(m) for m in t["markers"]),
         "    NULL};",
-        "static const char *const psb_no_stdin[] = {",
+        "PSB_TABLE char *const psb_no_stdin[] = {",
         *("    %s," % c_string(m) for m in t["no_stdin"]),
         "    NULL};",
-        "static const struct psb_long psb_long[] = {",
+        "PSB_TABLE struct psb_long psb_long[] = {",
         *("    {%s, %s}," % (c_string(name), KINDS[kind]) for name, kind in t["long"].items()),
         "    {NULL, 0}};",
-        "static const struct psb_short psb_short[128] = {",
+        "PSB_TABLE struct psb_short psb_short[128] = {",
         *("    [%d] = {%s, %s}, /* -%s */" % (ord(letter), c_string(name), KINDS[kind], letter)
           for letter, (name, kind) in t["short"].items()),
         "};",
@@ -254,12 +278,13 @@ def build_with(out: str | os.PathLike[str], cc: Optional[str] = None, python: Op
         _check_python(python, root)
     with tempfile.TemporaryDirectory(prefix="psbatch-build-") as tmp:
         (Path(tmp) / HEADER).write_text(header_text(python, root, helper))
-        src = Path(tmp) / "psbatch.c"
-        shutil.copyfile(SOURCE, src)
+        for name in SOURCES:
+            shutil.copyfile(SOURCE.with_name(name), Path(tmp) / name)
+        src = [str(Path(tmp) / name) for name in SOURCES if name.endswith(".c")]
         exe = Path(tmp) / "psbatch"
         failure = ""
         for words, link in tries:  # the last failure is the one reported
-            argv = [*words, *CFLAGS, *link, *extra_flags, "-o", str(exe), str(src)]
+            argv = [*words, *CFLAGS, *link, *extra_flags, "-o", str(exe), *src]
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
             except (OSError, subprocess.TimeoutExpired) as exc:

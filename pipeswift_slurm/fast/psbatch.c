@@ -1,22 +1,22 @@
 /*
- * psbatch's compiled front end: the common case (a job that is not a Megatron job) at
- * sbatch's own cost.
+ * psbatch's compiled front end: psbatch at about sbatch's own cost.
  *
  * It reads the job's script the way pipeswift_slurm/psbatch.py does (read_source: the last
  * --wrap, else the script file, else stdin when sbatch would read it). When the text holds
  * none of psbatch's markers, it execs the real sbatch with argv unchanged (and, when it
  * read stdin, the same bytes on stdin). Otherwise, and whenever a --pipeswift option is
- * present, it asks psbatch's resident helper (pipeswift_slurm/psbatch_helper.py) what the
- * Python psbatch would do, and does it: exec sbatch with the new argv, the rewritten script
- * on stdin or in a file in the helper's folder. With no helper (the first time: it starts
- * one in the background), or anything amiss, it execs the Python psbatch with the same
- * argv and stdin, and the real sbatch in $PIPESWIFT_SBATCH. Nothing is submitted before
- * that choice, so the outcome is the Python psbatch's in every case.
+ * present, it decides what the Python psbatch would do itself (decide.c) when it can, and
+ * else asks psbatch's resident helper (pipeswift_slurm/psbatch_helper.py); then does it:
+ * exec sbatch with the new argv, the rewritten script on stdin or in a file in the
+ * helper's folder. With no helper (the first time: it starts one in the background), or
+ * anything amiss, it execs the Python psbatch with the same argv and stdin, and the real
+ * sbatch in $PIPESWIFT_SBATCH. Nothing is submitted before that choice, so the outcome is
+ * the Python psbatch's in every case.
  *
- * Every table (sbatch's options, the markers, the size bound, messages, the interpreter)
- * comes from psbatch_tables.h, which pipeswift_slurm/fast/build.py generates from the
- * Python modules: `pipeswift build-psbatch` or `python -m pipeswift_slurm.fast.build`.
- * Plain C99 + POSIX/Linux, no libraries.
+ * Every table (sbatch's options, the markers, Megatron's flags, the size bound, messages,
+ * the interpreter) comes from psbatch_tables.h, which pipeswift_slurm/fast/build.py
+ * generates from the Python modules: `pipeswift build-psbatch` or `python -m
+ * pipeswift_slurm.fast.build`. Plain C99 + POSIX/Linux, no libraries.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "decide.h"
 #include "psbatch_tables.h"
 
 #ifndef PATH_MAX
@@ -56,115 +57,34 @@ struct scan {
     unsigned char *own; /* own[i]: argv[i] is (part of) a --pipeswift option */
 };
 
-static void take(struct scan *s, const char *name, const char *value)
+/* One option of psbatch's argv: what main() needs to know of it. */
+static void take(const struct psb_opt *o, void *ctx)
 {
+    struct scan *s = ctx;
     int k;
-    if (strcmp(name, "wrap") == 0) {
+    if (o->what == PSB_OPT_OWN) {
+        for (k = o->start; k < o->end; k++)
+            s->own[k + 1] = 1;
+        return;
+    }
+    if (o->what == PSB_OPT_UNKNOWN) {
+        s->unknown = 1;
+        return;
+    }
+    if (strcmp(o->name, "wrap") == 0) {
         s->has_wrap = 1;
-        s->wrap = value;
+        s->wrap = o->value;
     }
     for (k = 0; psb_no_stdin[k]; k++)
-        if (strcmp(name, psb_no_stdin[k]) == 0)
+        if (strcmp(o->name, psb_no_stdin[k]) == 0)
             s->no_stdin = 1;
-}
-
-/* getopt_long's lookup: an exact name, else a unique prefix. NULL: unknown. */
-static const struct psb_long *long_option(const char *body, size_t len)
-{
-    const struct psb_long *hit = NULL;
-    int k, hits = 0;
-    for (k = 0; psb_long[k].name; k++) {
-        if (strncmp(psb_long[k].name, body, len) != 0)
-            continue;
-        if (psb_long[k].name[len] == '\0')
-            return &psb_long[k];
-        hit = &psb_long[k];
-        hits++;
-    }
-    return hits == 1 ? hit : NULL;
-}
-
-static int scan_long(int argc, char **argv, int i, struct scan *s)
-{
-    const char *body = argv[i] + 2;
-    const char *eq = strchr(body, '=');
-    size_t len = eq ? (size_t)(eq - body) : strlen(body);
-    size_t own_len = strlen(PSB_OWN_PREFIX) - 2;
-    const struct psb_long *opt;
-    int end;
-
-    if (strncmp(argv[i], PSB_OWN_PREFIX, strlen(PSB_OWN_PREFIX)) == 0) {
-        end = (eq || len == own_len || i + 1 >= argc) ? i + 1 : i + 2;
-        for (; i < end; i++)
-            s->own[i] = 1;
-        return end;
-    }
-    opt = long_option(body, len);
-    if (opt == NULL) {
-        s->unknown = 1;
-        return i + 1;
-    }
-    if (eq || opt->kind != PSB_REQUIRED) {
-        take(s, opt->name, eq ? eq + 1 : NULL);
-        return i + 1;
-    }
-    if (i + 1 >= argc) {
-        take(s, opt->name, NULL);
-        return i + 1;
-    }
-    take(s, opt->name, argv[i + 1]);
-    return i + 2;
-}
-
-static int scan_short(int argc, char **argv, int i, struct scan *s)
-{
-    const char *text = argv[i];
-    size_t k;
-    for (k = 1; text[k]; k++) {
-        unsigned char c = (unsigned char)text[k];
-        const struct psb_short *opt = c < 128 ? &psb_short[c] : NULL;
-        if (opt == NULL || opt->name == NULL) {
-            s->unknown = 1;
-            continue;
-        }
-        if (opt->kind != PSB_REQUIRED) {
-            take(s, opt->name, NULL);
-            continue;
-        }
-        if (text[k + 1]) {
-            take(s, opt->name, text + k + 1);
-            return i + 1;
-        }
-        if (i + 1 < argc) {
-            take(s, opt->name, argv[i + 1]);
-            return i + 2;
-        }
-        take(s, opt->name, NULL);
-        return i + 1;
-    }
-    return i + 1;
 }
 
 /* sbatch_args.scan_argv: options up to the first positional word (the script) or "--". */
 static void scan_argv(int argc, char **argv, struct scan *s)
 {
-    int i = 1;
-    while (i < argc) {
-        const char *arg = argv[i];
-        if (strcmp(arg, ":") == 0) {
-            i++;
-        } else if (strcmp(arg, "--") == 0) {
-            s->script_index = i + 1 < argc ? i + 1 : -1;
-            return;
-        } else if (arg[0] == '-' && arg[1] == '-') {
-            i = scan_long(argc, argv, i, s);
-        } else if (arg[0] == '-' && arg[1] != '\0') {
-            i = scan_short(argc, argv, i, s);
-        } else {
-            s->script_index = i;
-            return;
-        }
-    }
+    int script = psb_scan_options(argc - 1, argv + 1, 1, take, s, NULL);
+    s->script_index = script < 0 ? -1 : script + 1;
 }
 
 /* ------------------------------------------------------------------ input */
@@ -506,12 +426,17 @@ static int put_record(struct buf *b, char tag, const char *data, size_t len)
 
 /* $PIPESWIFT_PSBATCH_HELPER: off, 0, no or false turn it off; any other value on; unset
  * or empty: as built (pipeswift build-psbatch --no-helper). */
+static int switched_on(const char *variable, int default_on)
+{
+    const char *v = getenv(variable);
+    if (v == NULL || *v == '\0')
+        return default_on;
+    return !(strcmp(v, "off") == 0 || strcmp(v, "0") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0);
+}
+
 static int helper_enabled(void)
 {
-    const char *v = getenv("PIPESWIFT_PSBATCH_HELPER");
-    if (v == NULL || *v == '\0')
-        return PSB_HELPER_DEFAULT_ON;
-    return !(strcmp(v, "off") == 0 || strcmp(v, "0") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0);
+    return switched_on("PIPESWIFT_PSBATCH_HELPER", PSB_HELPER_DEFAULT_ON);
 }
 
 /* psbatch_helper.shared_memory_usable */
@@ -633,16 +558,6 @@ static void await_answer(int fd, long spin_us)
         sched_yield();
     }
 }
-
-/* What the helper said the Python psbatch would do. */
-struct answer {
-    char **argv;        /* argv[0] "sbatch", then the words; NULL-terminated */
-    int argc;
-    const char *warning, *in, *name, *script;
-    size_t warning_len, in_len, script_len;
-    int has_in, has_script;
-    long index;         /* argv index (without argv[0]) of the script to write */
-};
 
 static char *word(const char *data, size_t len)
 {
@@ -948,12 +863,34 @@ static int ask_helper(const char *dir, int argc, char **argv, const char *sbatch
     return carry_out(&a, dir, sbatch);
 }
 
-/* A job psbatch enriches: the helper's answer, else the Python psbatch. */
+/* Carry out the decision made here (decide.c), when it could be made: returns only when
+ * it could not (nothing was submitted). A rewritten script file goes where the helper's
+ * answers put it, in a folder of the helper's own folder, which a helper removes once
+ * sbatch has ended: so a helper is started when none runs (never from inside a job). */
+static void decide_here(int argc, char **argv, const char *sbatch, const char *text, size_t text_len,
+                        const char *dir)
+{
+    struct answer a;
+    int alive = dir && private_dir(dir) == 0 && helper_alive(dir);
+    int may_start = dir && getenv("SLURM_JOB_ID") == NULL;
+    if (!switched_on("PIPESWIFT_PSBATCH_FAST", 1) || psb_decide(argc, argv, text, text_len, alive || may_start, &a))
+        return;
+    if (a.has_script && !alive) {
+        start_helper(dir);
+        if (private_dir(dir) != 0)
+            return;
+    }
+    carry_out(&a, dir, sbatch);
+}
+
+/* A job psbatch enriches: decided here, else the helper's answer, else the Python psbatch. */
 static void hand_off(int argc, char **argv, const char *sbatch, const struct scan *s, const char *text,
                      size_t text_len)
 {
     char dir[PATH_MAX];
-    if (helper_enabled() && helper_dir(dir, sizeof dir)) {
+    int helper = helper_enabled() && helper_dir(dir, sizeof dir);
+    decide_here(argc, argv, sbatch, text, text_len, helper ? dir : NULL);
+    if (helper) {
         int why = ask_helper(dir, argc, argv, sbatch, text, text_len);
         if (why == HELPER_ABSENT && getenv("SLURM_JOB_ID") == NULL) /* none left behind in jobs */
             start_helper(dir);

@@ -1,9 +1,14 @@
 """psbatch's compiled front end (pipeswift_slurm/fast): its generated tables match the
 Python ones; jobs that are not Megatron jobs reach a fake sbatch with the same argv and
 the same stdin bytes without starting Python; Megatron jobs and --pipeswift options go
-through the Python psbatch; and, over random argv lists, scripts and stdin, the compiled
-front end and ``python -m pipeswift_slurm.psbatch`` hand sbatch exactly the same argv,
-script and stdin and return the same exit code and output.
+through the resident helper or the Python psbatch; and, over random argv lists, scripts
+and stdin, the compiled front end and ``python -m pipeswift_slurm.psbatch`` hand sbatch
+exactly the same argv, script and stdin and return the same exit code and output.
+
+The front end also decides common Megatron jobs itself, in C (``$PIPESWIFT_PSBATCH_FAST``,
+on unless off, 0, no or false): then sbatch gets, byte for byte, what the Python psbatch
+would give it, and anything outside that subset is left to the helper or to Python. The
+tests before "the decision made in C" run with it off, so they keep testing those paths.
 
 The fake sbatch is a small C program (started in well under a millisecond) that records
 argv, the text of temporary scripts psbatch wrote, and the stdin bytes.
@@ -17,10 +22,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from pipeswift_slurm import psbatch, sbatch_args
@@ -208,8 +213,10 @@ def _run(bins: Bins, front: list[str] | tuple[str, ...], args: list[str], stdin:
     log = bins.tmp / "calls.log"
     if log.exists():
         log.unlink()
+    # the decision made in C is off unless a test turns it on (PIPESWIFT_PSBATCH_FAST=None)
     run_env = _env(PIPESWIFT_SBATCH=bins.fake, FAKE_SBATCH_LOG=str(log), FAKE_SBATCH_TMP=str(bins.tmp),
-                   FAKE_SBATCH_RC=str(rc), TMPDIR=str(bins.tmp), PIPESWIFT_PSBATCH_HELPER="off")
+                   FAKE_SBATCH_RC=str(rc), TMPDIR=str(bins.tmp), PIPESWIFT_PSBATCH_HELPER="off",
+                   PIPESWIFT_PSBATCH_FAST="off")
     run_env.pop("PIPESWIFT_DEBUG", None)
     run_env.update(env or {})
     for key in [k for k, v in run_env.items() if v is None]:
@@ -328,7 +335,7 @@ def test_terminal_stdin_is_not_read(bins, front):
         if log.exists():
             log.unlink()
         env = _env(PIPESWIFT_SBATCH=bins.fake, FAKE_SBATCH_LOG=str(log), TMPDIR=str(bins.tmp),
-                   PIPESWIFT_PSBATCH_HELPER="off")
+                   PIPESWIFT_PSBATCH_HELPER="off", PIPESWIFT_PSBATCH_FAST="off")
         cmd = [bins.fast] if front == "fast" else list(PYTHON_PSBATCH)
         done = subprocess.run(cmd, stdin=follower, env=env, cwd=bins.work, capture_output=True, timeout=30,
                               check=False)
@@ -992,6 +999,984 @@ def test_helper_exits_soon_after_its_code_changes_and_serves_until_then(tmp_path
     finally:
         helper.kill()
         helper.wait()
+
+
+# ---------------------------------------------------------------- the decision made in C
+
+FAST_ON = {"PIPESWIFT_PSBATCH_FAST": None}  # for _run: the default (on)
+CANNOT_RUN_PYTHON = b"psbatch: warning: cannot run the Python psbatch"
+INVALID_WARNING = b"psbatch: warning: Megatron job not opted in to PipeSwift: invalid Megatron arguments"
+LAUNCH = b"pipeswift-launch -- "
+
+
+class Job(NamedTuple):
+    """A Megatron job script the Python psbatch opts in, and the submit environment it needs."""
+
+    text: bytes
+    env: dict[str, str] = {}
+
+
+# Modelled on NVIDIA Megatron-LM's example scripts; each one valid for Megatron on the
+# GPUs its #SBATCH lines (or sbatch's input variables) ask for.
+CORPUS = {
+    # Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh, scaled down: bash arrays
+    "gpt3_arrays": Job(b"""#!/bin/bash
+#SBATCH --job-name=gpt3-small
+#SBATCH --nodes=1
+#SBATCH --gpus-per-node=8
+#SBATCH --time=04:00:00
+
+# Runs a small GPT-3 style model
+
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+GPUS_PER_NODE=8
+# Change for multinode config
+MASTER_ADDR=localhost
+MASTER_PORT=6000
+NUM_NODES=1
+NODE_RANK=0
+
+CHECKPOINT_PATH=$1 #<Specify path>
+TENSORBOARD_LOGS_PATH=$2 #<Specify path>
+VOCAB_FILE=$3 #<Specify path to file>/gpt2-vocab.json
+MERGE_FILE=$4 #<Specify path to file>/gpt2-merges.txt
+DATA_PATH=$5 #<Specify path and file prefix>_text_document
+
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes $NUM_NODES
+    --master_addr $MASTER_ADDR
+    --master_port $MASTER_PORT
+)
+
+GPT_MODEL_ARGS=(
+    --num-layers 12
+    --hidden-size 768
+    --num-attention-heads 12
+    --seq-length 1024
+    --max-position-embeddings 1024
+    --attention-backend auto # Can use (flash/fused/unfused/local)
+)
+
+TRAINING_ARGS=(
+    --micro-batch-size 2
+    --global-batch-size 64
+    --train-iters 500000
+    --weight-decay 0.1
+    --adam-beta1 0.9
+    --adam-beta2 0.95
+    --init-method-std 0.006
+    --clip-grad 1.0
+    --bf16
+    --lr 6.0e-5
+    --lr-decay-style cosine
+    --min-lr 6.0e-6
+    --lr-warmup-fraction .001
+    --lr-decay-iters 430000
+)
+
+MODEL_PARALLEL_ARGS=(
+\t--tensor-model-parallel-size 2
+\t--pipeline-model-parallel-size 2
+)
+
+DATA_ARGS=(
+    --data-path $DATA_PATH
+    --vocab-file $VOCAB_FILE
+    --merge-file $MERGE_FILE
+    --split 949,50,1
+)
+
+EVAL_AND_LOGGING_ARGS=(
+    --log-interval 100
+    --save-interval 10000
+    --eval-interval 1000
+    --save $CHECKPOINT_PATH
+    --load $CHECKPOINT_PATH
+    --eval-iters 10
+    --tensorboard-dir $TENSORBOARD_LOGS_PATH
+)
+
+torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \\
+    ${GPT_MODEL_ARGS[@]} \\
+    ${TRAINING_ARGS[@]} \\
+    ${MODEL_PARALLEL_ARGS[@]} \\
+    ${DATA_ARGS[@]} \\
+    ${EVAL_AND_LOGGING_ARGS[@]}
+"""),
+    # Megatron-LM's older examples/pretrain_gpt_distributed_with_mp.sh: flags in strings
+    "gpt_strings_srun": Job(b"""#!/bin/bash
+#SBATCH -N 2
+#SBATCH --gres=gpu:8
+#SBATCH --ntasks-per-node=1
+#SBATCH --exclusive
+
+# Runs the "345M" parameter model
+
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+GPUS_PER_NODE=8
+MASTER_PORT=6000
+NNODES=2
+CHECKPOINT_PATH=/lustre/ckpt/gpt-345m
+VOCAB_FILE=/lustre/data/gpt2-vocab.json
+MERGE_FILE=/lustre/data/gpt2-merges.txt
+DATA_PATH=/lustre/data/my-gpt2_text_document
+
+DISTRIBUTED_ARGS="
+    --nproc_per_node $GPUS_PER_NODE \\
+    --nnodes $NNODES \\
+    --rdzv_backend c10d \\
+    --master_port $MASTER_PORT
+"
+
+GPT_ARGS="
+    --tensor-model-parallel-size 2 \\
+    --pipeline-model-parallel-size 2 \\
+    --sequence-parallel \\
+    --num-layers 24 \\
+    --hidden-size 1024 \\
+    --num-attention-heads 16 \\
+    --seq-length 1024 \\
+    --max-position-embeddings 1024 \\
+    --micro-batch-size 4 \\
+    --global-batch-size 64 \\
+    --lr 0.00015 \\
+    --train-iters 500000 \\
+    --lr-decay-iters 320000 \\
+    --lr-decay-style cosine \\
+    --min-lr 1.0e-5 \\
+    --weight-decay 1e-2 \\
+    --lr-warmup-fraction .01 \\
+    --clip-grad 1.0 \\
+    --fp16
+"
+
+DATA_ARGS="
+    --data-path $DATA_PATH \\
+    --vocab-file $VOCAB_FILE \\
+    --merge-file $MERGE_FILE \\
+    --split 949,50,1
+"
+
+OUTPUT_ARGS="
+    --log-interval 100 \\
+    --save-interval 10000 \\
+    --eval-interval 1000 \\
+    --eval-iters 10
+"
+
+srun torchrun $DISTRIBUTED_ARGS pretrain_gpt.py \\
+    $GPT_ARGS \\
+    $DATA_ARGS \\
+    $OUTPUT_ARGS \\
+    --distributed-backend nccl \\
+    --save $CHECKPOINT_PATH \\
+    --load $CHECKPOINT_PATH
+"""),
+    # a Llama-2 style model: SwiGLU, GQA, RoPE, samples-based schedule with batch ramp-up
+    "llama_gqa_rampup": Job(b"""#!/bin/bash
+#SBATCH --job-name=llama-1b
+#SBATCH --nodes=2
+#SBATCH --gpus-per-node=8
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=32
+#SBATCH --output=logs/%x-%j.out
+
+set -euo pipefail
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+export NCCL_IB_SL=1
+
+CKPT=/checkpoints/llama-1b
+TOKENIZER=/models/llama2/tokenizer.model
+
+LLAMA_ARGS=(
+    --use-mcore-models
+    --num-layers 16
+    --hidden-size 2048
+    --ffn-hidden-size 5632
+    --num-attention-heads 16
+    --group-query-attention
+    --num-query-groups 4
+    --seq-length 2048
+    --max-position-embeddings 4096
+    --swiglu
+    --normalization RMSNorm
+    --position-embedding-type rope
+    --untie-embeddings-and-output-weights
+    --disable-bias-linear
+)
+
+TRAIN_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size 128
+    --rampup-batch-size 32 32 1000000
+    --train-samples 10000000
+    --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine
+    --bf16
+    --use-distributed-optimizer
+    --tensor-model-parallel-size 2
+    --pipeline-model-parallel-size 2
+)
+
+srun --kill-on-bad-exit=1 torchrun \\
+    --nnodes "$SLURM_NNODES" --nproc_per_node 8 \\
+    --rdzv_id "$SLURM_JOB_ID" --rdzv_backend c10d --rdzv_endpoint "$(hostname):29500" \\
+    pretrain_gpt.py \\
+    "${LLAMA_ARGS[@]}" \\
+    "${TRAIN_ARGS[@]}" \\
+    --tokenizer-type Llama2Tokenizer --tokenizer-model "$TOKENIZER" \\
+    --data-path /data/redpajama_text_document \\
+    --save "$CKPT" --load "$CKPT" --save-interval 1000
+"""),
+    # interleaved pipeline (layers per virtual stage), all GPUs from --gpus
+    "interleaved_vpp": Job(b"""#!/bin/bash
+#SBATCH --gpus=8
+#SBATCH --time=2:00:00
+#SBATCH --partition=gpu
+
+MODEL="--num-layers 16 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048"
+PARALLEL="--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2 --overlap-grad-reduce"
+
+torchrun --standalone --nproc_per_node=8 pretrain_gpt.py $MODEL $PARALLEL \\
+  --micro-batch-size 2 --global-batch-size 32 --train-iters 20000 \\
+  --bf16 --lr 1e-4 --mock-data --tokenizer-type NullTokenizer --vocab-size 32000
+"""),
+    # virtual stages per rank, python -m torch.distributed.run, --flag=value forms, -G
+    "vstages_flag_equals": Job(b"""#!/bin/bash
+#SBATCH -G 4
+#SBATCH --mem=0
+
+cd /workspace/Megatron-LM
+python -m torch.distributed.run --nproc_per_node=4 --master_port=29501 pretrain_gpt.py \\
+    --num-layers=8 --hidden-size=512 --num-attention-heads=8 --seq-length=512 \\
+    --max-position-embeddings=512 --pipeline-model-parallel-size=2 \\
+    --num-virtual-stages-per-pipeline-rank=2 --micro-batch-size=1 --global-batch-size=16 \\
+    --train-iters=1000 --fp16 --mock-data
+"""),
+    # python straight under srun, one task per GPU
+    "srun_python_per_task": Job(b"""#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=8
+#SBATCH --gpus-per-task=1
+#SBATCH --cpus-per-task=8
+
+source /opt/venv/bin/activate
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=6000
+
+srun --cpu-bind=none python pretrain_gpt.py \\
+    --num-layers 24 --hidden-size 2048 --num-attention-heads 32 --seq-length 2048 \\
+    --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --sequence-parallel \\
+    --micro-batch-size 1 --global-batch-size 256 --train-iters 100000 \\
+    --recompute-activations --use-distributed-optimizer --bf16 \\
+    --data-path /data/pile_text_document --split 99,1,0
+"""),
+    # a typed GRES, the training command behind cd && ... and piped through tee
+    "gres_typed_tee": Job(b"""#!/bin/bash
+#SBATCH --gres=gpu:a100:4
+#SBATCH -o train-%j.log
+
+LOG=train-$SLURM_JOB_ID.txt
+""" b"cd $HOME/Megatron-LM && torchrun --nproc_per_node 4 pretrain_gpt.py --num-layers 12 --hidden-size 768"
+        b" --num-attention-heads 12 --seq-length 1024 --tensor-model-parallel-size 2 --micro-batch-size 4"
+        b' --global-batch-size 32 --train-iters 5000 --bf16 2>&1 | tee $LOG; echo "exit $?"\n'),
+    # no GPU line in the script: the GPUs come from sbatch's input variables
+    "env_gpus_per_task": Job(b"""#!/bin/bash
+#SBATCH --ntasks=6
+#SBATCH -N 4
+#SBATCH --time=30
+
+torchrun --nproc_per_node 2 pretrain_gpt.py --num-layers 12 --hidden-size 512 --num-attention-heads 8 \\
+    --seq-length 256 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 3 \\
+    --global-batch-size 8 --train-iters 100 --mock-data
+""", {"SBATCH_GPUS_PER_TASK": "1", "PIPESWIFT_GPUS_PER_NODE": "2"}),
+    "env_gpus": Job(b"""#!/bin/bash
+#SBATCH --job-name=from-env
+
+srun python pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 \\
+    --micro-batch-size 2 --global-batch-size 16 --train-iters 200
+""", {"SBATCH_GPUS": "4"}),
+    "env_gres_and_per_node": Job(b"""#!/bin/bash
+#SBATCH --nodes=2
+
+torchrun pretrain_gpt.py --num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 512 \\
+    --tensor-model-parallel-size 4 --global-batch-size 32 --train-iters 300
+""", {"SBATCH_GRES": "gpu:4", "SBATCH_GPUS_PER_NODE": "8"}),
+    # export, ${X} and values built from other variables
+    "exported_vars": Job(b"""#!/bin/bash
+#SBATCH --nodes=1 --gpus-per-node=4
+
+export NUM_LAYERS=8
+export HIDDEN=1024
+export HEADS=16
+SEQ=2048
+export MODEL_ARGS="--num-layers ${NUM_LAYERS} --hidden-size $HIDDEN --num-attention-heads ${HEADS}"
+declare -a BATCH=(--micro-batch-size 2 --global-batch-size 64)
+
+srun torchrun --nproc_per_node 4 pretrain_gpt.py ${MODEL_ARGS} --seq-length $SEQ "${BATCH[@]}" \\
+    --train-iters 10000 --tensor-model-parallel-size 4 --bf16
+"""),
+    # the model size from the submit environment (sbatch --export=ALL by default)
+    "submit_environment": Job(b"""#!/bin/bash
+#SBATCH --gpus=8
+#SBATCH --nodes=1
+
+torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $NL --hidden-size ${HS} \\
+    --num-attention-heads $NH --seq-length 1024 --micro-batch-size ${MBS} --global-batch-size 64 \\
+    --train-iters $ITERS --tensor-model-parallel-size 2 --save $SCRATCH/ckpt --load $SCRATCH/ckpt \\
+    --save-interval 500
+""", {"NL": "12", "HS": "768", "NH": "12", "MBS": "4", "ITERS": "3000", "SCRATCH": "/scratch/me"}),
+    # already routed through the launcher: only the Comment changes
+    "already_routed": Job(b"""#!/bin/bash
+#SBATCH --gpus=4
+srun pipeswift-launch -- torchrun --nproc_per_node 4 pretrain_gpt.py --num-layers 4 --hidden-size 256 \\
+    --num-attention-heads 4 --seq-length 256 --global-batch-size 16 --train-iters 100
+"""),
+    # a Comment in the header (quoted); #PSWIFT lines
+    "comment_and_pswift": Job(b"""#!/bin/bash
+#SBATCH --comment="nightly sweep"
+#SBATCH --gpus=4
+#SBATCH --qos=normal
+#PSWIFT gpus=2-8
+#PSWIFT min-micro-batch=1 class=tiny
+
+torchrun --nproc_per_node 4 pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 \\
+    --seq-length 256 --micro-batch-size 2 --global-batch-size 16 --train-iters 100
+"""),
+    # a heredoc (its body never runs as a command) and comments before the command
+    "heredoc_config": Job(b"""#!/bin/bash
+#SBATCH -N 1
+#SBATCH --gpus-per-node=2
+## debug run: --num-layers 2 would do
+
+cat > run.cfg <<EOF
+layers=4
+python pretrain_gpt.py --num-layers 99
+EOF
+
+# the real run
+python -m torch.distributed.run --nproc_per_node 2 pretrain_gpt.py --num-layers 4 --hidden-size 128 \\
+    --num-attention-heads 4 --seq-length 128 --global-batch-size 8 --train-iters 50  # short
+echo finished
+"""),
+    # single quotes across lines, no continuations
+    "single_quotes_across_lines": Job(b"""#!/bin/bash
+#SBATCH --gpus=2
+ARGS='--num-layers 6 --hidden-size 384
+      --num-attention-heads 6 --seq-length 512
+      --micro-batch-size 2 --global-batch-size 8 --train-iters 400'
+exec torchrun --nproc_per_node 2 pretrain_gpt.py $ARGS --pipeline-model-parallel-size 2
+"""),
+    # uneven first/last pipeline stages; context parallelism
+    "uneven_pipeline": Job(b"""#!/bin/bash
+#SBATCH --nodes=1
+#SBATCH --gpus=8
+torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 14 --hidden-size 1024 --num-attention-heads 16 \\
+    --seq-length 1024 --pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 3 \\
+    --decoder-last-pipeline-num-layers 3 --global-batch-size 32 --micro-batch-size 2 --train-iters 1000
+"""),
+    "context_parallel": Job(b"""#!/bin/bash
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=8
+#SBATCH --gpus-per-task=1
+srun --ntasks-per-node=1 torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 8 --hidden-size 2048 \\
+    --num-attention-heads 16 --seq-length 8192 --context-parallel-size 2 --tensor-model-parallel-size 2 \\
+    --global-batch-size 16 --micro-batch-size 1 --train-iters 500 --bf16 --recompute-granularity full \\
+    --recompute-method uniform
+"""),
+    # a large job over four nodes, short options bundled in one #SBATCH line
+    "four_nodes": Job(b"""#!/bin/bash
+#SBATCH -N4 --gpus=32 -t 24:00:00
+#SBATCH --exclusive
+export OMP_NUM_THREADS=8
+srun torchrun --nnodes 4 --nproc_per_node 8 /opt/megatron/pretrain_gpt.py \\
+    --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 \\
+    --tensor-model-parallel-size 4 --pipeline-model-parallel-size 4 \\
+    --micro-batch-size 1 --global-batch-size 256 --train-iters 250000 \\
+    --use-distributed-optimizer --recompute-activations --bf16 \\
+    --save /ckpt/7b --load /ckpt/7b --save-interval 2000
+"""),
+    # a 13B-class model, tensor parallel over all 8 GPUs of one node
+    "tp8_one_node": Job(b"""#!/bin/bash
+#SBATCH --gpus=8
+#SBATCH --cpus-per-gpu=12
+TP=8
+srun torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 40 --hidden-size 5120 \\
+    --num-attention-heads 40 --seq-length 4096 --tensor-model-parallel-size $TP --sequence-parallel \\
+    --micro-batch-size 1 --global-batch-size 32 --train-iters 20000 --bf16 --use-distributed-optimizer
+"""),
+    # BERT, one GPU, plain python
+    "bert_one_gpu": Job(b"""#!/bin/bash
+#SBATCH --gpus=1
+python pretrain_bert.py --num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 128 \\
+    --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 4 --train-iters 20
+"""),
+    # separate commands on one line: ; && ||
+    "segments": Job(b"""#!/bin/bash
+#SBATCH --gpus-per-node=4
+""" b"module load cuda/12.4 || true; cd /work && srun torchrun --nproc_per_node 4 pretrain_gpt.py"
+        b" --num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 256"
+        b" --tensor-model-parallel-size 2 --global-batch-size 8 --train-iters 100 ; echo done\n"),
+}
+
+
+def _submission(bins: Bins, mode: str, name: str, text: bytes, options: Sequence[str] = (),
+                tail: Sequence[str] = (), double_dash: bool = False,
+                inline: bool = False) -> tuple[list[str], bytes]:
+    """psbatch's argv and stdin for ``text`` submitted as the script file ``name`` (with
+    ``tail`` as the script's arguments), on stdin, or as the --wrap text."""
+    if mode == "file":
+        (bins.work / name).write_bytes(text)
+        return [*options, *(["--"] if double_dash else []), name, *tail], b""
+    if mode == "stdin":
+        return list(options), text
+    wrap = ["--wrap=" + text.decode()] if inline else ["--wrap", text.decode()]
+    return [*options, *wrap], b""
+
+
+def _rewritten(mode: str, call: dict) -> bytes:
+    """The script text sbatch got."""
+    if mode == "file":
+        [script] = call["scripts"]
+        return script
+    if mode == "stdin":
+        return call["stdin"]
+    [wrap] = [a for a in call["argv"] if a.startswith(b"--wrap=")]
+    return wrap[len(b"--wrap="):]
+
+
+def _assert_routed(original: bytes, rewritten: bytes) -> None:
+    """The training command now runs through pipeswift-launch: inserted once, right before
+    its launcher, the rest of the script as written (a routed command: all as written)."""
+    if LAUNCH in original:
+        assert rewritten == original
+        return
+    old, new = original.split(b"\n"), rewritten.split(b"\n")
+    assert len(new) == len(old)
+    [k] = [k for k in range(len(old)) if old[k] != new[k]]
+    before, _, after = new[k].partition(LAUNCH)
+    assert before + after == old[k]
+    assert os.path.basename(after.split()[0]) in (b"srun", b"torchrun", b"python", b"python3")
+
+
+@pytest.fixture()
+def quiet(tmp_path) -> Path:
+    """A private helper folder (the user's, mode 0700) where no helper runs."""
+    folder = tmp_path / "quiet"
+    folder.mkdir()
+    folder.chmod(0o700)
+    return folder
+
+
+_MODES = ("file", "stdin", "wrap")
+# (psbatch options, the script's arguments, "--" before the script): the last two for files only
+_EXTRAS: list[tuple[list[str], tuple[str, ...], bool]] = [
+    ([], (), False),
+    (["--parsable"], ("--data", "/scratch/data"), False),
+    (["-p", "gpu", "--pipeswift-gpus=8-32"], (), False),
+    (["--comment=team a", "--pipeswift-pp=1,2,4"], (), True),
+    (["--pipeswift-min-micro-batch=1", "-J", "meg", "--parsable"], ("--num-layers", "3"), False),
+    (["--pipeswift-class=gpt_1.3b-small/v2", "--pipeswift=on", "--comment", "sweep 3"], (), False),
+    (["--time=01:00:00", "--pipeswift-gpus=4"], ("a b",), True),
+]
+
+
+def test_the_corpus_is_opted_in_by_the_python_psbatch():
+    """The corpus is what it says: jobs the Python psbatch opts in and routes."""
+    for case, job in sorted(CORPUS.items()):
+        plan = psbatch.plan_job(["job.sh"], [], job.text.decode(), job.env)
+        assert plan is not None and plan.argv[0].startswith("--comment="), case
+        assert "pswift1;args=" in plan.argv[0] and plan.text is not None, case
+
+
+@needs_cc
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("case", sorted(CORPUS))
+def test_megatron_jobs_are_decided_in_c_as_python_would(bins, quiet, case, mode):
+    """A common Megatron job, as a script file (the helper's folder private, no helper
+    running), on stdin or with --wrap: the front end decides it without Python (one that
+    cannot start Python submits it without a warning), and sbatch gets exactly what the
+    Python psbatch gives it: the Comment with the profile token in front, and the
+    training command routed through pipeswift-launch."""
+    job = CORPUS[case]
+    k = sorted(CORPUS).index(case) + _MODES.index(mode)
+    options, tail, double_dash = _EXTRAS[k % len(_EXTRAS)]
+    args, stdin = _submission(bins, mode, case + ".sh", job.text, options, tail, double_dash, k % 2 == 1)
+    env = _helper_env(quiet, **FAST_ON, **job.env)
+    python = _run(bins, PYTHON_PSBATCH, args, stdin, env=env)
+    assert python.rc == 0 and python.stderr == b"", python.stderr  # the Python psbatch opts it in
+    got = _run(bins, [bins.no_python], args, stdin, env=env)
+    assert CANNOT_RUN_PYTHON not in got.stderr, got.stderr  # decided in C
+    assert got == python
+    [call] = got.calls
+    assert call["argv"][0].startswith(b"--comment=") and b"pswift1;args=" in call["argv"][0]
+    rewritten = _rewritten(mode, call)
+    _assert_routed(job.text, rewritten)
+    if mode == "file":  # written where the helper's answers go (the helper removes them)
+        [folder] = [p for p in quiet.iterdir() if p.name.startswith("psbatch-")]
+        assert (folder / (case + ".sh")).read_bytes() == rewritten
+        shutil.rmtree(folder)
+
+
+class Odd(NamedTuple):
+    """A job outside what C decides: its script, psbatch options and environment; and
+    whether C must leave it to the helper or Python (False: C may decide it too)."""
+
+    text: bytes
+    options: tuple[str, ...] = ()
+    env: dict[str, Optional[str]] = {}
+    must_defer: bool = True
+
+
+_SIMPLE = (b"#!/bin/bash\n#SBATCH --gpus=4\n"
+           b"torchrun --nproc_per_node 4 pretrain_gpt.py --num-layers 8 --hidden-size 256 \\\n"
+           b"    --num-attention-heads 4 --seq-length 256 --pipeline-model-parallel-size 2 \\\n"
+           b"    --global-batch-size 16 --train-iters 100\n")
+_HEADER = b"#SBATCH --gpus=4\n"
+_NBSP, _ARABIC_3, _ARABIC_4, _ARABIC_8 = "\u00a0", "\u0663", "\u0664", "\u0668"
+
+DEFERRED = {
+    "layers_not_divisible_by_pp": Odd(_SIMPLE.replace(b"--num-layers 8", b"--num-layers 30").replace(
+        b"--pipeline-model-parallel-size 2", b"--pipeline-model-parallel-size 4")),
+    "no_train_iters": Odd(_SIMPLE.replace(b" --train-iters 100", b"")),
+    "pswift_off_line": Odd(_SIMPLE.replace(_HEADER, _HEADER + b"#PSWIFT off\n"), must_defer=False),
+    "pipeswift_off_option": Odd(_SIMPLE, ("--pipeswift=off",), must_defer=False),
+    "hetjob_header": Odd(_SIMPLE.replace(_HEADER, _HEADER + b"#SBATCH hetjob\n#SBATCH --gpus=2\n")),
+    "hetjob_argv": Odd(_SIMPLE, ("-n1", ":", "-n2")),
+    # Python's str.split() splits at U+00A0: the variable holds four words for it, and opts in
+    "nbsp_between_flags": Odd(("#!/bin/bash\n#SBATCH --gpus=4\nSHAPE=\"--num-layers 8%s--hidden-size 256\"\n"
+                               "torchrun pretrain_gpt.py $SHAPE --num-attention-heads 4 --seq-length 256"
+                               " --pipeline-model-parallel-size 2 --global-batch-size 16 --train-iters 100\n"
+                               % _NBSP).encode()),
+    "nbsp_in_a_comment": Odd(_SIMPLE.replace(_HEADER, _HEADER + ("# 4%sGPUs\n" % _NBSP).encode()),
+                             must_defer=False),
+    "crlf_line_ends": Odd(_SIMPLE.replace(b" \\\n   ", b"").replace(b"\n", b"\r\n")),
+    "bad_own_value": Odd(_SIMPLE, ("--pipeswift-gpus=x",)),
+    "own_value_non_ascii_digits": Odd(_SIMPLE, ("--pipeswift-gpus=%s-%s" % (_ARABIC_4, _ARABIC_8),)),
+    # Python reads U+0663 as 3 GPUs, not divisible by pp 2 (a warning); without them the job is valid
+    "env_gpus_non_ascii_digit": Odd(_SIMPLE.replace(_HEADER, b"#SBATCH --time=10\n"),
+                                    env={"SBATCH_GPUS": _ARABIC_3}),
+    "header_gpus_non_ascii_digit": Odd(_SIMPLE.replace(b"--gpus=4", ("--gpus=%s" % _ARABIC_3).encode())),
+    "unclosed_quote_after": Odd(_SIMPLE + b'echo "finished\n', must_defer=False),
+    "unclosed_quote_before": Odd(_SIMPLE.replace(_HEADER, _HEADER + b"echo 'starting\n"), must_defer=False),
+    # int() takes underscores: 1000 iterations for the Python psbatch
+    "underscore_in_a_number": Odd(_SIMPLE.replace(b"--train-iters 100", b"--train-iters 1_000"),
+                                  must_defer=False),
+    "pswift_quoted_value": Odd(_SIMPLE.replace(_HEADER, _HEADER + b'#PSWIFT gpus="2-8"\n'), must_defer=False),
+    "pswift_trailing_comment": Odd(_SIMPLE.replace(_HEADER, _HEADER + b"#PSWIFT gpus=2-8 # one node\n")),
+}
+
+
+@needs_cc
+@pytest.mark.parametrize("case, mode", [(case, mode) for k, case in enumerate(sorted(DEFERRED))
+                                        for mode in ("file", ("stdin", "wrap")[k % 2])])
+def test_jobs_outside_the_c_subset_end_as_python_ends_them(bins, helper, quiet, case, mode):
+    """Invalid Megatron arguments, heterogeneous jobs, non-ASCII or odd text, bad own
+    option values: the front end leaves them to the helper or to the Python psbatch (one
+    that cannot start Python says so), and the job ends exactly as the Python psbatch
+    ends it."""
+    odd = DEFERRED[case]
+    args, stdin = _submission(bins, mode, "odd.sh", odd.text, odd.options, inline=True)
+    env = dict(odd.env, **FAST_ON)
+    python = _run(bins, PYTHON_PSBATCH, args, stdin, env=env)
+    assert _run(bins, [bins.fast], args, stdin, env=env) == python  # helper off: the Python psbatch
+    assert _run(bins, [bins.fast], args, stdin, env=_helper_env(helper, **env)) == python  # the helper
+    got = _run(bins, [bins.no_python], args, stdin, env=_helper_env(quiet, **env))
+    assert got.rc == 0
+    if odd.must_defer:
+        assert got.stderr.startswith(CANNOT_RUN_PYTHON), (got.stderr, python.stderr)
+    else:
+        assert got == python or got.stderr.startswith(CANNOT_RUN_PYTHON)
+
+
+def _megatron(flags: str, header: str = "#SBATCH --gpus=4") -> bytes:
+    """A job script running ``pretrain_gpt.py`` with these flags."""
+    return ("#!/bin/bash\n%s\ntorchrun pretrain_gpt.py %s\n" % (header, flags)).encode()
+
+
+_SHAPE = "--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 256"
+_RUN = "--global-batch-size 16 --train-iters 100"
+# One job per rule a job is held to (megatron.profile_from_argv and check_config, and
+# require_length): the Python psbatch warns and submits it unchanged.
+INVALID = {
+    "heads_not_divisible_by_tp": _megatron("--num-layers 8 --hidden-size 384 --num-attention-heads 6"
+                                           " --seq-length 256 --tensor-model-parallel-size 4 " + _RUN),
+    "groups_not_divisible_by_tp": _megatron(_SHAPE + " --group-query-attention --num-query-groups 1"
+                                            " --tensor-model-parallel-size 2 " + _RUN),
+    "heads_not_divisible_by_groups": _megatron(_SHAPE + " --group-query-attention --num-query-groups 3 "
+                                               + _RUN),
+    "hidden_not_divisible_by_heads": _megatron(_SHAPE.replace("--hidden-size 256", "--hidden-size 250")
+                                               + " " + _RUN),
+    "tp_beyond_a_node": _megatron(_SHAPE + " --tensor-model-parallel-size 4 " + _RUN,
+                                  "#SBATCH --nodes=2 --gpus-per-node=2"),
+    "world_not_divisible": _megatron(_SHAPE + " --pipeline-model-parallel-size 3 " + _RUN),
+    "seq_not_divisible_by_2cp": _megatron(_SHAPE.replace("--seq-length 256", "--seq-length 254")
+                                          + " --context-parallel-size 2 " + _RUN),
+    "layers_not_divisible_by_pp": _megatron(_SHAPE + " --pipeline-model-parallel-size 3 " + _RUN,
+                                            "#SBATCH --gpus=3"),
+    "uneven_split": _megatron(_SHAPE.replace("--num-layers 8", "--num-layers 12")
+                              + " --pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 5"
+                              " --decoder-last-pipeline-num-layers 4 " + _RUN),
+    "uneven_split_pp1": _megatron(_SHAPE + " --decoder-first-pipeline-num-layers 4 " + _RUN),
+    "interleaving_needs_pp2": _megatron(_SHAPE + " --num-virtual-stages-per-pipeline-rank 2 " + _RUN),
+    "stage_layers_not_divisible_by_vp": _megatron(_SHAPE + " --pipeline-model-parallel-size 2"
+                                                  " --num-virtual-stages-per-pipeline-rank 3 " + _RUN),
+    "layers_per_virtual_stage": _megatron(_SHAPE + " --pipeline-model-parallel-size 2"
+                                          " --num-layers-per-virtual-pipeline-stage 3 " + _RUN),
+    "both_virtual_flags": _megatron(_SHAPE + " --pipeline-model-parallel-size 2"
+                                    " --num-layers-per-virtual-pipeline-stage 2"
+                                    " --num-virtual-stages-per-pipeline-rank 2 " + _RUN),
+    "micro_batches_not_multiple_of_pp": _megatron(_SHAPE + " --pipeline-model-parallel-size 2"
+                                                  " --num-virtual-stages-per-pipeline-rank 2"
+                                                  " --global-batch-size 6 --train-iters 100"),
+    "global_batch_not_divisible": _megatron(_SHAPE + " --micro-batch-size 4 --global-batch-size 24"
+                                            " --train-iters 100"),
+    "rampup_step": _megatron(_SHAPE + " --rampup-batch-size 4 8 100 " + _RUN),  # 4 and 12: fine per step
+    "rampup_intermediate": _megatron(_SHAPE + " --rampup-batch-size 2 2 100 " + _RUN),
+    "rampup_start_above_global": _megatron(_SHAPE + " --rampup-batch-size 32 4 100 " + _RUN),
+    "max_positions_below_seq": _megatron(_SHAPE + " --max-position-embeddings 128 " + _RUN),
+    "bf16_and_fp16": _megatron(_SHAPE + " --bf16 --fp16 " + _RUN),
+    "iters_and_samples": _megatron(_SHAPE + " --train-samples 1000 " + _RUN),
+    "no_length": _megatron(_SHAPE + " --global-batch-size 16"),
+    "no_seq_length": _megatron(_SHAPE.replace(" --seq-length 256", "") + " " + _RUN),
+    "recompute_granularity": _megatron(_SHAPE + " --recompute-granularity part " + _RUN),
+    "zero_micro_batch": _megatron(_SHAPE + " --micro-batch-size 0 " + _RUN),
+    "obsolete_model_parallel": _megatron(_SHAPE + " --model-parallel-size 2 " + _RUN),
+    "switch_with_value": _megatron(_SHAPE + " --bf16=true " + _RUN),
+    "rampup_inline": _megatron(_SHAPE + " --rampup-batch-size=4 " + _RUN),
+    "value_missing": _megatron(_SHAPE + " " + _RUN + " --save"),
+    "value_is_a_flag": _megatron(_SHAPE + " --load --bf16 " + _RUN),
+    "not_an_integer": _megatron(_SHAPE.replace("--num-layers 8", "--num-layers 8.0") + " " + _RUN),
+    "negative_integer": _megatron(_SHAPE + " --train-iters -100 --global-batch-size 16"),
+}
+
+
+@needs_cc
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_c_leaves_every_invalid_job_to_python(bins, quiet, case):
+    """A job broken against any one rule Megatron (or PipeSwift) holds it to is never
+    decided in C: the Python psbatch warns and submits it unchanged, and a front end
+    that cannot start Python says so and submits it unchanged too."""
+    mode = _MODES[sorted(INVALID).index(case) % len(_MODES)]
+    args, stdin = _submission(bins, mode, "invalid.sh", INVALID[case], inline=True)
+    python = _run(bins, PYTHON_PSBATCH, args, stdin, env=FAST_ON)
+    assert python.stderr.startswith(INVALID_WARNING)
+    got = _run(bins, [bins.no_python], args, stdin, env=_helper_env(quiet, **FAST_ON))
+    assert got.stderr.startswith(CANNOT_RUN_PYTHON) and got.calls == python.calls
+
+
+# Each way a job asks for GPUs, for a valid world (8 GPUs for tp 2 x pp 2; GPUs per node
+# from the cluster: 4, tp 2 fits) or not (6 GPUs; 1 GPU per node): #SBATCH lines,
+# psbatch options and the submit environment. (The global batch, 48, leaves only the world
+# to decide: 6, 8, 12 and 16 GPUs all divide it.)
+_WORLDS = {
+    "gpus": lambda ok: ("#SBATCH --gpus=%d" % (8 if ok else 6), (), {}),
+    "short_g": lambda ok: ("#SBATCH -G %d" % (8 if ok else 6), (), {}),
+    "gpus_per_node": lambda ok: ("#SBATCH -N 2\n#SBATCH --gpus-per-node=%d" % (4 if ok else 3), (), {}),
+    "gres": lambda ok: ("#SBATCH --gres=gpu:%d" % (8 if ok else 6), (), {}),
+    "gres_typed": lambda ok: ("#SBATCH --nodes=2 --gres=gpu:a100:%d" % (4 if ok else 3), (), {}),
+    "gpus_per_task": lambda ok: ("#SBATCH --ntasks=%d\n#SBATCH --gpus-per-task=1" % (8 if ok else 6), (), {}),
+    "tasks_per_node": lambda ok: ("#SBATCH -N2 --ntasks-per-node=%d --gpus-per-task=1" % (4 if ok else 3),
+                                  (), {}),
+    "per_task_alone": lambda ok: ("#SBATCH --gpus-per-task=%d" % (8 if ok else 6), (), {}),
+    "two_per_task": lambda ok: ("#SBATCH --gpus-per-task=2 --ntasks=%d" % (4 if ok else 3), (), {}),
+    "env_gpus": lambda ok: ("#SBATCH --time=10", (), {"SBATCH_GPUS": "8" if ok else "6"}),
+    "env_gpus_per_node": lambda ok: ("#SBATCH --nodes=1", (), {"SBATCH_GPUS_PER_NODE": "8" if ok else "6"}),
+    "env_gres": lambda ok: ("#SBATCH --nodes=2", (), {"SBATCH_GRES": "gpu:4" if ok else "gpu:3"}),
+    "env_gpus_per_task": lambda ok: ("#SBATCH --ntasks=%d" % (8 if ok else 6), (),
+                                     {"SBATCH_GPUS_PER_TASK": "1"}),
+    "env_over_header": lambda ok: ("#SBATCH --gpus=4", (), {"SBATCH_GPUS": "8" if ok else "6"}),
+    "option_over_header_and_env": lambda ok: ("#SBATCH --gpus=4", ("--gpus=%d" % (8 if ok else 6),),
+                                              {"SBATCH_GPUS": "4"}),
+    "option_gres": lambda ok: ("#SBATCH --gres=gpu:2", ("-N", "2", "--gres", "gpu:%d" % (4 if ok else 3)),
+                               {}),
+    "gpus_per_node_of_the_cluster": lambda ok: ("#SBATCH -N 3 --gpus=8", (),
+                                                {"PIPESWIFT_GPUS_PER_NODE": "4" if ok else "1"}),
+}
+_NO_GPU_ENV = dict.fromkeys(["SBATCH_GPUS", "SBATCH_GPUS_PER_NODE", "SBATCH_GPUS_PER_TASK", "SBATCH_GRES",
+                             "PIPESWIFT_GPUS_PER_NODE"])
+
+
+@needs_cc
+@pytest.mark.parametrize("form", sorted(_WORLDS))
+def test_the_gpus_a_job_asks_for_are_read_as_python_reads_them(bins, quiet, form):
+    """Whichever way a job asks for its GPUs: on as many as make tp 2 x pp 2 valid, the
+    front end decides it without Python, exactly as the Python psbatch does; on as many
+    as do not, the Python psbatch warns, and the front end leaves it to Python."""
+    job = _megatron("--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 256"
+                    " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --global-batch-size 48"
+                    " --train-iters 100", "%s")
+    mode = _MODES[sorted(_WORLDS).index(form) % len(_MODES)]
+    for valid in (True, False):
+        header, options, env = _WORLDS[form](valid)
+        args, stdin = _submission(bins, mode, "world.sh", job.replace(b"%s", header.encode()), options,
+                                  inline=True)
+        env = {**_NO_GPU_ENV, **env, **FAST_ON}
+        python = _run(bins, PYTHON_PSBATCH, args, stdin, env=env)
+        got = _run(bins, [bins.no_python], args, stdin, env=_helper_env(quiet, **env))
+        if valid:
+            assert python.stderr == b"" and python.calls[0]["argv"][0].startswith(b"--comment=pswift1;")
+            assert CANNOT_RUN_PYTHON not in got.stderr and got == python
+        else:
+            assert python.stderr.startswith(INVALID_WARNING)
+            assert got.stderr.startswith(CANNOT_RUN_PYTHON)
+
+
+@needs_cc
+@pytest.mark.parametrize("value", ["off", "0", "no", "false"])
+def test_fast_off_leaves_megatron_jobs_to_the_helper_or_python(bins, quiet, value):
+    """PIPESWIFT_PSBATCH_FAST=off (or 0, no, false): the front end decides no Megatron
+    job itself: one that cannot start Python warns and submits the job unchanged."""
+    job = CORPUS["bert_one_gpu"]
+    for mode in _MODES:
+        args, stdin = _submission(bins, mode, "bert.sh", job.text)
+        on = _run(bins, [bins.no_python], args, stdin, env=_helper_env(quiet, **FAST_ON))
+        assert on.stderr == b"" and on.calls[0]["argv"][0].startswith(b"--comment=pswift1;args="), mode
+        off = _run(bins, [bins.no_python], args, stdin, env=_helper_env(quiet, PIPESWIFT_PSBATCH_FAST=value))
+        assert off.stderr.startswith(CANNOT_RUN_PYTHON) and off.calls == _sent(args, stdin), mode
+
+
+@needs_cc
+def test_check_is_still_the_python_report(bins, quiet):
+    """--pipeswift=check on a job C would decide: the Python psbatch's report, nothing
+    submitted; without Python, the front end says it needs it (and submits nothing)."""
+    job = CORPUS["bert_one_gpu"]
+    for mode in ("file", "stdin"):
+        args, stdin = _submission(bins, mode, "bert.sh", job.text, ["--pipeswift=check"])
+        python = _run(bins, PYTHON_PSBATCH, args, stdin, env=FAST_ON)
+        assert python.rc == 0 and python.calls == [] and b"would be opted in" in python.stdout, mode
+        assert _run(bins, [bins.fast], args, stdin, env=FAST_ON) == python, mode
+        got = _run(bins, [bins.no_python], args, stdin, env=_helper_env(quiet, **FAST_ON))
+        assert got.rc == 2 and got.calls == [], mode
+        assert got.stderr.startswith(b"psbatch: error: --pipeswift=check needs the Python psbatch"), mode
+
+
+# Megatron-ish scripts from building blocks: #SBATCH lines, a #PSWIFT line, the flags
+# split between a variable, the command line and continuation lines; small sizes, so
+# that some are valid and some are not.
+
+
+class Gen(NamedTuple):
+    headers: tuple[str, ...]
+    pswift: str
+    style: str                 # how MEG_ARGS holds its flags (_STYLES)
+    use: str                   # how the command uses it
+    use_last: bool
+    flags: tuple[str, ...]     # "--flag value" or "--flag=value"
+    where: tuple[int, ...]     # per flag: 0 in MEG_ARGS, 1 on the command line, 2 on a continuation line
+    launch: str
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    tail: str
+
+
+_STYLES = {
+    "dq": lambda name, words: '%s="%s"' % (name, " ".join(words)),
+    "dq_lines": lambda name, words: '%s="\n    %s\n"' % (name, " \\\n    ".join(words)),
+    "sq_lines": lambda name, words: "%s='%s'" % (name, "\n    ".join(words)),
+    "array": lambda name, words: "%s=(\n    %s\n)" % (name, "\n    ".join(words)),
+    "array_inline": lambda name, words: "%s=( %s )" % (name, " ".join(words)),
+    "export": lambda name, words: 'export %s="%s"' % (name, " ".join(words)),
+}
+_USES = ("$MEG_ARGS", "${MEG_ARGS}", "${MEG_ARGS[@]}", '"${MEG_ARGS[@]}"')
+_GPU_HEADERS = ("#SBATCH --gpus=8", "#SBATCH -G 4", "#SBATCH --nodes=2\n#SBATCH --gpus-per-node=4",
+                "#SBATCH -N 1 --gres=gpu:8", "#SBATCH --gres=gpu:a100:2",
+                "#SBATCH --ntasks=4\n#SBATCH --gpus-per-task=1",
+                "#SBATCH -N2 --ntasks-per-node=4 --gpus-per-task=1", "#SBATCH --gpus=2", "#SBATCH --time=10",
+                "#SBATCH --nodes=2 --gpus=16", "#SBATCH --comment='a b'", '#SBATCH --comment="sweep 1"',
+                "#SBATCH -p gpu -J meg", "#SBATCH --gpus-per-node=2 # per node")
+_PSWIFT_LINES = ("", "", "#PSWIFT gpus=2-16", "#PSWIFT min-micro-batch=2", "#PSWIFT pp=1,2",
+                 "#PSWIFT class=small", "#PSWIFT on", "#PSWIFT off", "#PSWIFT gpus=x",
+                 "#PSWIFT gpus=1-8 pp=1,2,4")
+_LAUNCHES = ("torchrun --nproc_per_node 8 pretrain_gpt.py",
+             "srun torchrun --nnodes 1 --nproc_per_node=4 pretrain_gpt.py",
+             "python -m torch.distributed.run --nproc_per_node 2 pretrain_gpt.py",
+             "srun python pretrain_gpt.py",
+             "python /opt/Megatron-LM/pretrain_gpt.py", "pipeswift-launch -- torchrun pretrain_gpt.py",
+             "exec srun --mpi=pmix python3 pretrain_gpt.py", "cd /work && torchrun pretrain_gpt.py",
+             "torchrun $DIST pretrain_gpt.py", "srun pipeswift-launch -- python pretrain_gpt.py")
+_BEFORE = ("echo start", "cd $HOME", "module load cuda/12.4", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+           "# train it", 'DIST="--nproc_per_node 4 --nnodes 1"', "set -x", "MASTER_ADDR=$(hostname)",
+           "source activate.sh && echo ready", "CKPT=/ckpt/run1")
+_AFTER = ("echo done", "wait", "# the end", "exit 0")
+_TAILS = ("", "", "  # train", " 2>&1 | tee train.log", "; echo done", " && echo ok", " &")
+_EXTRA_FLAGS = ("--bf16", "--swiglu", "--sequence-parallel", "--use-distributed-optimizer", "--save $CKPT",
+                "--load $CKPT", "--save-interval 10", "--lr 1e-4", "--data-path /data/x_text_document",
+                "--rampup-batch-size 4 4 100", "--recompute-activations", "--fp16", "--no-such-flag 3")
+_SIZES = (("--tensor-model-parallel-size", [1, 2, 4]), ("--pipeline-model-parallel-size", [1, 2, 4]),
+          ("--micro-batch-size", [1, 2]), ("--global-batch-size", [4, 8, 16, 32, 6]),
+          ("--train-iters", [10, 100, 1000, 50, 20, "x"]))
+
+
+def _compose(g: Gen) -> bytes:
+    held, inline, continued = ([f for f, w in zip(g.flags, g.where) if w == k] for k in range(3))
+    lines = ["#!/bin/bash", *g.headers, *([g.pswift] if g.pswift else []), *g.before]
+    words = [g.launch] + inline
+    if held:
+        lines.append(_STYLES[g.style]("MEG_ARGS", held))
+        words.insert(len(words) if g.use_last else 1, g.use)
+    command = " ".join(words)
+    for k in range(0, len(continued), 2):
+        command += " \\\n    " + " ".join(continued[k:k + 2])
+    lines += [command + g.tail, *g.after]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _flag(draw, name: str, values: Sequence[object]) -> str:
+    return "%s%s%s" % (name, draw(st.sampled_from([" ", " ", "="])), draw(st.sampled_from(values)))
+
+
+@st.composite
+def _gens(draw) -> Gen:
+    heads = draw(st.sampled_from([2, 4, 8]))
+    hidden = heads * draw(st.sampled_from([32, 64])) if draw(st.integers(0, 9)) else 100
+    flags = [_flag(draw, "--num-layers", [2, 4, 6, 8, 12]), _flag(draw, "--hidden-size", [hidden]),
+             _flag(draw, "--num-attention-heads", [heads]), _flag(draw, "--seq-length", [64, 128, 256])]
+    flags += [_flag(draw, name, values) for name, values in _SIZES if draw(st.integers(0, 4))]
+    flags += draw(st.lists(st.sampled_from(_EXTRA_FLAGS), max_size=4, unique=True))
+    flags = draw(st.permutations(flags))
+    where = draw(st.lists(st.sampled_from([0, 1, 2]), min_size=len(flags), max_size=len(flags)))
+    return Gen(headers=tuple(draw(st.lists(st.sampled_from(_GPU_HEADERS), max_size=3))),
+               pswift=draw(st.sampled_from(_PSWIFT_LINES)), style=draw(st.sampled_from(sorted(_STYLES))),
+               use=draw(st.sampled_from(_USES)), use_last=draw(st.booleans()), flags=tuple(flags),
+               where=tuple(where), launch=draw(st.sampled_from(_LAUNCHES)),
+               before=tuple(draw(st.lists(st.sampled_from(_BEFORE), max_size=3))),
+               after=tuple(draw(st.lists(st.sampled_from(_AFTER), max_size=2))),
+               tail=draw(st.sampled_from(_TAILS)))
+
+
+_OWN = st.lists(st.sampled_from([
+    ("--pipeswift-gpus=2-16",), ("--pipeswift-pp=1,2",), ("--pipeswift-min-micro-batch=1",),
+    ("--pipeswift-class=x",), ("--pipeswift-class=a.b c/d_e-f",), ("--pipeswift=off",), ("--pipeswift=on",),
+    ("-p", "gpu"), ("--comment=x",),
+    ("--parsable",), ("--pipeswift-gpus", "4"), ("--gpus=4",), ("-N", "1"), ("--gres=gpu:2",),
+]), max_size=3).map(lambda options: [word for option in options for word in option])
+_GEN_ENV = st.fixed_dictionaries({
+    "SBATCH_GPUS": st.sampled_from([None, None, "4", "8"]),
+    "SBATCH_GPUS_PER_NODE": st.sampled_from([None, None, "2"]),
+    "SBATCH_GRES": st.sampled_from([None, None, "gpu:2"]),
+    "SBATCH_GPUS_PER_TASK": st.sampled_from([None, None, "1"]),
+    "PIPESWIFT_GPUS_PER_NODE": st.sampled_from([None, "4"]),
+    "CKPT": st.sampled_from([None, "/ckpt/x"]),
+})
+
+
+@needs_cc
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(gen=_gens(), options=_OWN, env=_GEN_ENV, mode=st.sampled_from(_MODES), inline=st.booleans(),
+       rc=st.sampled_from([0, 0, 0, 1]))
+def test_c_decides_generated_megatron_jobs_as_python_would(bins, helper, quiet, gen, options, env, mode,
+                                                           inline, rc):
+    """Over generated Megatron-ish jobs, argv and submit environments: the front end
+    (deciding in C, else through the helper) hands sbatch exactly what the Python psbatch
+    does; and whenever one that cannot start Python submits without a warning, that too
+    is exactly the Python psbatch's outcome."""
+    text = _compose(gen)
+    note(text.decode())
+    args, stdin = _submission(bins, mode, "gen.sh", text, options, inline=inline)
+    env = dict(env, **FAST_ON)
+    python = _run(bins, PYTHON_PSBATCH, args, stdin, rc, env=env)
+    assert _run(bins, [bins.fast], args, stdin, rc, env=_helper_env(helper, **env)) == python
+    got = _run(bins, [bins.no_python], args, stdin, rc, env=_helper_env(quiet, **env))
+    if CANNOT_RUN_PYTHON in got.stderr:
+        event("left to the helper or Python")
+    else:
+        event("decided in C")
+        assert got == python
+
+
+# generated-like jobs that C decides (the property above checks C only where it decides)
+_DECIDED_GENS = {
+    "array_srun": Gen(
+        headers=("#SBATCH --nodes=2\n#SBATCH --gpus-per-node=4",), pswift="", style="array",
+        use='"${MEG_ARGS[@]}"', use_last=False,
+        flags=("--num-layers 8", "--hidden-size 256", "--num-attention-heads 4", "--seq-length 128",
+               "--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 2", "--global-batch-size 16",
+               "--train-iters 100", "--bf16"), where=(0, 0, 0, 1, 2, 2, 1, 2, 0),
+        launch="srun torchrun --nnodes 1 --nproc_per_node=4 pretrain_gpt.py", before=("echo start",),
+        after=("echo done",), tail=""),
+    "dq_lines_equals": Gen(
+        headers=("#SBATCH -G 4",), pswift="#PSWIFT gpus=2-16", style="dq_lines", use="$MEG_ARGS",
+        use_last=True,
+        flags=("--num-layers=4", "--hidden-size=128", "--num-attention-heads=2", "--seq-length=64",
+               "--micro-batch-size=2", "--global-batch-size=8", "--train-iters=10"),
+        where=(0, 0, 0, 0, 1, 1, 2),
+        launch="python -m torch.distributed.run --nproc_per_node 2 pretrain_gpt.py",
+        before=("module load cuda/12.4",), after=(), tail="  # train"),
+    "sq_lines_tee": Gen(
+        headers=("#SBATCH --gres=gpu:a100:2", "#SBATCH --comment='a b'"), pswift="#PSWIFT class=small",
+        style="sq_lines", use="${MEG_ARGS}", use_last=False,
+        flags=("--num-layers 6", "--hidden-size 256", "--num-attention-heads 8", "--seq-length 256",
+               "--tensor-model-parallel-size 2", "--global-batch-size 4", "--train-iters 10", "--save $CKPT",
+               "--load $CKPT", "--save-interval 10"), where=(0, 1, 0, 2, 2, 0, 1, 0, 0, 1),
+        launch="exec srun --mpi=pmix python3 pretrain_gpt.py", before=("CKPT=/ckpt/run1",), after=("wait",),
+        tail=" 2>&1 | tee train.log"),
+    "export_cd": Gen(
+        headers=("#SBATCH --time=10",), pswift="", style="export", use="${MEG_ARGS[@]}", use_last=True,
+        flags=("--num-layers 4", "--hidden-size 128", "--num-attention-heads 4", "--seq-length 128",
+               "--pipeline-model-parallel-size 4", "--global-batch-size 32", "--train-iters 100",
+               "--rampup-batch-size 4 4 100"), where=(0, 0, 0, 0, 1, 1, 2, 2),
+        launch="cd /work && torchrun pretrain_gpt.py", before=("export CUDA_DEVICE_MAX_CONNECTIONS=1",),
+        after=("# the end",), tail="; echo done"),
+    "routed_inline_array": Gen(
+        headers=("#SBATCH --gpus=8", "#SBATCH -p gpu -J meg"), pswift="#PSWIFT pp=1,2", style="array_inline",
+        use="${MEG_ARGS[@]}", use_last=False,
+        flags=("--num-layers 12", "--hidden-size 512", "--num-attention-heads 8", "--seq-length 256",
+               "--tensor-model-parallel-size 4", "--micro-batch-size 1", "--train-iters 10", "--swiglu"),
+        where=(1, 1, 0, 0, 2, 2, 0, 1), launch="srun pipeswift-launch -- python pretrain_gpt.py",
+        before=("set -x", "cd $HOME"), after=(), tail=""),
+}
+_DECIDED_ENV = {"export_cd": {"SBATCH_GPUS": "8"}}
+
+
+@needs_cc
+@pytest.mark.parametrize("case", sorted(_DECIDED_GENS))
+def test_generated_like_jobs_are_decided_in_c(bins, quiet, case):
+    """Jobs from those building blocks, in reach of C: decided without Python whether
+    they come as a file, on stdin or with --wrap, exactly as the Python psbatch would."""
+    text = _compose(_DECIDED_GENS[case])
+    env = dict(_DECIDED_ENV.get(case, {}), **FAST_ON)
+    for k, mode in enumerate(_MODES):
+        args, stdin = _submission(bins, mode, "gen.sh", text, ["--parsable"], inline=k == 2)
+        python = _run(bins, PYTHON_PSBATCH, args, stdin, env=env)
+        assert python.stderr == b"" and python.calls[0]["argv"][0].startswith(b"--comment=")  # opted in
+        got = _run(bins, [bins.no_python], args, stdin, env=_helper_env(quiet, **env))
+        assert CANNOT_RUN_PYTHON not in got.stderr, (mode, got.stderr)
+        assert got == python, mode
+
+
+# What decide.c copies from the Python: any change there needs the same change in C.
+_MIRRORED = ("jobscript", "sbatch_args", "psbatch.build_request", "psbatch.plan_job", "psbatch._with_options",
+             "psbatch.decide", "megatron.parse_argv", "megatron._split", "megatron._to_int", "megatron._width",
+             "megatron._flag_value", "megatron._positive", "megatron.shape_from_args", "megatron.plan_from_args",
+             "megatron._vp_from_args", "megatron.profile_from_argv", "megatron.require_length",
+             "megatron.node_shape", "megatron.stage_layers", "megatron.check_config", "megatron._split_problems",
+             "megatron._batch_problems", "token.encode_profile", "model.TrainingPlan")
+
+
+def test_decide_c_was_reviewed_against_the_python_it_copies():
+    """A change to the Python rules decide.c copies fails here until decide.c has been
+    brought in line and its recorded fingerprint updated (the property tests above only
+    catch a difference that their random jobs happen to reach)."""
+    import hashlib
+    import importlib
+    import inspect
+    import re
+
+    sources = []
+    for name in _MIRRORED:
+        module, _, attr = name.partition(".")
+        found = importlib.import_module("pipeswift_slurm." + module)
+        sources.append(inspect.getsource(getattr(found, attr) if attr else found))
+    digest = hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
+    c_text = (fast_build.SOURCE.with_name("decide.c")).read_text()
+    recorded = re.search(r"copies the Python at fingerprint ([0-9a-f]{16})", c_text)
+    assert recorded is not None and recorded.group(1) == digest, (
+        "the Python rules decide.c copies have changed: bring decide.c in line, then record fingerprint %s"
+        % digest)
 
 
 # ---------------------------------------------------------------- pipeswift build-psbatch
