@@ -1,11 +1,15 @@
 """psbatch overhead: median wall time of N submissions with sbatch, the Python psbatch,
 the compiled psbatch front end (pipeswift_slurm/fast) with its resident helper off, and
-with it running (pipeswift_slurm/psbatch_helper), for a Megatron script (enriched: parsed,
-validated, rewritten) and a plain one (passed through). With the helper, twice: the same
-script each time (``fast_helper``: after the first, answered from the helper's memo) and
-a script never submitted before each time (``fast_helper_new_script``: as in a sweep, its
-``--train-iters`` differs, so the helper decides it afresh). Also the time of a Megatron
-submission that finds no helper (it goes through the Python psbatch and starts one).
+with it on (pipeswift_slurm/psbatch_helper), for a Megatron script (enriched: parsed,
+validated, rewritten) and a plain one (passed through). With the helper on, the front end
+decides a Megatron job itself (decide.c), both for the same script each time
+(``fast_helper``) and for a script never submitted before each time
+(``fast_helper_new_script``: as in a sweep, its ``--train-iters`` differs). The same two
+with that decision turned off (``PIPESWIFT_PSBATCH_FAST=off``), as the previous release
+ran them: ``asked_memo`` (answered from the helper's memo) and ``asked_new_script`` (the
+helper decides afresh). Also the time of a Megatron submission that finds no helper
+running, with the decision in C (it starts a helper for later clean-up) and without it
+(the Python psbatch, which also starts one).
 
 Needs a Slurm controller (tests/slurm/testbed.sh up; source its env.sh) and, for the
 compiled front end, a C compiler (it is built into a temporary folder). Jobs are submitted
@@ -92,8 +96,8 @@ def _stop_helper(folder: Path) -> None:
 
 def _first_submissions(fast: str, cwd: Path, ids: list[str], env: dict[str, str], folder: Path,
                        rounds: int = 5) -> dict[str, float]:
-    """A Megatron submission that finds no helper: the Python psbatch, plus starting one.
-    Leaves a helper running."""
+    """A Megatron submission that finds no helper: it starts one (in the background). Leaves
+    a helper running."""
     times = []
     for _ in range(rounds):
         _stop_helper(folder)
@@ -129,7 +133,8 @@ def _compare(variants: dict[str, tuple[list[str], dict[str, str], bool]], name: 
         row.update({"psbatch_median_s": round(medians["psbatch"], 5),
                     "ratio": round(medians["psbatch"] / sb, 3)})
     for variant, key in (("psbatch_fast", "fast"), ("psbatch_fast_helper", "fast_helper"),
-                         ("psbatch_fast_helper_new_script", "fast_helper_new_script")):
+                         ("psbatch_fast_helper_new_script", "fast_helper_new_script"),
+                         ("psbatch_fast_asked", "asked_memo"), ("psbatch_fast_asked_new_script", "asked_new_script")):
         if variant in medians:
             # also per round: this variant's time over sbatch's in the same round (a
             # paired estimate, steadier than a ratio of medians when the machine drifts)
@@ -164,7 +169,9 @@ def main() -> None:
         helper_parent = tempfile.mkdtemp(prefix="psbatch-bench-", dir=SHARED_MEMORY if shared_memory_usable() else cwd)
         helper_dir = Path(helper_parent) / "helper"
         plain_env = dict(os.environ, PIPESWIFT_PSBATCH_HELPER="off")
-        helped_env = dict(os.environ, PIPESWIFT_PSBATCH_HELPER="on", PIPESWIFT_PSBATCH_HELPER_DIR=str(helper_dir))
+        helped_env = dict(os.environ, PIPESWIFT_PSBATCH_HELPER="on", PIPESWIFT_PSBATCH_HELPER_DIR=str(helper_dir),
+                          PIPESWIFT_PSBATCH_FAST="on")
+        asked_env = dict(helped_env, PIPESWIFT_PSBATCH_FAST="off")
         variants = {"sbatch": (["sbatch"], plain_env, False)}
         if not args.no_python:
             variants["psbatch"] = (shlex.split(args.psbatch), plain_env, False)
@@ -173,6 +180,8 @@ def main() -> None:
                 variants["psbatch_fast"] = ([fast], plain_env, False)
             variants["psbatch_fast_helper"] = ([fast], helped_env, False)
             variants["psbatch_fast_helper_new_script"] = ([fast], helped_env, True)
+            variants["psbatch_fast_asked"] = ([fast], asked_env, False)
+            variants["psbatch_fast_asked_new_script"] = ([fast], asked_env, True)
         result: dict[str, object] = {"n": args.n, "seed": args.seed, "psbatch": args.psbatch, "psbatch_fast": fast,
                                      "helper_dir": str(helper_dir)}
         scripts = {"megatron": MEGATRON, "plain": PLAIN}
@@ -182,6 +191,7 @@ def main() -> None:
         try:
             if fast:
                 result["megatron_no_helper_yet_s"] = _first_submissions(fast, cwd, ids, helped_env, helper_dir)
+                result["megatron_no_helper_yet_asked_s"] = _first_submissions(fast, cwd, ids, asked_env, helper_dir)
             for name, text in scripts.items():
                 result[name] = _compare(variants, name, text, args.n, cwd, ids, order)
         finally:
