@@ -79,14 +79,6 @@ static int str_addc(struct str *s, char c)
     return str_add(s, &c, 1);
 }
 
-static int strs_take(struct strs *l, struct str s);
-
-static int strs_push(struct strs *l, const char *p, size_t n)
-{
-    struct str s = {NULL, 0, 0};
-    return str_add(&s, p, n) ? GIVE_UP : strs_take(l, s);
-}
-
 /* Append `s` itself (the list owns it from now on). */
 static int strs_take(struct strs *l, struct str s)
 {
@@ -94,6 +86,12 @@ static int strs_take(struct strs *l, struct str s)
         return GIVE_UP;
     l->v[l->n++] = s;
     return 0;
+}
+
+static int strs_push(struct strs *l, const char *p, size_t n)
+{
+    struct str s = {NULL, 0, 0};
+    return str_add(&s, p, n) ? GIVE_UP : strs_take(l, s);
 }
 
 static int strs_extend(struct strs *l, const struct strs *more)
@@ -773,9 +771,9 @@ static int segment_command(const char *seg, size_t seg_len, const struct str *co
     while (skip < expanded.n && (in_list(expanded.v[skip].p, expanded.v[skip].n, psb_prefix_words) ||
                                  assign_end(expanded.v[skip].p, expanded.v[skip].n, 0) == expanded.v[skip].n))
         skip++;
-    expanded.v += skip;
+    expanded.v += skip; /* jobscript._strip_prefix: the words from the command's name on */
     expanded.n -= skip;
-    expanded.cap -= skip;
+    expanded.cap = expanded.n; /* a view into the list: it grows no more */
     if (!is_training_command(&expanded))
         return 0;
     cmd->at = seg_at + prefix_end(seg, seg_len);
