@@ -202,7 +202,7 @@ _VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?\}|([A-Za-z_]
 _HEREDOC_RE = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
 ASSIGN_COMMANDS = ("export", "declare", "local", "readonly", "typeset")  # X=value after these too
 NOT_COMMANDS = frozenset("echo printf export declare local readonly typeset set unset cat source . "
-                          "if elif while until for case function return eval alias".split())
+                         "if elif while until for case function return eval alias".split())
 
 
 def logical_lines(lines: Sequence[str]) -> list[tuple[int, str]]:

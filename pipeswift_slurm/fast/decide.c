@@ -15,7 +15,7 @@
  *
  * Flag names, word lists and option tables come from psbatch_tables.h, generated from
  * the Python modules (pipeswift_slurm/fast/build.py). The rules are copied by hand: this
- * file copies the Python at fingerprint e8962ff56fb1dde8, which a unit test compares with
+ * file copies the Python at fingerprint 006b3177015a0b16, which a unit test compares with
  * the Python's sources (test_decide_c_was_reviewed_against_the_python_it_copies), so that
  * a change there is carried here too. Nothing is freed: the process execs sbatch right
  * after deciding.

@@ -424,8 +424,8 @@ static int put_record(struct buf *b, char tag, const char *data, size_t len)
     return put_head(b, tag, len) || buf_add(b, data, len) ? -1 : 0;
 }
 
-/* $PIPESWIFT_PSBATCH_HELPER: off, 0, no or false turn it off; any other value on; unset
- * or empty: as built (pipeswift build-psbatch --no-helper). */
+/* A switch in the environment: off, 0, no or false turn it off; any other value on; unset
+ * or empty: `default_on`. */
 static int switched_on(const char *variable, int default_on)
 {
     const char *v = getenv(variable);
@@ -434,6 +434,7 @@ static int switched_on(const char *variable, int default_on)
     return !(strcmp(v, "off") == 0 || strcmp(v, "0") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0);
 }
 
+/* $PIPESWIFT_PSBATCH_HELPER; unset or empty: as built (pipeswift build-psbatch --no-helper). */
 static int helper_enabled(void)
 {
     return switched_on("PIPESWIFT_PSBATCH_HELPER", PSB_HELPER_DEFAULT_ON);
