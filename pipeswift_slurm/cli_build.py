@@ -26,8 +26,10 @@ from .cli import fail, pipeswift
               "does not say (off, 0, no or false: off; anything else: on).")
 def build_psbatch(out: str, cc: Optional[str], python: Optional[str], helper: bool) -> None:
     """Compile psbatch's fast front end: a drop-in psbatch that costs sbatch's time plus
-    well under a millisecond for jobs that are not Megatron jobs. Megatron jobs (and
-    --pipeswift options) are decided by a per-user resident helper (started in the
+    well under a millisecond for jobs that are not Megatron jobs, and for common Megatron
+    jobs, which it decides itself exactly as the Python psbatch would
+    (PIPESWIFT_PSBATCH_FAST=off turns that off). Other Megatron jobs (and --pipeswift
+    options it cannot judge) are decided by a per-user resident helper (started in the
     background the first time, gone after 10 idle minutes: python -m
     pipeswift_slurm.psbatch_helper status|stop), else by the Python psbatch. Install it on
     PATH as psbatch."""
