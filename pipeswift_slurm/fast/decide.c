@@ -1067,6 +1067,34 @@ static void take_value(const struct psb_opt *o, void *ctx)
     }
 }
 
+/* sbatch_args.effective_options: the values requested_world reads, script header <
+ * environment < command line (sbatch's argv without psbatch's own options, whose
+ * --comment and --wrap words `v` marks to drop); `components`: the command line's het
+ * components. */
+static int effective_values(const struct header *h, char **argv, int n, struct values *v, int *components)
+{
+    static const char *const env_options[][2] = {{"SBATCH_GPUS", "gpus"}, {"SBATCH_GPUS_PER_NODE", "gpus-per-node"},
+                                                 {"SBATCH_GPUS_PER_TASK", "gpus-per-task"}, {"SBATCH_GRES", "gres"}};
+    char **header = malloc((h->words.n + 1) * sizeof *header);
+    size_t k;
+    memset(v, 0, sizeof *v);
+    if (header == NULL)
+        return GIVE_UP;
+    for (k = 0; k < h->words.n; k++)
+        header[k] = h->words.v[k].p;
+    psb_scan_options((int)h->words.n, header, 0, take_value, v, NULL);
+    for (k = 0; k < sizeof env_options / sizeof env_options[0]; k++) {
+        const char *value = getenv(env_options[k][0]);
+        struct psb_opt o = {PSB_OPT_KNOWN, env_options[k][1], 0, value, 0, 0};
+        if (value && *value)
+            take_value(&o, v);
+    }
+    if ((v->drop = calloc((size_t)n + 1, 1)) == NULL)
+        return GIVE_UP;
+    psb_scan_options(n, argv, 1, take_value, v, components);
+    return 0;
+}
+
 /* sbatch_args._count: the number at the end of "[type:]N"; 0 when absent or unreadable
  * (Python's None and 0 alike: every caller takes both as "not given"). */
 static long long count(const char *text)
@@ -1116,7 +1144,7 @@ static long long gres_gpus(const char *text)
 /* sbatch_args.requested_world: (total GPUs, GPUs per node), 0 for "not given". */
 static int requested_world(const struct values *v, long long *world, long long *per_node)
 {
-    long long nodes = 1, total, per_task, tasks;
+    long long nodes = 1, total, per_task, tasks, tasks_per_node;
     int k;
     for (k = 0; k < N_WANTED; k++)
         if (k != O_COMMENT && v->value[k] && (!ascii(v->value[k], strlen(v->value[k])) ||
@@ -1134,7 +1162,8 @@ static int requested_world(const struct values *v, long long *world, long long *
     total = count(v->value[O_GPUS]);
     per_task = count(v->value[O_GPT]);
     tasks = count(v->value[O_NTASKS]);
-    if (*per_node < 0 || total < 0 || per_task < 0 || tasks < 0 || count(v->value[O_NTPN]) < 0)
+    tasks_per_node = count(v->value[O_NTPN]);
+    if (*per_node < 0 || total < 0 || per_task < 0 || tasks < 0 || tasks_per_node < 0)
         return GIVE_UP;
     if (total) {
         *world = total;
@@ -1145,8 +1174,8 @@ static int requested_world(const struct values *v, long long *world, long long *
         *world = nodes * *per_node;
         return 0;
     }
-    if (per_task && !tasks && count(v->value[O_NTPN]))
-        tasks = nodes * count(v->value[O_NTPN]);
+    if (per_task && !tasks && tasks_per_node)
+        tasks = nodes * tasks_per_node;
     if (per_task) {
         *world = per_task * (tasks ? tasks : 1);
         *per_node = *world % nodes == 0 ? *world / nodes : 0;
@@ -1585,7 +1614,8 @@ int psb_decide(int argc, char **argv, const char *text, size_t text_len, int may
         return GIVE_UP;
     if (own.off)
         return unchanged(kept, n_kept, a);
-    script = psb_scan_options(n_kept, kept, 1, take_nothing, NULL, &components);
+    if (effective_values(&h, kept, n_kept, &values, &components))
+        return GIVE_UP;
     memset(&cmd, 0, sizeof cmd);
     if ((found = find_training_command(text, ls, n_lines, &cmd)) < 0)
         return GIVE_UP;
@@ -1593,27 +1623,6 @@ int psb_decide(int argc, char **argv, const char *text, size_t text_len, int may
         return GIVE_UP; /* Python warns */
     if (!found)
         return unchanged(kept, n_kept, a);
-    /* effective_options: header < environment < command line */
-    memset(&values, 0, sizeof values);
-    {
-        char **header = malloc((h.words.n + 1) * sizeof *header);
-        static const char *const env_options[][2] = {{"SBATCH_GPUS", "gpus"}, {"SBATCH_GPUS_PER_NODE", "gpus-per-node"},
-                                                     {"SBATCH_GPUS_PER_TASK", "gpus-per-task"}, {"SBATCH_GRES", "gres"}};
-        if (header == NULL)
-            return GIVE_UP;
-        for (k = 0; k < h.words.n; k++)
-            header[k] = h.words.v[k].p;
-        psb_scan_options((int)h.words.n, header, 0, take_value, &values, NULL);
-        for (k = 0; k < sizeof env_options / sizeof env_options[0]; k++) {
-            const char *value = getenv(env_options[k][0]);
-            struct psb_opt o = {PSB_OPT_KNOWN, env_options[k][1], 0, value, 0, 0};
-            if (value && *value)
-                take_value(&o, &values);
-        }
-        if ((values.drop = calloc((size_t)n_kept + 1, 1)) == NULL)
-            return GIVE_UP;
-        psb_scan_options(n_kept, kept, 1, take_value, &values, NULL);
-    }
     if (requested_world(&values, &world, &per_node))
         return GIVE_UP;
     gpus_per_node = per_node;
