@@ -73,10 +73,10 @@ from typing import Any, Iterable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from pipeswift_slurm.calibration import FAMILY_SUFFIX, OnlineCalibrator, family_of, fit_bias  # noqa: E402
-from pipeswift_slurm.costmodel import CostModel  # noqa: E402
-from pipeswift_slurm.estimator import Estimator  # noqa: E402
-from pipeswift_slurm.hardware import DEFAULT_GPU_TYPE, get_gpu_type  # noqa: E402
+from pipeswift_slurm.core.calibration import FAMILY_SUFFIX, OnlineCalibrator, family_of, fit_bias  # noqa: E402
+from pipeswift_slurm.core.costmodel import CostModel  # noqa: E402
+from pipeswift_slurm.core.estimator import Estimator  # noqa: E402
+from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, get_gpu_type  # noqa: E402
 from pipeswift_slurm.policy import get_policy  # noqa: E402
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation  # noqa: E402
 from pipeswift_slurm.sim.workload import (  # noqa: E402

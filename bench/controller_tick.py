@@ -32,15 +32,15 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
 
-from pipeswift_slurm import token  # noqa: E402
-from pipeswift_slurm.backends.slurm_cli import BATCH_PROCESSES, SlurmCliBackend, SubprocessRunner  # noqa: E402
-from pipeswift_slurm.controller import Controller  # noqa: E402
-from pipeswift_slurm.costmodel import CostModel  # noqa: E402
-from pipeswift_slurm.estimator import Estimator  # noqa: E402
-from pipeswift_slurm.hardware import get_gpu_type  # noqa: E402
-from pipeswift_slurm.model import ClusterView, Decision, Job  # noqa: E402
+from pipeswift_slurm.core import token  # noqa: E402
+from pipeswift_slurm.slurm.backends.slurm_cli import BATCH_PROCESSES, SlurmCliBackend, SubprocessRunner  # noqa: E402
+from pipeswift_slurm.slurm.controller import Controller  # noqa: E402
+from pipeswift_slurm.core.costmodel import CostModel  # noqa: E402
+from pipeswift_slurm.core.estimator import Estimator  # noqa: E402
+from pipeswift_slurm.core.hardware import get_gpu_type  # noqa: E402
+from pipeswift_slurm.core.model import ClusterView, Decision, Job  # noqa: E402
 from pipeswift_slurm.policy import get_policy  # noqa: E402
-from pipeswift_slurm.store import Store  # noqa: E402
+from pipeswift_slurm.store.history import Store  # noqa: E402
 
 MEGATRON = ("--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16",
             "--seq-length", "1024", "--max-position-embeddings", "1024", "--micro-batch-size", "4",

@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
 
-from pipeswift_slurm.costmodel import CostModel  # noqa: E402
-from pipeswift_slurm.estimator import Estimator  # noqa: E402
-from pipeswift_slurm.hardware import get_gpu_type  # noqa: E402
-from pipeswift_slurm.model import PENDING, RUNNING, ClusterView, Job, Node  # noqa: E402
+from pipeswift_slurm.core.costmodel import CostModel  # noqa: E402
+from pipeswift_slurm.core.estimator import Estimator  # noqa: E402
+from pipeswift_slurm.core.hardware import get_gpu_type  # noqa: E402
+from pipeswift_slurm.core.model import PENDING, RUNNING, ClusterView, Job, Node  # noqa: E402
 from pipeswift_slurm.policy import get_policy  # noqa: E402
 from pipeswift_slurm.sim.workload import Conversion, TraceRow, to_megatron_job  # noqa: E402
 

@@ -59,11 +59,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from pipeswift_slurm.backends.slurm_cli import parse_kv_line
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.estimator import Estimator
-from pipeswift_slurm.hardware import builtin_gpu_types
-from pipeswift_slurm.megatron import profile_from_argv
+from pipeswift_slurm.slurm.backends.slurm_cli import parse_kv_line
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.hardware import builtin_gpu_types
+from pipeswift_slurm.core.megatron import profile_from_argv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "slurm"))
 from testbed_env import cluster_env  # noqa: E402  (tests/slurm/testbed_env.py)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
 
-from pipeswift_slurm.fidelity import compare, summary  # noqa: E402
+from pipeswift_slurm.measure.fidelity import compare, summary  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
 

@@ -34,8 +34,8 @@ import importlib.util, json, logging, os, sys, time
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
 import torch
-from pipeswift_slurm.model import ModelShape
-from pipeswift_slurm.profiler import main_profile, megatron_available, profile_to_dict
+from pipeswift_slurm.core.model import ModelShape
+from pipeswift_slurm.measure.profiler import main_profile, megatron_available, profile_to_dict
 
 out, mbs = os.environ["OUT"], [int(x) for x in os.environ["MBS"].split(",")]
 shapes = {

@@ -29,12 +29,12 @@ def main() -> int:
     start = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import pipeswift_slurm.cli"], check=True)
+        subprocess.run([sys.executable, "-c", "import pipeswift_slurm.cli.main"], check=True)
         start.append(time.perf_counter() - t0)
-    from pipeswift_slurm.costmodel import CostModel
-    from pipeswift_slurm.hardware import get_gpu_type
-    from pipeswift_slurm.megatron import profile_from_argv
-    from pipeswift_slurm.planner import Planner
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.hardware import get_gpu_type
+    from pipeswift_slurm.core.megatron import profile_from_argv
+    from pipeswift_slurm.core.planner import Planner
 
     profile = profile_from_argv(ARGS, world_size=1024).with_range(1, 512)
     t0 = time.perf_counter()

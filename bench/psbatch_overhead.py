@@ -19,7 +19,7 @@ fixed rotation would keep each variant behind the same neighbour every round). B
 the ratio of medians, each variant's ``paired_ratio`` is the median over rounds of its
 time over sbatch's in the same round. Prints JSON; never passes or fails on time.
 
-    python bench/psbatch_overhead.py [-n 30] [--psbatch "python3 -m pipeswift_slurm.psbatch"]
+    python bench/psbatch_overhead.py [-n 30] [--psbatch "python3 -m pipeswift_slurm.submit.psbatch"]
                                      [--psbatch-fast PATH | --no-fast] [--cc CC] [--no-python]
                                      [--seed S]
 """
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pipeswift_slurm.psbatch_helper import SHARED_MEMORY, shared_memory_usable  # noqa: E402
+from pipeswift_slurm.submit.helper import SHARED_MEMORY, shared_memory_usable  # noqa: E402
 
 MEGATRON = """#!/bin/bash
 #SBATCH --gpus=4
@@ -70,7 +70,7 @@ def _fast_front_end(args: argparse.Namespace, folder: Path) -> Optional[str]:
         return None
     if args.psbatch_fast:
         return str(args.psbatch_fast)
-    from pipeswift_slurm.fast.build import BuildError, build
+    from pipeswift_slurm.submit.fast.build import BuildError, build
 
     try:
         return str(build(folder / "psbatch", cc=args.cc))
@@ -79,7 +79,7 @@ def _fast_front_end(args: argparse.Namespace, folder: Path) -> Optional[str]:
 
 
 def _helper(command: str, folder: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeswift_slurm.psbatch_helper", command, "--dir", str(folder)],
+    return subprocess.run([sys.executable, "-m", "pipeswift_slurm.submit.helper", command, "--dir", str(folder)],
                           capture_output=True, text=True, check=False)
 
 
@@ -150,7 +150,7 @@ def _compare(variants: dict[str, tuple[list[str], dict[str, str], bool]], name: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("-n", type=int, default=30, help="submissions per variant")
-    default = shutil.which("psbatch") or "%s -m pipeswift_slurm.psbatch" % sys.executable
+    default = shutil.which("psbatch") or "%s -m pipeswift_slurm.submit.psbatch" % sys.executable
     ap.add_argument("--psbatch", default=default, help="Python psbatch command line (default: %(default)s)")
     ap.add_argument("--psbatch-fast", help="a compiled psbatch to use (default: build one in a temp folder)")
     ap.add_argument("--no-fast", action="store_true", help="leave the compiled front end out")

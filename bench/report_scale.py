@@ -27,10 +27,10 @@ from sqlalchemy import insert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
 
-from pipeswift_slurm import report_render as rr  # noqa: E402
-from pipeswift_slurm import reports as r  # noqa: E402
-from pipeswift_slurm.schema import Base, size_class  # noqa: E402
-from pipeswift_slurm.store import Store  # noqa: E402
+from pipeswift_slurm.reports import render as rr  # noqa: E402
+from pipeswift_slurm.reports import queries as r  # noqa: E402
+from pipeswift_slurm.store.schema import Base, size_class  # noqa: E402
+from pipeswift_slurm.store.history import Store  # noqa: E402
 
 T0 = 1_700_000_000.0
 CLASSES = ("gpt-<0.5B", "gpt-<2B", "gpt-<8B", "gpt-<20B", "gpt-<80B")

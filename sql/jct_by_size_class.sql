@@ -3,7 +3,7 @@
 -- JCT = end_time - submit_time (what the user waits for), over jobs that completed
 -- (state COMPLETED, or COMPLETED? when the job vanished from the queue and its end
 -- was taken as the first tick it was gone). Size classes are by GPU-hours:
--- small < 4, medium < 32, large >= 32 (pipeswift_slurm.schema.size_class).
+-- small < 4, medium < 32, large >= 32 (pipeswift_slurm.store.schema.size_class).
 -- Percentiles are nearest-rank: the value at rank ceil(p * n) in ascending order.
 --
 -- Run: sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite < sql/jct_by_size_class.sql

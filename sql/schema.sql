@@ -1,6 +1,6 @@
 -- pipeswift-slurm: reference DDL of the controller's history database (SQLite).
 --
--- The tables are created by the controller itself (pipeswift_slurm/schema.py, SQLAlchemy)
+-- The tables are created by the controller itself (pipeswift_slurm/store/schema.py, SQLAlchemy)
 -- the first time it opens the database; this file says the same thing in plain SQL so an
 -- admin can read it, query it with sqlite3, or create an empty database by hand:
 --

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipeswift_slurm import hardware, megatron, model
-from pipeswift_slurm.costmodel import CostModel
+from pipeswift_slurm.core import hardware
+from pipeswift_slurm.core import megatron
+from pipeswift_slurm.core import model
+from pipeswift_slurm.core.costmodel import CostModel
 
 GPT_ARGV = (
     "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",

@@ -17,7 +17,7 @@ import importlib
 import inspect
 from typing import Any, ClassVar, Mapping, Protocol
 
-from ..model import ClusterView, Decision, JobProfile
+from pipeswift_slurm.core.model import ClusterView, Decision, JobProfile
 
 
 class Policy(Protocol):

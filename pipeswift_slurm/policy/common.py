@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ..model import ClusterView, Decision, ExecConfig, Job, JobProfile
+from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, JobProfile
 
 # Spacing of SiteFactor between consecutive ranks: larger than Slurm's default
 # PriorityWeightAge (1000), so the age factor cannot reorder the policy's ranks.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from ..model import ClusterView, Decision, JobProfile
+from pipeswift_slurm.core.model import ClusterView, Decision, JobProfile
 
 
 class FifoPolicy:

@@ -55,8 +55,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Collection, Mapping, Optional
 
-from ..model import ClusterView, Decision, ExecConfig, Job, JobProfile
-from .common import (Option, Timeline, best_run_s, current_config, decision_for, fits_now, free_by_node,
+from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, JobProfile
+from pipeswift_slurm.policy.common import (Option, Timeline, best_run_s, current_config, decision_for, fits_now, free_by_node,
                      job_options, predicted_end_s, rank_factors, remaining_iterations)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from ..model import ClusterView, Decision, JobProfile
-from .common import rank_factors
+from pipeswift_slurm.core.model import ClusterView, Decision, JobProfile
+from pipeswift_slurm.policy.common import rank_factors
 
 
 class SjfPolicy:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import bisect
 from typing import Any, ClassVar, Mapping, Sequence
 
-from ..model import ClusterView, Decision, Job, JobProfile
-from .common import free_by_node, rank_factors
+from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
+from pipeswift_slurm.policy.common import free_by_node, rank_factors
 
 
 class TiresiasPolicy:

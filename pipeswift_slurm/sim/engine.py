@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..backends.sim import SimBackend, SimJob
-from ..controller import Controller, ControllerSettings
-from ..costmodel import CostModel
-from ..model import ExecConfig
-from ..token import ProfileRequest, encode_profile
-from .workload import WorkloadJob
+from pipeswift_slurm.slurm.backends.sim import SimBackend, SimJob
+from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.model import ExecConfig
+from pipeswift_slurm.core.token import ProfileRequest, encode_profile
+from pipeswift_slurm.sim.workload import WorkloadJob
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Optional, Sequence
 
-from ..sizeclass import size_class
-from .engine import SimResult
-from .workload import WorkloadJob
+from pipeswift_slurm.core.sizeclass import size_class
+from pipeswift_slurm.sim.engine import SimResult
+from pipeswift_slurm.sim.workload import WorkloadJob
 
 def percentile(values: Sequence[float], q: float) -> Optional[float]:
     """Nearest-rank percentile (q in 0..100) of ``values``; None when empty."""

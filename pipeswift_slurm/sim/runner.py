@@ -9,13 +9,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
-from ..costmodel import CostModel
-from ..estimator import Estimator
-from ..hardware import GpuType
-from ..policy import PRESETS, get_policy
-from .engine import SimResult, SimSettings, Simulation
-from .metrics import lower_bound_s, summarize
-from .workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.hardware import GpuType
+from pipeswift_slurm.policy import PRESETS, get_policy
+from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
+from pipeswift_slurm.sim.metrics import lower_bound_s, summarize
+from pipeswift_slurm.sim.workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
                        read_trace, rescale_load, select_window, synthetic_trace)
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         store_for: policy name -> Store to record that run's ticks into (or None).
         on_tick: progress callback (policy name, simulated time, tick report).
     """
-    from ..hardware import DEFAULT_GPU_TYPE, get_gpu_type
+    from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, get_gpu_type
 
     gpu = spec.gpu or get_gpu_type(DEFAULT_GPU_TYPE)
     truth = CostModel(gpu)

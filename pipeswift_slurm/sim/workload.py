@@ -36,9 +36,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from ..costmodel import CostModel
-from ..megatron import MegatronArgError, node_shape, profile_from_argv
-from ..model import JobProfile
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.megatron import MegatronArgError, node_shape, profile_from_argv
+from pipeswift_slurm.core.model import JobProfile
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
 TIME_LIMIT_FACTOR = 1.5

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from tiny_megatron import megatron_missing
 
-from pipeswift_slurm.model import ModelShape
-from pipeswift_slurm.profiler import layer_flops_fwd_bwd, main_profile, profile_layer, read_profile_toml
+from pipeswift_slurm.core.model import ModelShape
+from pipeswift_slurm.measure.profiler import layer_flops_fwd_bwd, main_profile, profile_layer, read_profile_toml
 
 pytestmark = [pytest.mark.megatron, pytest.mark.e2e]
 

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 from tiny_megatron import TRAINER, free_port, megatron_missing, parse_log, run_tiny
 
-from pipeswift_slurm.backends.slurm_cli import parse_kv_line
-from pipeswift_slurm.token import decode_decision, decode_profile
+from pipeswift_slurm.slurm.backends.slurm_cli import parse_kv_line
+from pipeswift_slurm.core.token import decode_decision, decode_profile
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.e2e]
 
@@ -180,10 +180,10 @@ def cancel_after(slurm_env):
 
 def test_cost_model_prefers_pp2_on_two_gpus():
     """The premise: for this shape the planner's best config over 1-2 GPUs is pp=2 on 2."""
-    from pipeswift_slurm.costmodel import CostModel
-    from pipeswift_slurm.estimator import Estimator
-    from pipeswift_slurm.hardware import get_gpu_type
-    from pipeswift_slurm.megatron import profile_from_argv
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.estimator import Estimator
+    from pipeswift_slurm.core.hardware import get_gpu_type
+    from pipeswift_slurm.core.megatron import profile_from_argv
 
     est = Estimator(CostModel(get_gpu_type(GPU_TYPE)), 8)
     profile = profile_from_argv(USER_ARGS, world_size=1, gpu_range=(1, 2))

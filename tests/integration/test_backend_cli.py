@@ -12,10 +12,10 @@ from typing import Callable
 
 import pytest
 
-from pipeswift_slurm import token
-from pipeswift_slurm.backends import BackendError, JobGone
-from pipeswift_slurm.backends.slurm_cli import SlurmCliBackend, SubprocessRunner
-from pipeswift_slurm.model import Decision, ExecConfig, Job
+from pipeswift_slurm.core import token
+from pipeswift_slurm.slurm.backends import BackendError, JobGone
+from pipeswift_slurm.slurm.backends.slurm_cli import SlurmCliBackend, SubprocessRunner
+from pipeswift_slurm.core.model import Decision, ExecConfig, Job
 
 pytestmark = pytest.mark.slurm
 

@@ -27,15 +27,15 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
-from pipeswift_slurm import token
-from pipeswift_slurm.backends.slurm_cli import SlurmCliBackend, SubprocessRunner, parse_kv_line, parse_sprio
-from pipeswift_slurm.controller import Controller
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.estimator import Estimator
-from pipeswift_slurm.hardware import get_gpu_type
-from pipeswift_slurm.model import ClusterView, Decision, Job
+from pipeswift_slurm.core import token
+from pipeswift_slurm.slurm.backends.slurm_cli import SlurmCliBackend, SubprocessRunner, parse_kv_line, parse_sprio
+from pipeswift_slurm.slurm.controller import Controller
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.hardware import get_gpu_type
+from pipeswift_slurm.core.model import ClusterView, Decision, Job
 from pipeswift_slurm.policy import get_policy
-from pipeswift_slurm.store import Store
+from pipeswift_slurm.store.history import Store
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))  # also when a killed-tick child imports this
 from testbed_env import gpus_per_node_tres  # noqa: E402  (tests/slurm/testbed_env.py)
 
@@ -160,7 +160,7 @@ def test_tick_resizes_pending_psbatch_job_which_starts_at_new_size(
     script = site.dir / "train.sh"
     script.write_text("#!/bin/bash\n#SBATCH -N1\n#SBATCH --gpus-per-node=1\n#SBATCH -o /dev/null\n"
                       "#PSWIFT gpus=1-8\nsleep 120\npython pretrain_gpt.py %s\n" % " ".join(MEGATRON))
-    out = subprocess.run([sys.executable, "-m", "pipeswift_slurm.psbatch", "--parsable", str(script)],
+    out = subprocess.run([sys.executable, "-m", "pipeswift_slurm.submit.psbatch", "--parsable", str(script)],
                          env=site.env, capture_output=True, text=True, timeout=60, check=True, cwd=site.dir)
     job_id = int(out.stdout.strip().split(";")[0])
     cancel_later.append(job_id)
@@ -334,7 +334,7 @@ def test_job_gone_between_observe_and_act_is_skipped(
     victim = opted_in(submit_job)
     survivor = opted_in(submit_job)
     backend = CancelAfterSnapshot(SlurmCliBackend(run=slurm), slurm, victim)
-    with caplog.at_level(logging.INFO, logger="pipeswift_slurm.controller"):
+    with caplog.at_level(logging.INFO, logger="pipeswift_slurm.slurm.controller"):
         report = api_controller(site, backend).tick()
     assert report.failed is None and report.errors == []
     skipped = dict(report.skipped)
@@ -386,8 +386,8 @@ def _kill_when(proc: subprocess.Popen[str], marker: Path, timeout_s: float = 60)
 
 _KILL_IN_STORE = """
 import os, signal, sys
-from pipeswift_slurm import store
-from pipeswift_slurm.backends.slurm_cli import SlurmCliBackend
+from pipeswift_slurm.store import history as store
+from pipeswift_slurm.slurm.backends.slurm_cli import SlurmCliBackend
 sys.path.insert(0, {testdir!r})
 from test_controller import Site, api_controller
 from pathlib import Path

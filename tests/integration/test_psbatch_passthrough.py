@@ -23,9 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm import psbatch, sbatch_args
+from pipeswift_slurm.submit import psbatch
+from pipeswift_slurm.submit import sbatch_args
 
-PSBATCH = [sys.executable, "-m", "pipeswift_slurm.psbatch"]
+PSBATCH = [sys.executable, "-m", "pipeswift_slurm.submit.psbatch"]
 FRONT_ENDS = ("python", "compiled", "compiled+helper")
 VOLATILE = {"JobId", "ArrayJobId", "HetJobId", "SubmitTime", "EligibleTime", "AccrueTime", "StartTime",
             "EndTime", "LastSchedEval", "AllocNode:Sid", "Command", "StdErr", "StdOut", "StdIn", "Priority",
@@ -52,7 +53,7 @@ def _fields(job_id: str) -> dict[str, str]:
 
 
 def _build(folder: Path, **kw) -> str:
-    from pipeswift_slurm.fast.build import BuildError, build, compiler
+    from pipeswift_slurm.submit.fast.build import BuildError, build, compiler
 
     try:
         compiler()
@@ -74,7 +75,7 @@ def helped_psbatch(tmp_path_factory) -> list[str]:
     Its Python is missing, so a job the helper did not serve would show a warning."""
     exe = _build(tmp_path_factory.mktemp("psbatch-helped"), python="/nonexistent/python3", check_python=False)
     folder = tmp_path_factory.mktemp("helper") / "h"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.psbatch_helper", "serve", "--dir", str(folder)])
+    proc = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.submit.helper", "serve", "--dir", str(folder)])
     deadline = time.monotonic() + 60
     while not (folder / "psbatch.sock").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

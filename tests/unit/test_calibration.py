@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.calibration import (
+from pipeswift_slurm.core.calibration import (
     ClassBias,
     Observation,
     OnlineCalibrator,
@@ -24,7 +24,7 @@ from pipeswift_slurm.calibration import (
     trimmed_mean,
     valid_observations,
 )
-from pipeswift_slurm.estimator import Estimator
+from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.policy import get_policy
 from pipeswift_slurm.sim.engine import JobRecord, SimSettings, Simulation
 from pipeswift_slurm.sim.workload import Conversion, build_workload, synthetic_trace
@@ -82,7 +82,7 @@ def test_bad_inputs_are_skipped_and_counted(caplog):
            Observation("gpt-<2B", None, 10.0, 0.0)]  # type: ignore[arg-type]
     kept, skipped = valid_observations(bad + obs(1.3, 3))
     assert skipped == 7 and len(kept) == 3
-    with caplog.at_level(logging.WARNING, logger="pipeswift_slurm.calibration"):
+    with caplog.at_level(logging.WARNING, logger="pipeswift_slurm.core.calibration"):
         fit = fit_bias(bad + obs(1.3, 3), now=0.0)
     assert "skipped 7 invalid" in caplog.text
     assert fit["gpt-<2B"].n_jobs == 3

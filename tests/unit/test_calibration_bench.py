@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pipeswift_slurm.calibration import family_of
+from pipeswift_slurm.core.calibration import family_of
 from pipeswift_slurm.sim import workload
 from pipeswift_slurm.sim.workload import (
     EXTRA_ZOO,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from pipeswift_slurm.cli import pipeswift
+from pipeswift_slurm.cli.main import pipeswift
 
 ESTIMATE_KEYS = {"gpus", "config", "iter_time_s", "tflops_per_gpu", "mem_gib", "fits", "bubble_fraction",
                  "num_micro_batches", "data_parallel_size", "job_time_s", "gpu_type"}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from pipeswift_slurm.cli import pipeswift
+from pipeswift_slurm.cli.main import pipeswift
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sim"
 POLICY_KEYS = {"policy", "mean_jct_s", "median_jct_s", "p95_jct_s", "p99_jct_s", "mean_jct_s_by_class",

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeswift_slurm.config import ConfigError, load_config
+from pipeswift_slurm.slurm.config import ConfigError, load_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "wrappers" / "config.example.toml"
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from pipeswift_slurm import hardware
-from pipeswift_slurm.costmodel import CostModel, flops_per_iteration
-from pipeswift_slurm.megatron import check_config, node_shape, profile_from_argv
-from pipeswift_slurm.model import ExecConfig, JobProfile
+from pipeswift_slurm.core import hardware
+from pipeswift_slurm.core.costmodel import CostModel, flops_per_iteration
+from pipeswift_slurm.core.megatron import check_config, node_shape, profile_from_argv
+from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 
 def layout(tp: int = 1, pp: int = 1, dp: int = 1, mbs: int = 1, gbs: int = 512, vp: int = 1) -> ExecConfig:
@@ -240,7 +240,7 @@ def test_a_memoised_estimate_is_what_a_fresh_model_computes(profile: JobProfile,
                                                            a100: hardware.GpuType) -> None:
     from dataclasses import fields
 
-    from pipeswift_slurm.model import TrainingPlan
+    from pipeswift_slurm.core.model import TrainingPlan
 
     assert {f.name for f in fields(TrainingPlan)} == set(_OTHER_PLAN_VALUES), "new field: add it"
     cfg = valid(profile, layout(tp=2, pp=2, dp=2))

@@ -10,16 +10,16 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from pipeswift_slurm.cli import pipeswift
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.estimator import Estimator
-from pipeswift_slurm.explain import UnknownJob, explain_job
-from pipeswift_slurm.hardware import get_gpu_type
-from pipeswift_slurm.megatron import profile_from_argv
-from pipeswift_slurm.model import ClusterView, Decision, Job, Node
-from pipeswift_slurm.report_render import explain_text
-from pipeswift_slurm.store import CalibrationEntry, Store
-from pipeswift_slurm.token import ProfileRequest, encode_profile
+from pipeswift_slurm.cli.main import pipeswift
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.reports.explain import UnknownJob, explain_job
+from pipeswift_slurm.core.hardware import get_gpu_type
+from pipeswift_slurm.core.megatron import profile_from_argv
+from pipeswift_slurm.core.model import ClusterView, Decision, Job, Node
+from pipeswift_slurm.reports.render import explain_text
+from pipeswift_slurm.store.history import CalibrationEntry, Store
+from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 
 ARGV = (
     "--num-layers",

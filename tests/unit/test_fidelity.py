@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pipeswift_slurm.fidelity import compare, summary
+from pipeswift_slurm.measure.fidelity import compare, summary
 
 CSV = Path(__file__).resolve().parents[1] / "data" / "fidelity" / "published_megatron.csv"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeswift_slurm import hardware
-from pipeswift_slurm.hardware import HardwareError, get_gpu_type, load_gpu_types
+from pipeswift_slurm.core import hardware
+from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type, load_gpu_types
 
 BUILTIN_NAMES = {"V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"}
 

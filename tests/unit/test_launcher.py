@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from pipeswift_slurm import launcher
-from pipeswift_slurm.launcher import Allocation
-from pipeswift_slurm.megatron import check_config, enumerate_configs, parse_argv
-from pipeswift_slurm.token import ProfileRequest, encode_decision, encode_profile
+from pipeswift_slurm.submit import launcher
+from pipeswift_slurm.submit.launcher import Allocation
+from pipeswift_slurm.core.megatron import check_config, enumerate_configs, parse_argv
+from pipeswift_slurm.core.token import ProfileRequest, encode_decision, encode_profile
 
 MEGATRON = ["pretrain_gpt.py", "--num-layers", "8", "--hidden-size", "512", "--num-attention-heads", "8",
             "--seq-length", "1024", "--micro-batch-size", "2", "--global-batch-size", "32",

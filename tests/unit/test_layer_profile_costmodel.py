@@ -2,9 +2,9 @@
 
 from dataclasses import replace
 
-from pipeswift_slurm.cli import pipeswift
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.profiler import LayerProfile, MicroBatchTiming, write_profile_toml
+from pipeswift_slurm.cli.main import pipeswift
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.measure.profiler import LayerProfile, MicroBatchTiming, write_profile_toml
 
 
 def _layer_profile(shape, ms_at_1=30.0):

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm import megatron
-from pipeswift_slurm.megatron import (
+from pipeswift_slurm.core import megatron
+from pipeswift_slurm.core.megatron import (
     MegatronArgError,
     check_config,
     enumerate_configs,
@@ -24,7 +24,7 @@ from pipeswift_slurm.megatron import (
     render_args,
     stage_layers,
 )
-from pipeswift_slurm.model import ExecConfig, JobProfile
+from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 VP_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank")
 
@@ -562,7 +562,7 @@ def test_a_job_resumes_only_when_it_saves_and_loads_checkpoints(extra: list[str]
 
 
 def test_the_profile_token_records_that_checkpoints_exist_but_never_their_paths() -> None:
-    from pipeswift_slurm.jobscript import megatron_words
+    from pipeswift_slurm.submit.jobscript import megatron_words
 
     words = ["pretrain_gpt.py", *_BASE, "--save", "/home/alice/secret", "--load=/home/alice/secret",
              "--save-interval", "5", "--data-path", "/home/alice/data"]

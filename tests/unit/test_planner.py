@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm import hardware
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.estimator import Estimator
-from pipeswift_slurm.megatron import check_config, profile_from_argv
-from pipeswift_slurm.model import JobProfile
-from pipeswift_slurm.planner import Planner
+from pipeswift_slurm.core import hardware
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.megatron import check_config, profile_from_argv
+from pipeswift_slurm.core.model import JobProfile
+from pipeswift_slurm.core.planner import Planner
 
 # the conftest ``gpt_argv`` shape, for module-scoped fixtures shared across hypothesis examples
 GPT_ARGV = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",

@@ -14,18 +14,19 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm import hardware, megatron
-from pipeswift_slurm.backends import JobGone
-from pipeswift_slurm.backends.sim import SimBackend, SimJob
-from pipeswift_slurm.controller import parse_profile, unchanged_parts
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.estimator import Estimator
-from pipeswift_slurm.model import ClusterView, Decision, Job, Node
+from pipeswift_slurm.core import hardware
+from pipeswift_slurm.core import megatron
+from pipeswift_slurm.slurm.backends import JobGone
+from pipeswift_slurm.slurm.backends.sim import SimBackend, SimJob
+from pipeswift_slurm.slurm.controller import parse_profile, unchanged_parts
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.model import ClusterView, Decision, Job, Node
 from pipeswift_slurm.policy import PRESETS, get_policy, policy_names
 from pipeswift_slurm.policy.common import RANK_STEP, predicted_end_s, remaining_iterations
 from pipeswift_slurm.policy.pipeswift import EarliestFit, PipeSwiftPolicy
 from pipeswift_slurm.sim.workload import ZOO, Conversion, TraceRow, to_megatron_job
-from pipeswift_slurm.token import ProfileRequest, encode_profile
+from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 
 HOUR = 3600
 GPU = replace(hardware.get_gpu_type("A100-80GB"), name="TEST-A100", startup_s=0.0, load_s_per_bparam=0.0)

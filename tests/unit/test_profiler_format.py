@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pipeswift_slurm.model import ModelShape
-from pipeswift_slurm.profiler import (
+from pipeswift_slurm.core.model import ModelShape
+from pipeswift_slurm.measure.profiler import (
     LayerProfile,
     MicroBatchTiming,
     ProfileFormatError,
@@ -51,7 +51,7 @@ def test_lookup_and_shape_match():
 
 
 def test_import_does_not_load_torch():
-    code = "import sys, pipeswift_slurm.profiler; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, pipeswift_slurm.measure.profiler; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm import jobscript, psbatch
-from pipeswift_slurm.megatron import MegatronArgError
-from pipeswift_slurm.token import decode_profile
+from pipeswift_slurm.submit import jobscript
+from pipeswift_slurm.submit import psbatch
+from pipeswift_slurm.core.megatron import MegatronArgError
+from pipeswift_slurm.core.token import decode_profile
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "psbatch"
 FAKE = DATA / "fake_sbatch.py"
@@ -294,7 +295,7 @@ def test_sbatch_line_words_are_shlex_words_with_comments(text):
 
 
 def _psbatch(args, tmp_path, stdin=b"", rc=0, extra_env=None, sbatch=str(FAKE),
-             entry=(sys.executable, "-m", "pipeswift_slurm.psbatch")):
+             entry=(sys.executable, "-m", "pipeswift_slurm.submit.psbatch")):
     log_file = tmp_path / "calls.jsonl"
     if log_file.exists():
         log_file.unlink()
@@ -368,7 +369,7 @@ def test_invalid_megatron_job_submitted_unchanged_with_one_warning(tmp_path):
 def test_internal_error_falls_back_to_unchanged_submission(tmp_path):
     (tmp_path / "t.sh").write_text("#!/bin/bash\npython pretrain_gpt.py\n")
     boom = tmp_path / "boom.py"
-    boom.write_text("import sys\nimport pipeswift_slurm.psbatch as p\n"
+    boom.write_text("import sys\nimport pipeswift_slurm.submit.psbatch as p\n"
                     "def bad(*a, **k):\n    raise RuntimeError('boom')\n"
                     "p.plan_job = bad\nsys.exit(p.main())\n")
     done, calls = _psbatch(["--pipeswift-gpus=2", "t.sh"], tmp_path, entry=(sys.executable, str(boom)))
@@ -458,7 +459,7 @@ def test_check_is_a_command_line_option_only(tmp_path):
     (12, 100, 12, [12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]),
 ])
 def test_check_shows_a_bounded_set_of_gpu_counts(lo, hi, requested, expected):
-    from pipeswift_slurm.psbatch_check import MAX_ROWS, gpu_counts
+    from pipeswift_slurm.submit.check import MAX_ROWS, gpu_counts
 
     counts = gpu_counts(lo, hi, requested, 8)
     assert counts == expected and len(counts) <= MAX_ROWS
@@ -474,8 +475,8 @@ def test_find_sbatch_skips_itself(tmp_path, monkeypatch):
 
 
 def test_import_is_light():
-    code = "import sys, pipeswift_slurm.psbatch; print(sorted(m for m in sys.modules if 'sqlalchemy' in m " \
+    code = "import sys, pipeswift_slurm.submit.psbatch; print(sorted(m for m in sys.modules if 'sqlalchemy' in m " \
            "or m.startswith('pipeswift_slurm.')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     # Only psbatch's own light modules (argv and script reading): no SQLAlchemy, no core.
-    assert out.strip() == "['pipeswift_slurm.jobscript', 'pipeswift_slurm.psbatch', 'pipeswift_slurm.sbatch_args']"
+    assert out.strip() == "['pipeswift_slurm.submit', 'pipeswift_slurm.submit.jobscript', 'pipeswift_slurm.submit.psbatch', 'pipeswift_slurm.submit.sbatch_args']"

@@ -2,7 +2,7 @@
 Python ones; jobs that are not Megatron jobs reach a fake sbatch with the same argv and
 the same stdin bytes without starting Python; Megatron jobs and --pipeswift options go
 through the resident helper or the Python psbatch; and, over random argv lists, scripts
-and stdin, the compiled front end and ``python -m pipeswift_slurm.psbatch`` hand sbatch
+and stdin, the compiled front end and ``python -m pipeswift_slurm.submit.psbatch`` hand sbatch
 exactly the same argv, script and stdin and return the same exit code and output.
 
 The front end also decides common Megatron jobs itself, in C (``$PIPESWIFT_PSBATCH_FAST``,
@@ -28,11 +28,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm import psbatch, sbatch_args
-from pipeswift_slurm.fast import build as fast_build
+from pipeswift_slurm.submit import psbatch
+from pipeswift_slurm.submit import sbatch_args
+from pipeswift_slurm.submit.fast import build as fast_build
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTHON_PSBATCH = (sys.executable, "-m", "pipeswift_slurm.psbatch")
+PYTHON_PSBATCH = (sys.executable, "-m", "pipeswift_slurm.submit.psbatch")
 
 FAKE_SBATCH_C = r"""
 #include <stdio.h>
@@ -259,16 +260,16 @@ def test_header_matches_the_python_tables(tmp_path):
     short = {v.split()[0]: v.split()[1:] for v in got["short"]}
     required = sbatch_args._LONG_REQUIRED
     assert short == {c: [n, "0" if n in required else "2"] for c, n in sbatch_args._SHORT.items()}
-    assert got["flag"][:2] == ["-P", "-c"] and "from pipeswift_slurm.psbatch import main" in got["flag"][2]
+    assert got["flag"][:2] == ["-P", "-c"] and "from pipeswift_slurm.submit.psbatch import main" in got["flag"][2]
 
 
 def test_print_header_command_and_light_import():
     env = _env()
-    out = subprocess.run([sys.executable, "-m", "pipeswift_slurm.fast.build", "--print-header"],
+    out = subprocess.run([sys.executable, "-m", "pipeswift_slurm.submit.fast.build", "--print-header"],
                          capture_output=True, text=True, env=env, check=True).stdout
     assert out == fast_build.header_text()
     code = ("import sys; sys.modules['click'] = sys.modules['sqlalchemy'] = None\n"
-            "import pipeswift_slurm.fast.build as b; b.header_text()")
+            "import pipeswift_slurm.submit.fast.build as b; b.header_text()")
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
@@ -554,7 +555,7 @@ def test_same_outcome_as_the_python_psbatch(bins, args, job, stdin, rc):
 
 # ---------------------------------------------------------------- the resident helper
 
-HELPER_MODULE = (sys.executable, "-m", "pipeswift_slurm.psbatch_helper")
+HELPER_MODULE = (sys.executable, "-m", "pipeswift_slurm.submit.helper")
 
 
 def _helper_env(folder: Path, **extra: str) -> dict[str, str]:
@@ -578,7 +579,7 @@ def _helper_cmd(command: str, folder: Path) -> subprocess.CompletedProcess:
 
 
 def _serving(folder: Path) -> bool:
-    from pipeswift_slurm import psbatch_helper
+    from pipeswift_slurm.submit import helper as psbatch_helper
 
     return psbatch_helper.running_pid(str(folder)) is not None and (folder / "psbatch.sock").exists()
 
@@ -613,7 +614,7 @@ def test_helper_answers_exactly_as_the_python_psbatch(bins, helper, args, job, s
 
 @needs_cc
 def test_helper_serves_megatron_jobs_and_own_options(bins, helper):
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     for args, stdin in [(["-p", "gpu", "meg.sh", "x"], b""), (["-J", "m"], MEGATRON),
                         (["--pipeswift-gpus=2-8", "--parsable", "meg.sh"], b""), (["bad.sh"], b"")]:
@@ -633,7 +634,7 @@ def test_helper_serves_megatron_jobs_and_own_options(bins, helper):
 def test_helper_removes_the_scripts_of_ended_submissions_only(tmp_path):
     import time
 
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     folder = tmp_path / "h"
     folder.mkdir(mode=0o700)
@@ -660,7 +661,7 @@ def test_helper_removes_the_scripts_of_ended_submissions_only(tmp_path):
 
 @needs_cc
 def test_first_use_starts_a_helper_and_stop_ends_it(bins, tmp_path):
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     folder = tmp_path / "h"
     first = _run(bins, [bins.fast], ["meg.sh"], env=_helper_env(folder))  # no helper yet: Python
@@ -764,7 +765,7 @@ def test_a_helper_that_never_answers_costs_a_timeout_not_the_job(bins, tmp_path)
 
 
 def test_the_helper_reads_the_environment_as_getenv_would():
-    from pipeswift_slurm.psbatch_helper import EnvBlock
+    from pipeswift_slurm.submit.helper import EnvBlock
 
     env = EnvBlock(b"A=1\0B=two words\0A=again\0NOEQ\0=empty\0C=\xff\xfe\0D=\0E=x=y\0")
     assert (env["A"], env["B"], env["D"], env["E"]) == ("1", "two words", "", "x=y")  # the first A wins
@@ -805,7 +806,7 @@ def test_a_resubmission_is_carried_out_from_the_memo_without_asking(bins, tmp_pa
     asked; the memo is gone once the helper exits."""
     import signal
 
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     folder = tmp_path / "h"
     proc = subprocess.Popen([*HELPER_MODULE, "serve", "--dir", str(folder)], env=_env())
@@ -844,7 +845,7 @@ def test_a_resubmission_is_carried_out_from_the_memo_without_asking(bins, tmp_pa
 
 
 def test_memo_entries_record_what_the_answer_read():
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     key = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"t", MEGATRON)]
     reply, environ = ph.respond(key + [(b"h", b"00000000000000aa"), (b"E", b"SBATCH_GRES=gpu:4\0B=1\0")])
@@ -867,7 +868,7 @@ def test_memo_entries_record_what_the_answer_read():
 
 
 def test_the_memo_keeps_a_bounded_number_of_entries(tmp_path, monkeypatch):
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     monkeypatch.setattr(ph, "MEMO_MAX_ENTRIES", 4)
     for i in range(7):
@@ -885,7 +886,7 @@ def test_a_request_asked_again_before_a_pause_is_remembered_at_once(monkeypatch)
     """New entries wait for a pause (not to compete with the sbatch just started), unless
     the same request comes again first: a loop resubmitting one job then gets the memo
     from its third submission on."""
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     monkeypatch.setattr(ph, "MEMO_MAX_ENTRIES", 3)
     pending: list[tuple[bytes, bytes]] = []
@@ -921,7 +922,7 @@ def test_memo_hits_keep_the_helper_from_exiting_idle(bins, tmp_path):
 
 
 def test_the_helper_folder_prefers_a_runtime_folder_then_shared_memory(tmp_path):
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     shm = tmp_path / "shm"
     shm.mkdir()
@@ -938,7 +939,7 @@ def test_the_helper_folder_prefers_a_runtime_folder_then_shared_memory(tmp_path)
 def test_the_front_end_finds_the_helper_folder_as_python_does(bins):
     """Without $PIPESWIFT_PSBATCH_HELPER_DIR and $XDG_RUNTIME_DIR, the front end starts a
     helper (here: fails to; its Python is missing) in the folder psbatch_helper names."""
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     folder = Path(ph.helper_dir({}, os.getuid()))
     existed = folder.exists()
@@ -956,7 +957,7 @@ def test_the_front_end_finds_the_helper_folder_as_python_does(bins):
 def test_helper_answer_falls_back_on_another_checkout():
     import socket
 
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     request = [(b"v", os.fsencode(ph.protocol_id())), (b"a", b"-H"), (b"E", b"A=1\0"),
                (b"t", MEGATRON)]
@@ -974,10 +975,10 @@ def test_helper_exits_soon_after_its_code_changes_and_serves_until_then(tmp_path
     import socket
     import time
 
-    from pipeswift_slurm import psbatch_helper as ph
+    from pipeswift_slurm.submit import helper as ph
 
     folder, installed = tmp_path / "h", tmp_path / "installed"
-    code = ("import os, sys; import pipeswift_slurm.psbatch_helper as ph; stamp = ph._code_stamp;"
+    code = ("import os, sys; import pipeswift_slurm.submit.helper as ph; stamp = ph._code_stamp;"
             " ph._code_stamp = lambda: dict(stamp(), new=os.path.exists(%r));"
             " sys.exit(ph.serve(%r, 60))" % (str(installed), str(folder)))
     helper = subprocess.Popen([sys.executable, "-c", code], env=_env())

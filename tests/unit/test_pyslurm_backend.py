@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeswift_slurm import token
-from pipeswift_slurm.backends import BackendError, JobGone
-from pipeswift_slurm.backends.pyslurm_ import PyslurmBackend, gres_dict_request, modify_kwargs
-from pipeswift_slurm.model import Decision, ExecConfig, GpuRequest, Job
+from pipeswift_slurm.core import token
+from pipeswift_slurm.slurm.backends import BackendError, JobGone
+from pipeswift_slurm.slurm.backends.pyslurm_ import PyslurmBackend, gres_dict_request, modify_kwargs
+from pipeswift_slurm.core.model import Decision, ExecConfig, GpuRequest, Job
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_pyslurm import fail, fake_job, fake_node, make_fake  # noqa: E402

@@ -1,4 +1,4 @@
-"""Reports (pipeswift_slurm.reports / report_render / cli_report) on two histories: one
+"""Reports (pipeswift_slurm.reports.queries / report_render / cli_report) on two histories: one
 written by the simulator (``pipeswift simulate --db``) and one written tick by tick through
 ``Store.tick`` the way the real controller records Slurm's view. Every reported number is
 compared with a value computed independently in Python from the raw rows (read with the
@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeswift_slurm import report_render as RR
-from pipeswift_slurm import reports as R
-from pipeswift_slurm.cli import pipeswift
-from pipeswift_slurm.megatron import profile_from_argv
-from pipeswift_slurm.model import ClusterView, Decision, ExecConfig, Job, Node
-from pipeswift_slurm.store import CalibrationEntry, Store
-from pipeswift_slurm.token import ProfileRequest, encode_profile
+from pipeswift_slurm.reports import render as RR
+from pipeswift_slurm.reports import queries as R
+from pipeswift_slurm.cli.main import pipeswift
+from pipeswift_slurm.core.megatron import profile_from_argv
+from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, Node
+from pipeswift_slurm.store.history import CalibrationEntry, Store
+from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 T0 = 1_700_000_000.0

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
 
-from pipeswift_slurm.schema import Base, size_class
+from pipeswift_slurm.store.schema import Base, size_class
 
 SCHEMA_SQL = Path(__file__).resolve().parents[2] / "sql" / "schema.sql"
 
@@ -77,7 +77,7 @@ def test_ddl_is_idempotent():
 
 
 def test_store_opens_a_database_made_from_the_ddl(tmp_path):
-    from pipeswift_slurm.store import Store
+    from pipeswift_slurm.store.history import Store
 
     path = tmp_path / "admin.sqlite"
     conn = sqlite3.connect(path)

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from pipeswift_slurm import hardware
-from pipeswift_slurm.backends import slurm_cli
-from pipeswift_slurm.backends.sim import SimBackend
-from pipeswift_slurm.backends.slurm_cli import SlurmCliBackend
-from pipeswift_slurm.controller import Controller, ControllerSettings
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.estimator import Estimator
+from pipeswift_slurm.core import hardware
+from pipeswift_slurm.slurm.backends import slurm_cli
+from pipeswift_slurm.slurm.backends.sim import SimBackend
+from pipeswift_slurm.slurm.backends.slurm_cli import SlurmCliBackend
+from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.policy import get_policy
 from pipeswift_slurm.sim.engine import SimSettings, Simulation
 from pipeswift_slurm.sim.workload import Conversion, build_workload, synthetic_trace

@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm import controller as controller_mod
-from pipeswift_slurm import hardware, megatron
-from pipeswift_slurm.costmodel import CostModel
-from pipeswift_slurm.estimator import Estimator
+from pipeswift_slurm.slurm import controller as controller_mod
+from pipeswift_slurm.core import hardware
+from pipeswift_slurm.core import megatron
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.policy import PRESETS, get_policy
 from pipeswift_slurm.sim.engine import JobRecord, SimSettings, Simulation
 from pipeswift_slurm.sim.metrics import lower_bound_s, percentile, summarize
@@ -233,7 +234,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 
 
 def test_sim_package_imports_no_policy_module_but_the_registry() -> None:
-    files = sorted((REPO / "pipeswift_slurm" / "sim").glob("*.py")) + [REPO / "pipeswift_slurm" / "backends" / "sim.py"]
+    files = sorted((REPO / "pipeswift_slurm" / "sim").glob("*.py")) + [REPO / "pipeswift_slurm" / "slurm" / "backends" / "sim.py"]
     assert len(files) >= 5
     for path in files:
         for level, name in _imports(path):

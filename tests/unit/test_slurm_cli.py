@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeswift_slurm import token
-from pipeswift_slurm.backends import BackendError, JobGone
-from pipeswift_slurm.backends import detect
-from pipeswift_slurm.backends import slurm_cli as cli
-from pipeswift_slurm.controller import Controller
-from pipeswift_slurm.model import ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
+from pipeswift_slurm.core import token
+from pipeswift_slurm.slurm.backends import BackendError, JobGone
+from pipeswift_slurm.slurm.backends import detect
+from pipeswift_slurm.slurm.backends import slurm_cli as cli
+from pipeswift_slurm.slurm.controller import Controller
+from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 NOW = 1_800_000_000.0
@@ -179,7 +179,7 @@ def test_nodes_text_json_and_typed(version: str) -> None:
 def test_a_node_that_takes_no_work_has_no_free_gpus_also_when_changed() -> None:
     from dataclasses import replace
 
-    from pipeswift_slurm.model import Node
+    from pipeswift_slurm.core.model import Node
 
     idle = Node("n1", gpus=8, gpus_alloc=3, state="MIXED")
     assert (idle.usable, idle.gpus_free) == (True, 5)
@@ -347,7 +347,7 @@ def test_detect_helpers(tmp_path: Path) -> None:
 
 
 def test_detect_never_imports_pyslurm() -> None:
-    code = ("import sys; from pipeswift_slurm.backends import detect, slurm_cli, pyslurm_; "
+    code = ("import sys; from pipeswift_slurm.slurm.backends import detect, slurm_cli, pyslurm_; "
             "detect.slurm_conf_reachable(); assert 'pyslurm' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -582,7 +582,7 @@ def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_histo
     """squeue forgets a job's run time at a requeue; the policy still learns its GPU-seconds,
     from the runs the controller saw, so it plans the work the job has left. Its wait is
     Slurm's, counted from its new submit time (Slurm restarts it at a requeue)."""
-    from pipeswift_slurm.store import Store
+    from pipeswift_slurm.store.history import Store
 
     nodes = (Node("n1", gpus=8),)
     seen: list[ClusterView] = []

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeswift_slurm.schema import size_class
-from pipeswift_slurm.store import Store
+from pipeswift_slurm.store.schema import size_class
+from pipeswift_slurm.store.history import Store
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 QUERIES = ("queue_ratio_by_hour", "jct_by_size_class", "waits", "estimator_bias", "decisions")

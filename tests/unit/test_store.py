@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 
-from pipeswift_slurm.model import (ClusterView, Decision, ExecConfig, Job, JobProfile,
+from pipeswift_slurm.core.model import (ClusterView, Decision, ExecConfig, Job, JobProfile,
                                    ModelShape, Node, TrainingPlan)
-from pipeswift_slurm.schema import Base
-from pipeswift_slurm.store import (CONFIG_FIELDS, CalibrationEntry, Store, StoreBusy,
+from pipeswift_slurm.store.schema import Base
+from pipeswift_slurm.store.history import (CONFIG_FIELDS, CalibrationEntry, Store, StoreBusy,
                                    same_action)
 
 NODES = (Node("n1", 8, 0), Node("n2", 8, 0))

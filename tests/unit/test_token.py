@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.model import ExecConfig
-from pipeswift_slurm.token import (
+from pipeswift_slurm.core.model import ExecConfig
+from pipeswift_slurm.core.token import (
     DECISION_PREFIX,
     MAX_TOKEN_CHARS,
     PROFILE_PREFIX,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STRICT = ["pipeswift_slurm/model.py", "pipeswift_slurm/megatron.py", "pipeswift_slurm/costmodel.py",
+STRICT = ["pipeswift_slurm/core/model.py", "pipeswift_slurm/core/megatron.py", "pipeswift_slurm/core/costmodel.py",
           "pipeswift_slurm/policy"]
 
 

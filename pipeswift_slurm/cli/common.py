@@ -1,0 +1,58 @@
+"""What every command shares: the context object, one-line failures, JSON output and the
+measured layer profile option. Imports nothing from the command modules or the group.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn, Optional
+
+import click
+
+from pipeswift_slurm.core.hardware import GpuType, HardwareError, get_gpu_type
+
+EXIT_USAGE = 2
+
+
+class Obj:
+    """Context object shared by every command: logging and the hardware file."""
+
+    def __init__(self, verbose: int, hardware: Optional[str]):
+        self.verbose = verbose
+        self.hardware = hardware
+
+    def gpu(self, name: str) -> GpuType:
+        try:
+            return get_gpu_type(name, self.hardware)
+        except HardwareError as exc:
+            fail("--gpu-type: %s" % exc)
+
+
+pass_obj = click.make_pass_decorator(Obj)
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """One clear error line on stderr and a non-zero exit, never a traceback."""
+    click.echo("pipeswift: error: %s" % message, err=True)
+    sys.exit(code)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+def load_layer_profile(path: Optional[str]) -> Any:
+    """A measured layer profile (``pipeswift profile --out``) or None; bad file -> exit 2."""
+    if not path:
+        return None
+    from pipeswift_slurm.measure.profiler import ProfileFormatError, read_profile_toml
+
+    try:
+        return read_profile_toml(path)
+    except (OSError, ProfileFormatError) as exc:
+        fail("--layer-profile: %s" % exc)
+
+
+layer_profile_option = click.option("--layer-profile", type=click.Path(dir_okay=False),
+                                     help="Use this measured layer profile (pipeswift profile --out) for the"
+                                          " layer times instead of the table.")

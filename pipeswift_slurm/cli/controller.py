@@ -1,0 +1,203 @@
+"""``pipeswift controller tick|run``: the admin's cron job and daemon.
+
+A tick takes a non-blocking file lock (a second tick exits 0 quietly), observes the
+cluster, decides, acts on pending opted-in jobs, records everything in one transaction,
+then refits the per-class calibration from finished jobs. Exit 0 when all is well,
+1 on a real failure (one line on stderr), 2 on bad configuration.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import click
+
+from pipeswift_slurm.cli.common import Obj, fail, pass_obj
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def tick_lock(path: str) -> Iterator[bool]:
+    """Hold an exclusive flock on ``path`` for the block; yields False when another process
+    holds it (the lock dies with its holder, so a killed tick never blocks the next)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _load(config_path: Optional[str], overrides: dict[str, Any]) -> Any:
+    from dataclasses import replace
+
+    from pipeswift_slurm.slurm.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        fail(str(exc))
+    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def site_gpu(cfg: Any, obj: Obj) -> Any:
+    """The config's GPU type (with its hardware file, else ``--hardware``'s)."""
+    from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
+
+    try:
+        return get_gpu_type(cfg.gpu_type, cfg.hardware_file or obj.hardware)
+    except HardwareError as exc:
+        fail("%s: [slurm] gpu_type: %s" % (cfg.source, exc))
+
+
+def build_controller(cfg: Any, obj: Obj) -> Any:
+    """Backend, store, policy and calibrated estimator from the config."""
+    from pipeswift_slurm.slurm.backends import BackendError, get_backend
+    from pipeswift_slurm.slurm.config import policy_knobs
+    from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.estimator import Estimator
+    from pipeswift_slurm.policy import get_policy
+    from pipeswift_slurm.store.history import Store
+
+    gpu = site_gpu(cfg, obj)
+    try:
+        backend = get_backend(cfg.backend, partitions=cfg.partitions or None)
+    except BackendError as exc:
+        fail(str(exc), 1)
+    store = Store.from_url(cfg.db_url)
+    policy = get_policy(cfg.policy, **policy_knobs(cfg))  # names checked by load_config
+    gpn = cfg.gpus_per_node or 8
+    from pipeswift_slurm.cli.common import load_layer_profile
+
+    estimator = Estimator(CostModel(gpu, layer_profile=load_layer_profile(cfg.layer_profile)), gpn)
+    estimator = estimator.with_bias(_bias_map(store))
+    settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions)
+    return Controller(backend, policy, estimator, store, settings)
+
+
+def _bias_map(store: Any) -> dict[str, float]:
+    return {cls: ratio for cls, (ratio, _n) in store.calibration().items()}
+
+
+def refit_calibration(store: Any, now: float) -> int:
+    """Refit the per-class bias from finished jobs; returns the number of classes."""
+    try:
+        from pipeswift_slurm.core.calibration import Observation, fit_bias
+    except ImportError:  # calibration not installed in this build
+        return 0
+    from pipeswift_slurm.store.history import CalibrationEntry
+
+    obs = [Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time) for f in store.finished_jobs()
+           if f.job_class and f.predicted_run_s and f.run_s]
+    fitted = fit_bias(obs, now=now)
+    store.save_calibration([CalibrationEntry(c.job_class, c.n_jobs, c.log_ratio, now) for c in fitted.values()])
+    return len(fitted)
+
+
+def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Optional[Any]:
+    """One locked tick; returns the report, or None when another tick holds the lock."""
+    from pipeswift_slurm.slurm.backends import BackendError
+    from pipeswift_slurm.store.history import StoreBusy
+
+    with tick_lock(cfg.lock_file) as got:
+        if not got:
+            log.info("another controller tick is running (lock %s); nothing to do", cfg.lock_file)
+            return None
+        controller = controller or build_controller(cfg, obj)
+        try:
+            report = controller.tick()
+        except BackendError as exc:
+            fail("slurm: %s" % exc, 1)
+        except StoreBusy as exc:
+            fail("database busy: %s" % exc, 1)
+        if cfg.calibrate and not cfg.dry_run:
+            refit_calibration(controller.store, report.view.now)
+            bias = _bias_map(controller.store)
+            if bias != controller.estimator.bias_by_class:  # a new estimator resets the policy's caches
+                controller.estimator = controller.estimator.with_bias(bias)
+        return report
+
+
+def _summary(report: Any, dry_run: bool) -> None:
+    view = report.view
+    log_line = ("tick: %d pending, %d running, %d decisions, %d applied, %d skipped, %.2f s%s"
+                % (len(view.pending), len(view.running), len(report.decisions), len(report.applied),
+                   len(report.skipped), report.duration_s, " (dry run)" if dry_run else ""))
+    click.echo(log_line, err=True)
+    if dry_run:
+        for d in report.decisions:
+            cfg = d.config.short() if d.config else "-"
+            click.echo("job %d: config=%s site_factor=%s time_limit_s=%s requeue=%s  # %s"
+                       % (d.job_id, cfg, d.site_factor, d.time_limit_s, d.requeue, d.reason))
+
+
+@click.group()
+def controller() -> None:
+    """The admin's controller: one tick from cron, or a loop."""
+
+
+_config_option = click.option("--config", "config_path", envvar="PIPESWIFT_CONFIG", type=click.Path(dir_okay=False),
+                              help="TOML config [env PIPESWIFT_CONFIG; default /etc/pipeswift/config.toml].")
+_db_option = click.option("--db", "db_url", envvar="PIPESWIFT_DB", help="Override [store] url [env PIPESWIFT_DB].")
+_backend_option = click.option("--backend", envvar="PIPESWIFT_BACKEND",
+                               type=click.Choice(["auto", "cli", "pyslurm"]), help="Override [slurm] backend.")
+
+
+@controller.command("tick")
+@_config_option
+@_db_option
+@_backend_option
+@click.option("--dry-run", is_flag=True, default=None, help="Decide and print; change nothing in Slurm.")
+@pass_obj
+def tick_cmd(obj: Obj, config_path: Optional[str], db_url: Optional[str], backend: Optional[str],
+             dry_run: Optional[bool]) -> None:
+    """Run one controller tick (cron-safe: overlapping ticks exit quietly)."""
+    cfg = _load(config_path, {"db_url": db_url, "backend": backend, "dry_run": dry_run})
+    report = run_one_tick(cfg, obj)
+    if report is not None:
+        _summary(report, cfg.dry_run)
+
+
+@controller.command("run")
+@_config_option
+@_db_option
+@_backend_option
+@click.option("--interval", "interval_s", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds between ticks.")
+@click.option("--max-ticks", type=click.IntRange(min=1), help="Stop after this many ticks (tests).")
+@pass_obj
+def run_cmd(obj: Obj, config_path: Optional[str], db_url: Optional[str], backend: Optional[str],
+            interval_s: float, max_ticks: Optional[int]) -> None:
+    """Tick every --interval seconds until SIGTERM/SIGINT; a failed tick is logged and retried."""
+    cfg = _load(config_path, {"db_url": db_url, "backend": backend})
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    controller_obj = build_controller(cfg, obj)
+    done = 0
+    while not stop["now"] and (max_ticks is None or done < max_ticks):
+        started = time.monotonic()
+        try:
+            report = run_one_tick(cfg, obj, controller_obj)
+            if report is not None:
+                _summary(report, cfg.dry_run)
+        except SystemExit as exc:
+            if exc.code == 2:
+                raise
+            log.warning("tick failed; retrying in %.0f s", interval_s)
+        done += 1
+        while not stop["now"] and time.monotonic() - started < interval_s and (max_ticks is None or done < max_ticks):
+            time.sleep(min(1.0, interval_s))

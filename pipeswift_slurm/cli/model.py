@@ -1,0 +1,198 @@
+"""The model commands: ``estimate``, ``plan`` and ``profile`` (Megatron arguments in,
+predictions out). Imports the core, never the group.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from typing import Any, Optional, Sequence
+
+import click
+
+from pipeswift_slurm.cli.common import Obj, echo_json, fail, layer_profile_option, load_layer_profile, pass_obj
+from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, GpuType
+
+
+def _profile(megatron_args: Sequence[str], world: Optional[int], gpus_per_node: int,
+             gpu_range: Optional[tuple[int, int]] = None) -> Any:
+    from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
+
+    if not megatron_args:
+        fail("no Megatron arguments given; put them after '--', e.g. -- --num-layers 24 ...")
+    try:
+        return profile_from_argv(list(megatron_args), world_size=world, gpus_per_node=gpus_per_node,
+                                 gpu_range=gpu_range)
+    except MegatronArgError as exc:
+        fail("%s (in the Megatron arguments; fix that flag)" % exc)
+
+
+
+def _config_dict(cfg: Any) -> dict[str, Any]:
+    return {k: v for k, v in asdict(cfg).items()}
+
+
+def estimate_dict(est: Any, profile: Any, cost: Any) -> dict[str, Any]:
+    """The stable JSON form of one estimate (keys documented in the README)."""
+    iters = profile.plan.iterations
+    return {
+        "gpus": est.config.gpus,
+        "config": _config_dict(est.config),
+        "iter_time_s": est.iter_time_s,
+        "tflops_per_gpu": est.tflops_per_gpu,
+        "mem_gib": est.mem_gib,
+        "fits": est.fits,
+        "bubble_fraction": est.bubble_fraction,
+        "num_micro_batches": est.config.num_micro_batches,
+        "data_parallel_size": est.config.dp,
+        "job_time_s": cost.job_time_s(profile, est.config) if iters else None,
+    }
+
+
+@click.command()
+@click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True, help="GPU type name.")
+@click.option("--num-gpus", type=click.IntRange(min=1), help="World size (default tp*pp*cp).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
+@layer_profile_option
+@click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
+@pass_obj
+def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: int, as_json: bool,
+             layer_profile: Optional[str], megatron_args: tuple[str, ...]) -> None:
+    """Predict iteration time, TFLOP/s, memory and bubble of a Megatron command line.
+
+    Example: pipeswift estimate --num-gpus 8 -- --num-layers 24 --hidden-size 2048
+    --num-attention-heads 16 --seq-length 2048 --global-batch-size 512 --train-iters 1000 --bf16
+    """
+    from pipeswift_slurm.core.costmodel import CostModel
+
+    gpu = obj.gpu(gpu_type)
+    profile = _profile(megatron_args, num_gpus, gpus_per_node)
+    cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile))
+    est = cost.estimate(profile, profile.requested)
+    data = estimate_dict(est, profile, cost)
+    data["gpu_type"] = gpu.name
+    if as_json:
+        echo_json(data)
+        return
+    from pipeswift_slurm.core.fmt import duration
+
+    lines = [
+        ("config", est.config.short()),
+        ("gpu type", gpu.name),
+        ("iteration time", "%.3f s" % est.iter_time_s),
+        ("model TFLOP/s per GPU", "%.1f (%.0f%% of peak)" % (est.tflops_per_gpu, 100 * est.tflops_per_gpu
+                                                             / gpu.peak_tflops)),
+        ("memory per GPU", "%.1f GiB of %.1f%s" % (est.mem_gib, gpu.mem_gib, "" if est.fits else "  DOES NOT FIT")),
+        ("bubble fraction", "%.3f" % est.bubble_fraction),
+        ("micro-batches (M)", str(est.config.num_micro_batches)),
+        ("data-parallel size", str(est.config.dp)),
+    ]
+    if data["job_time_s"] is not None:
+        lines.append(("job time", "%s (%d iterations)" % (duration(data["job_time_s"]), profile.plan.iterations)))
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        click.echo("%s  %s" % (key.ljust(width), value))
+    if not est.fits:
+        sys.exit(1)
+
+
+def parse_gpu_range(text: str) -> tuple[int, int]:
+    """'8' -> (8, 8); '4-16' -> (4, 16)."""
+    lo, sep, hi = text.partition("-")
+    try:
+        low, high = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        fail("--gpus %r: expected N or A-B, e.g. 4-16" % text)
+    if low < 1 or high < low:
+        fail("--gpus %r: need 1 <= A <= B" % text)
+    return low, high
+
+
+@click.command()
+@click.option("--gpus", "gpus_text", required=True, help="GPU count or range, e.g. 8 or 4-64.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True)
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--explain", is_flag=True, help="Also list excluded configs and why.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
+@layer_profile_option
+@click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
+@pass_obj
+def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, explain: bool,
+         as_json: bool, layer_profile: Optional[str], megatron_args: tuple[str, ...]) -> None:
+    """Rank every valid config of a Megatron job over a GPU count or range."""
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.planner import Planner
+
+    lo, hi = parse_gpu_range(gpus_text)
+    gpu = obj.gpu(gpu_type)
+    profile = _profile(megatron_args, None, gpus_per_node).with_range(lo, hi)
+    cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile))
+    result = Planner(cost, gpus_per_node).plan(profile, lo, hi, explain=explain)
+    rows = [estimate_dict(e, profile, cost) for e in result.ranked[:top]]
+    if as_json:
+        echo_json({"gpu_type": gpu.name, "gpus": [lo, hi], "valid_configs": len(result.ranked),
+                   "configs": rows,
+                   "excluded": [{"gpus": x.gpus, "config": x.config and _config_dict(x.config),
+                                 "reason": x.reason} for x in result.excluded]})
+        return
+    _print_plan(result, rows, gpu, explain)
+    if not result.ranked:
+        sys.exit(1)
+
+
+def _print_plan(result: Any, rows: list[dict[str, Any]], gpu: GpuType, explain: bool) -> None:
+    from pipeswift_slurm.core.fmt import duration, table
+
+    if not result.ranked:
+        click.echo("no valid config in that GPU range (use --explain to see why)", err=True)
+    headers = ["#", "gpus", "nodes", "tp", "pp", "vp", "dp", "mbs", "M", "iter_s", "TFLOP/s", "mem_GiB",
+               "bubble", "job_time"]
+    table_rows = [[i + 1, r["gpus"], "%dx%d" % (r["config"]["num_nodes"], r["config"]["gpus_per_node"]),
+                   r["config"]["tp"], r["config"]["pp"], r["config"]["vp"], r["config"]["dp"],
+                   r["config"]["micro_batch_size"], r["config"]["num_micro_batches"], r["iter_time_s"],
+                   r["tflops_per_gpu"], r["mem_gib"], r["bubble_fraction"], duration(r["job_time_s"])]
+                  for i, r in enumerate(rows)]
+    click.echo("%d valid configs on %s; top %d by iteration time:" % (len(result.ranked), gpu.name, len(rows)))
+    click.echo(table(headers, table_rows))
+    if explain:
+        click.echo("\nexcluded (%d):" % len(result.excluded))
+        for x in result.excluded:
+            click.echo("  %s gpus=%d: %s" % (x.config.short() if x.config else "-", x.gpus, x.reason))
+
+
+@click.command()
+@click.option("--gpu-type", help="Name to file the profile under (default: the device's name).")
+@click.option("--micro-batch-sizes", default="1,2,4,8", show_default=True, help="Comma-separated candidates.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Write the profile TOML here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
+@click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
+@pass_obj
+def profile(obj: Obj, gpu_type: Optional[str], micro_batch_sizes: str, out_path: Optional[str], as_json: bool,
+            megatron_args: tuple[str, ...]) -> None:
+    """Time one transformer layer of the job's shape (fwd+bwd per micro-batch size) on
+    this machine's GPU (or CPU: structure only) and write a profile for --layer-profile."""
+    try:
+        sizes = [int(x) for x in micro_batch_sizes.split(",") if x.strip()]
+    except ValueError:
+        fail("--micro-batch-sizes %r: expected integers like 1,2,4,8" % micro_batch_sizes)
+    if not sizes or min(sizes) < 1:
+        fail("--micro-batch-sizes %r: need positive integers" % micro_batch_sizes)
+    shape = _profile(megatron_args, None, 8).shape
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail("profiling needs torch: pip install 'pipeswift-slurm[megatron]'", 1)
+    from pipeswift_slurm.measure.profiler import main_profile, profile_to_dict
+
+    result = main_profile(shape, sizes, gpu_type, out_path)
+    if as_json:
+        echo_json(profile_to_dict(result))
+        return
+    click.echo("%s on %s (%s, %s):" % (result.backend, result.device, result.layer_spec, result.dtype))
+    for t in result.timings:
+        click.echo("  micro-batch %3d: %9.2f ms fwd+bwd per layer, %7.1f TFLOP/s"
+                   % (t.micro_batch_size, t.fwd_bwd_ms, t.tflops))
+    if out_path:
+        click.echo("wrote %s (use it with --layer-profile)" % out_path)

@@ -1,0 +1,335 @@
+"""``pipeswift report <kind>`` and ``pipeswift explain JOBID``: thin commands over
+``reports``, ``explain`` and ``report_render``.
+
+Every command reads the history database given by ``--db`` (or ``$PIPESWIFT_DB``, else
+the controller's default path), never writes it, and exits 2 with one line when it is
+missing or unreadable. A window without jobs is not an error: it says so and exits 0.
+matplotlib is imported only when a plot or HTML file is asked for.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from pipeswift_slurm.cli.common import Obj, echo_json, fail, pass_obj
+from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
+
+DEFAULT_DB = "/var/lib/pipeswift/pipeswift.sqlite"
+BY_CHOICES = ("hour", "day", "user", "size", "partition")
+
+
+def open_history(db: str) -> Any:
+    """A read-only-in-practice Store over ``db``; one error line (exit 2) when unusable."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from pipeswift_slurm.reports.queries import has_history_tables
+    from pipeswift_slurm.store.history import Store, make_engine
+
+    if "://" not in db or db.startswith("sqlite:///"):
+        path = Path(db.removeprefix("sqlite:///"))
+        if not path.is_file():
+            fail("no history database at %s (give --db FILE or set PIPESWIFT_DB)" % path)
+    try:
+        engine = make_engine(db)
+        if not has_history_tables(engine):
+            fail("%s is not a pipeswift history database (no jobs/ticks/decisions tables)" % db)
+        return Store(engine, create=False)
+    except SQLAlchemyError as exc:
+        fail("cannot read %s: %s" % (db, getattr(exc, "orig", None) or exc))
+
+
+def _db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--db",
+        envvar="PIPESWIFT_DB",
+        default=DEFAULT_DB,
+        show_default=True,
+        help="History database: SQLite file or SQLAlchemy URL [env PIPESWIFT_DB].",
+    )(fn)
+
+
+def _report_options(default_by: Optional[str]) -> Callable[..., Any]:
+    """The options every report kind shares (``--by`` only where grouping applies)."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        opts = [
+            _db_option,
+            click.option(
+                "--since", help="From this time: epoch s, ISO date/time (UTC), or -7d (before the last tick)."
+            ),
+            click.option("--until", help="Up to (excluding) this time; same forms as --since."),
+            click.option(
+                "--format",
+                "fmt",
+                type=click.Choice(["table", "csv", "json"]),
+                default="table",
+                show_default=True,
+            ),
+            click.option("--plot", type=click.Path(dir_okay=False), help="Also draw the figure to this PNG."),
+            click.option(
+                "--html",
+                "html_out",
+                type=click.Path(dir_okay=False),
+                help="Also write one self-contained HTML report (tables + figures).",
+            ),
+            click.option(
+                "--prometheus",
+                type=click.Path(dir_okay=False),
+                help="Also write every headline metric in Prometheus text format (atomically).",
+            ),
+            click.option(
+                "-q", "--quiet", is_flag=True, help="No terminal output (with --prometheus/--plot/--html)."
+            ),
+            click.option(
+                "--threshold",
+                type=click.FloatRange(0, 1),
+                default=0.5,
+                show_default=True,
+                help="Queue share of small jobs' JCT above which the verdict is queue-bound.",
+            ),
+            click.option(
+                "--wait-bound-h",
+                type=click.FloatRange(min=0),
+                default=24.0,
+                show_default=True,
+                help="Waits above this count as over the bound.",
+            ),
+        ]
+        if default_by is not None:
+            opts.append(
+                click.option(
+                    "--by",
+                    type=click.Choice(BY_CHOICES),
+                    default=default_by,
+                    show_default=True,
+                    help="Group rows by submission hour/day, user, size class or partition.",
+                )
+            )
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return decorate
+
+
+@click.group()
+def report() -> None:
+    """Where the time goes: queue-time ratio, JCT, waits, estimator bias, decisions.
+
+    Example: pipeswift report all --db pipeswift.sqlite --since 2024-06-01 --html report.html
+    """
+
+
+def _window(store: Any, since: Optional[str], until: Optional[str]) -> Any:
+    from pipeswift_slurm.reports.queries import ReportError, Window, history_now_s
+
+    latest = history_now_s(store)
+    try:
+        from pipeswift_slurm.reports.queries import parse_time
+
+        window = Window(parse_time(since, latest), parse_time(until, latest))
+    except ReportError as exc:
+        fail("--since/--until: %s" % exc)
+    if window.since_s is not None and window.until_s is not None and window.until_s <= window.since_s:
+        fail("--until must be later than --since")
+    return window
+
+
+def _compute(kind: str, store: Any, window: Any, o: dict[str, Any]) -> Any:
+    from pipeswift_slurm.reports import queries as r
+
+    bound_s = o["wait_bound_h"] * 3600.0
+    by = o.get("by")
+    builders: dict[str, Callable[[], Any]] = {
+        "queue-ratio": lambda: r.queue_ratio(store, window, by, o["threshold"]),
+        "jct": lambda: r.jct(store, window, by),
+        "waits": lambda: r.waits(store, window, by, bound_s),
+        "bias": lambda: r.bias(store, window),
+        "decisions": lambda: r.decisions(
+            store, window, o.get("job"), o.get("limit") or 50, o.get("all_kinds", False)
+        ),
+        "all": lambda: r.full_report(
+            store, window, by or "day", o["threshold"], bound_s, o.get("limit") or 20
+        ),
+    }
+    return builders[kind]()
+
+
+def _tables(kind: str, data: Any) -> list[Any]:
+    from pipeswift_slurm.reports import render as rr
+
+    makers: dict[str, Callable[[Any], Any]] = {
+        "queue-ratio": rr.queue_ratio_table,
+        "jct": rr.jct_table,
+        "waits": rr.waits_table,
+        "bias": rr.bias_table,
+        "decisions": rr.decisions_table,
+    }
+    return rr.full_tables(data) if kind == "all" else [makers[kind](data)]
+
+
+def _is_empty(kind: str, store: Any, window: Any, data: Any) -> bool:
+    from pipeswift_slurm.reports.queries import job_count
+
+    if kind == "decisions":
+        return bool(data.n_total == 0)
+    return job_count(store, window).n_jobs == 0
+
+
+def _empty_line(kind: str, window: Any, db: str) -> str:
+    from pipeswift_slurm.reports.render import window_text
+
+    what = "decisions" if kind == "decisions" else "jobs"
+    span = window_text(window)
+    return "no %s recorded%s in %s" % (what, " " + span if span else "", db)
+
+
+def run_report(kind: str, o: dict[str, Any]) -> None:
+    """Compute one report kind and write every output asked for."""
+    from pipeswift_slurm.reports import render as rr
+
+    store = open_history(o["db"])
+    window = _window(store, o.get("since"), o.get("until"))
+    if o.get("prometheus"):
+        _write_prometheus(store, window, o)
+    data = _compute(kind, store, window, o)
+    if _is_empty(kind, store, window, data):
+        line = _empty_line(kind, window, o["db"])
+        if o.get("html_out"):
+            Path(o["html_out"]).write_text(rr.html_report("pipeswift report", [line], [], []))
+        click.echo(line, err=o["fmt"] != "table" or o["quiet"])
+        return
+    if not o["quiet"]:
+        _print(kind, data, o["fmt"])
+    if o.get("plot") or o.get("html_out"):
+        _figures(kind, store, window, data, o)
+
+
+def _print(kind: str, data: Any, fmt: str) -> None:
+    from pipeswift_slurm.reports import render as rr
+
+    if fmt == "json":
+        click.echo(rr.json_text(data))
+    elif fmt == "csv":
+        click.echo(rr.csv_tables(_tables(kind, data)), nl=False)
+    else:
+        click.echo(rr.text_tables(_tables(kind, data)))
+
+
+def _figures(kind: str, store: Any, window: Any, data: Any, o: dict[str, Any]) -> None:
+    from pipeswift_slurm.reports import render as rr
+    from pipeswift_slurm.reports.queries import jct_values
+
+    jcts = (
+        jct_values(store, window, o.get("by") or "size")
+        if kind == "jct"
+        else (jct_values(store, window, "size") if kind == "all" else None)
+    )
+    try:
+        fig = rr.figure(kind, data, jcts)
+    except RuntimeError as exc:  # matplotlib missing
+        fail(str(exc), 1)
+    png = rr.png_bytes(fig)
+    if o.get("plot"):
+        Path(o["plot"]).write_bytes(png)
+    if o.get("html_out"):
+        intro = ["jobs submitted %s" % (rr.window_text(window) or "at any time")]
+        if kind in ("all", "queue-ratio"):
+            intro.insert(0, (data.queue_ratio if kind == "all" else data).verdict)
+        page = rr.html_report("pipeswift report: %s" % kind, intro, _tables(kind, data), [(kind, png)])
+        Path(o["html_out"]).write_text(page, encoding="utf-8")
+
+
+def _write_prometheus(store: Any, window: Any, o: dict[str, Any]) -> None:
+    from pipeswift_slurm.reports import render as rr
+    from pipeswift_slurm.reports.queries import full_report
+
+    rep = full_report(store, window, "size", o["threshold"], o["wait_bound_h"] * 3600.0, 1)
+    try:
+        rr.write_atomic(o["prometheus"], rr.prometheus_text(rep))
+    except OSError as exc:
+        fail("--prometheus %s: %s" % (o["prometheus"], exc), 1)
+
+
+_DOCS = {
+    "queue-ratio": "Queue time / JCT per hour (or --by), with the verdict: queue-bound or execution-bound.",
+    "jct": "JCT distribution (mean, P50, P95, P99, max) per size class (or --by).",
+    "waits": "Waits (median, max, jobs over the bound) per size class (or --by), pending jobs included.",
+    "bias": "Estimator bias per job class: actual / predicted run time, with counts and calibration.",
+    "decisions": "The decision log: what was changed, when, why, and whether it was applied.",
+    "all": "Every report: queue ratio by day (or --by), by size and per hour; JCT; waits; bias; decisions.",
+}
+
+
+def _command(kind: str, default_by: Optional[str], extra: tuple[Callable[..., Any], ...] = ()) -> None:
+    """Register ``pipeswift report <kind>`` with the shared options (plus ``extra``)."""
+
+    def cmd(obj: Obj, **options: Any) -> None:
+        run_report(kind, options)
+
+    cmd.__name__ = kind.replace("-", "_")
+    fn: Callable[..., Any] = pass_obj(cmd)
+    for opt in reversed(extra):
+        fn = opt(fn)
+    fn = _report_options(default_by)(fn)
+    report.command(kind, help=_DOCS[kind])(fn)
+
+
+_LIMIT = click.option(
+    "--limit", type=click.IntRange(min=1), help="Most decisions listed (default 50; 20 in 'all')."
+)
+_command("queue-ratio", "hour")
+_command("jct", "size")
+_command("waits", "size")
+_command("bias", None)
+_command(
+    "decisions",
+    None,
+    (
+        click.option("--job", type=int, help="Only this job's decisions."),
+        click.option("--all-kinds", is_flag=True, help="Also list decisions that changed nothing."),
+        _LIMIT,
+    ),
+)
+_command("all", "day", (_LIMIT,))
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@_db_option
+@click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True, help="The cluster's GPU type.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="Default: from the last tick (else 8).")
+@click.option(
+    "--top", type=click.IntRange(min=1), default=8, show_default=True, help="Candidate configs listed."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
+@pass_obj
+def explain(
+    obj: Obj, job_id: int, db: str, gpu_type: str, gpus_per_node: Optional[int], top: int, as_json: bool
+) -> None:
+    """Why a job waits or runs as it does: state and reason, predicted start and end, the
+    candidate configs with their predicted run times, and the chosen one."""
+    from dataclasses import asdict
+
+    from pipeswift_slurm.reports.explain import UnknownJob, explain_job
+    from pipeswift_slurm.reports.render import explain_text
+
+    gpu = obj.gpu(gpu_type)
+    store = open_history(db)
+    try:
+        expl = explain_job(store, job_id, gpu, gpus_per_node, top)
+    except UnknownJob:
+        fail(
+            "job %d is not in the history DB %s (the controller has not seen it yet, or wrong --db)"
+            % (job_id, db)
+        )
+    if as_json:
+        echo_json(asdict(expl))
+    else:
+        click.echo(explain_text(expl))
+    sys.stdout.flush()

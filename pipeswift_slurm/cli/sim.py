@@ -1,0 +1,304 @@
+"""``pipeswift simulate`` and ``pipeswift demo``: thin commands over sim.runner."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from pipeswift_slurm.cli.common import Obj, fail, pass_obj
+from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    from pipeswift_slurm.policy import policy_names
+
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [n for n in names if n.split(":")[0] not in policy_names()]
+    if unknown or not names:
+        fail("--policy: unknown policy %s; known: %s" % (", ".join(unknown) or "''", ", ".join(policy_names())))
+    return names
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _knob_value(text: str, default: Any) -> Any:
+    """``text`` as the type of the knob's default (bool, int, float, a comma list of
+    numbers; else text)."""
+    if isinstance(default, bool):
+        if text.lower() not in _TRUE + _FALSE:
+            raise ValueError("expected true or false")
+        return text.lower() in _TRUE
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, float):
+        return float(text)
+    if isinstance(default, tuple):
+        return tuple(float(item) for item in text.split(","))
+    return text
+
+
+def _knobs(items: tuple[str, ...], policies: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """``--knob LABEL.NAME=VALUE`` items as knobs per policy label of ``--policy``."""
+    from pipeswift_slurm.policy import knob_defaults
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        target, eq, text = item.partition("=")
+        label, dot, name = target.rpartition(".")
+        if not (eq and dot and label and name):
+            fail("--knob %r: expected POLICY.NAME=VALUE, e.g. pipeswift.preempt=true" % item)
+        if label not in policies:
+            fail("--knob %r: %s is not one of --policy (%s)" % (item, label, ",".join(policies)))
+        known = knob_defaults(label.split(":")[0])
+        if name not in known:
+            fail("--knob %r: %s has no knob %s; its knobs: %s" % (item, label.split(":")[0], name,
+                                                                  ", ".join(known)))
+        try:
+            out.setdefault(label, {})[name] = _knob_value(text, known[name])
+        except ValueError as exc:
+            fail("--knob %r: bad value for %s (%s)" % (item, name, str(exc).split(":")[0]))
+    return out
+
+
+def _bias(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    out = []
+    for item in items:
+        prefix, _, value = item.partition("=")
+        try:
+            out.append((prefix, float(value)))
+        except ValueError:
+            fail("--truth-bias %r: expected CLASS_PREFIX=RATIO, e.g. gpt-swiglu=1.3" % item)
+    return tuple(out)
+
+
+def _progress(total_jobs: int) -> Any:
+    """A stderr progress bar (jobs finished) for long runs on a terminal, else None."""
+    if total_jobs < 2000 or not sys.stderr.isatty():
+        return None
+    return click.progressbar(length=total_jobs, label="simulating", file=sys.stderr)
+
+
+def _run(spec: Any, db: Optional[str]) -> Any:
+    from pipeswift_slurm.sim.runner import run_comparison
+    from pipeswift_slurm.sim.workload import WorkloadError
+
+    stores: dict[str, Any] = {}
+
+    def store_for(policy: str) -> Any:
+        from pipeswift_slurm.store.history import Store
+
+        path = Path(db) if len(spec.policies) == 1 else Path(db).with_name(
+            "%s.%s%s" % (Path(db).stem, policy.replace(":", "-"), Path(db).suffix or ".sqlite"))
+        path.unlink(missing_ok=True)
+        stores[policy] = Store.from_url(str(path))
+        return stores[policy]
+
+    try:
+        return run_comparison(spec, store_for=store_for if db else None)
+    except WorkloadError as exc:
+        fail(str(exc))
+    except RuntimeError as exc:
+        fail(str(exc), 1)
+
+
+def comparison_table(comp: Any) -> str:
+    from pipeswift_slurm.core.fmt import duration, table
+
+    base = next((m for m in comp.metrics if m["policy"] == "slurm"), comp.metrics[0])
+    headers = ["policy", "mean JCT", "vs " + base["policy"], "median", "P99", "P99 large", "mean queue",
+               "queue ratio", "max wait", "GPU util", "resized", "restarts", "decide ms"]
+    rows = []
+    for m in comp.metrics:
+        rows.append([m["policy"], duration(m["mean_jct_s"]), "%.2f" % (m["mean_jct_s"] / base["mean_jct_s"]),
+                     duration(m["median_jct_s"]), duration(m["p99_jct_s"]), duration(m["p99_jct_s_large"]),
+                     duration(m["mean_queue_s"]), "%.2f" % (m["queue_ratio"] or 0), duration(m["max_wait_s"]),
+                     "%.2f" % (m["gpu_utilisation"] or 0), m["reconfigured_jobs"], m["restarts"],
+                     "%.2f" % (m["decide_ms_mean"] or 0)])
+    return table(headers, rows)
+
+
+def _print_comparison(comp: Any) -> None:
+    from pipeswift_slurm.core.fmt import duration
+
+    w = comp.workload
+    click.echo("workload: %s, %d jobs (%d flexible) over %.1f days, offered load %.2f; lower bound mean JCT %s"
+               % (w["source"], w["jobs"], w["flexible_jobs"], w["span_days"], w["offered_load"],
+                  duration(w["lower_bound_mean_jct_s"])))
+    click.echo(comparison_table(comp))
+
+
+def comparison_json(comp: Any) -> dict[str, Any]:
+    spec = comp.spec
+    return {"spec": {"gpus": spec.gpus, "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu.name if spec.gpu
+                     else DEFAULT_GPU_TYPE, "workload": spec.workload or "synthetic", "load": spec.load,
+                     "seed": spec.seed, "start_day": spec.start_day, "window_days": spec.window_days,
+                     "flex": spec.flex, "tick_interval_s": spec.tick_interval_s, "wait_bound_s": spec.wait_bound_s},
+            "workload": comp.workload, "policies": comp.metrics}
+
+
+def plot_cdf(comp: Any, path: str) -> None:
+    """JCT CDF per policy (log time axis) to a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        fail("--plot needs matplotlib: pip install 'pipeswift-slurm[plot]'", 1)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for result in comp.results:
+        jct = sorted(r.jct_s / 3600.0 for r in result.records)
+        ax.step(jct, [(i + 1) / len(jct) for i in range(len(jct))], where="post", label=result.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF, %d jobs on %d GPUs" % (len(comp.jobs), comp.spec.gpus))
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
+    if json_out:
+        text = json.dumps(comparison_json(comp), indent=2)
+        if json_out == "-":
+            click.echo(text)
+        else:
+            Path(json_out).write_text(text + "\n")
+    if plot:
+        plot_cdf(comp, plot)
+
+
+@click.command()
+@click.option("--workload", type=click.Path(exists=True, dir_okay=False),
+              help="Trace CSV (optionally .gz) in the shared schema; default: the synthetic LLM cluster.")
+@click.option("--jobs", "synthetic_jobs", type=click.IntRange(min=1), default=400, show_default=True,
+              help="Jobs of the synthetic workload.")
+@click.option("--gpus", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="[default: the --config's, else 8]")
+@click.option("--gpu-type", help="[default: the --config's, else %s]" % DEFAULT_GPU_TYPE)
+@click.option("--load", type=click.FloatRange(min=0.01), help="Rescale arrivals to this offered load (synthetic"
+              " default 0.9; traces keep their own times unless given).")
+@click.option("--policy", "policy_text", default="fifo,slurm,sjf,tiresias,pipeswift", show_default=True,
+              help="Policies to compare. BASE:NAME runs BASE under that name, with the preset knobs of"
+              " pipeswift:preempt (requeue allowed), pipeswift:order, pipeswift:config, else its defaults.")
+@click.option("--knob", "knob_items", multiple=True, metavar="POLICY.NAME=VALUE",
+              help="Set a policy knob for one entry of --policy, e.g. pipeswift:preempt.preempt_margin=0.3.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="Also run the controller's policy as this config sets it ([policy] name and knobs,"
+              " [controller] allow_requeue, [slurm] gpu_type and gpus_per_node), named POLICY:site.")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--start-day", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--window-days", type=click.FloatRange(min=0.001))
+@click.option("--vc", "cluster_filter", help="Only jobs of this trace cluster (Philly virtual cluster).")
+@click.option("--flex", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+              help="Share of jobs that allow resizing (half to double their GPUs).")
+@click.option("--tick-interval", "tick_interval_s", type=click.FloatRange(min=1), default=60.0, show_default=True)
+@click.option("--wait-bound-h", type=click.FloatRange(min=0.1), default=48.0, show_default=True,
+              help="Hard bound on any job's wait for pipeswift (hours).")
+@click.option("--truth-bias", multiple=True, help="CLASS_PREFIX=RATIO: true/predicted run time for a job class.")
+@click.option("--truth-noise", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Log-normal sigma of per-job truth noise.")
+@click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
+@click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
+@click.option("--db", help="Write the controller history to this SQLite file (one per policy).")
+@click.option("--plot", help="Draw the JCT CDF per policy to this PNG.")
+@pass_obj
+def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: Optional[int],
+             gpu_type: Optional[str], load: Optional[float], policy_text: str, seed: int, start_day: float,
+             window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
+             wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool,
+             json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
+             config_path: Optional[str]) -> None:
+    """Replay a workload on a simulated Slurm cluster under several policies."""
+    from pipeswift_slurm.sim.runner import RunSpec
+
+    policies = _policies(policy_text)
+    site, no_requeue = None, ()  # type: Optional[tuple[str, dict[str, Any]]], tuple[str, ...]
+    gpu = obj.gpu(gpu_type) if gpu_type else None
+    if config_path:
+        from pipeswift_slurm.cli.controller import site_gpu
+
+        cfg, site = _site(config_path)
+        policies += (site[0],) if site[0] not in policies else ()
+        no_requeue = () if cfg.allow_requeue else (site[0],)
+        gpus_per_node = gpus_per_node or cfg.gpus_per_node or None
+        gpu = gpu or site_gpu(cfg, obj)
+    knobs = _knobs(knob_items, policies)
+    if site is not None:
+        knobs[site[0]] = {**site[1], **knobs.get(site[0], {})}
+    gpu = gpu or obj.gpu(DEFAULT_GPU_TYPE)
+    spec = RunSpec(gpus=gpus, gpus_per_node=gpus_per_node or 8, gpu=gpu, workload=workload,
+                   synthetic_jobs=synthetic_jobs, load=load if (load or workload) else 0.9, policies=policies,
+                   policy_knobs=knobs, no_requeue=no_requeue, seed=seed, start_day=start_day,
+                   window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
+                   wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
+                   noise_sigma=truth_noise, cluster_filter=cluster_filter)
+    comp = _run(spec, db)
+    if json_out != "-":
+        _print_comparison(comp)
+    _outputs(comp, json_out, plot)
+
+
+def _site(path: str) -> tuple[Any, tuple[str, dict[str, Any]]]:
+    """The controller config at ``path``, and its policy's simulate label and knobs."""
+    from pipeswift_slurm.slurm.config import ConfigError, load_config, policy_knobs
+
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        fail(str(exc))
+    return cfg, ("%s:site" % cfg.policy, policy_knobs(cfg))
+
+
+DEMO_VARIANTS = ("pipeswift:order", "pipeswift:config")  # presets: the gains taken apart
+
+
+@click.command()
+@click.option("--db", default="pipeswift-demo.sqlite", show_default=True,
+              help="SQLite history of the pipeswift run (try: pipeswift report all --db FILE).")
+@click.option("--plot", help="Also draw the JCT CDF to this PNG.")
+@click.option("--seed", type=int, default=1, show_default=True)
+@pass_obj
+def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
+    """The main job on the embedded default: a synthetic LLM-cluster workload on a
+    simulated 64-GPU Slurm cluster with SQLite, every policy, and where the gains come from."""
+    from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
+
+    spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
+                   policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed)
+    comp = run_comparison(spec)
+    _print_comparison(comp)
+    _explain_gains(comp)
+    _demo_history(spec, db)
+    if plot:
+        plot_cdf(comp, plot)
+
+
+def _explain_gains(comp: Any) -> None:
+    by = {m["policy"]: m for m in comp.metrics}
+    slurm, order, config, full = (by[k]["mean_jct_s"] for k in ("slurm", "pipeswift:order", "pipeswift:config",
+                                                                 "pipeswift"))
+    click.echo("\nwhere the gains come from (mean JCT relative to slurm):")
+    click.echo("  queue order + waiting bound only (user configs):   %.2f" % (order / slurm))
+    click.echo("  + best pipeline config at the user's GPU count:    %.2f" % (config / slurm))
+    click.echo("  + resizing pending jobs (fragments, start now):    %.2f" % (full / slurm))
+    click.echo("  lower bound (every job alone, best config):        %.2f"
+               % (comp.workload["lower_bound_mean_jct_s"] / slurm))
+
+
+def _demo_history(spec: Any, db: str) -> None:
+    from pipeswift_slurm.sim.runner import run_comparison
+    from pipeswift_slurm.store.history import Store
+
+    Path(db).unlink(missing_ok=True)
+    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(db))
+    click.echo("\ncontroller history of the pipeswift run written to %s (pipeswift report all --db %s)" % (db, db))

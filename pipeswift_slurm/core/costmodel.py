@@ -1,0 +1,359 @@
+"""Cost model: FLOPs, iteration time, bubble, memory per GPU and job time of a Megatron
+job in a given ExecConfig on a given GPU type. Pure Python, no I/O.
+
+Sources (term by term in the docstrings below):
+[N21] Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
+      Using Megatron-LM", SC'21 (1F1B/interleaved schedules, bubble, FLOPs).
+[K22] Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+      Models", 2022, arXiv 2205.05198 (activation memory, sequence parallelism).
+[MLM] Megatron-LM training.py ``num_floating_point_operations`` and
+      ``theoretical_memory_usage.py`` (core_r0.16.0).
+Must not import SQLAlchemy, Slurm or torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
+
+from pipeswift_slurm.core.hardware import GpuType
+from pipeswift_slurm.core.megatron import stage_layers
+from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
+
+V = TypeVar("V")
+
+GIB = 1024 ** 3
+
+
+def flops_per_iteration(shape: ModelShape, global_batch_size: int) -> float:
+    """Model FLOPs of one iteration (forward + backward, recompute not counted) [MLM]:
+
+    F = B*s*[ L*( 12*h*ffn*(1.5 if swiglu) + 6*(h*(q+k+v) + q*s + q*h) ) + 6*h*V_pad ]
+    with q = kv_channels*heads, k = v = kv_channels*query_groups; the causal attention
+    term q*s is already halved (s/2 * 2 matmuls); 6 = 3 passes (fwd, 2x bwd) * 2 (FMA).
+    """
+    s, h = shape.seq_length, shape.hidden_size
+    q = shape.kv_channels * shape.num_attention_heads
+    kv = shape.kv_channels * shape.num_query_groups
+    mlp = 12 * h * shape.ffn_hidden_size * (1.5 if shape.swiglu else 1.0)
+    attn = 6 * (h * (q + 2 * kv) + q * s + q * h)
+    return global_batch_size * s * (shape.num_layers * (mlp + attn) + 6 * h * shape.padded_vocab_size(1))
+
+
+def layer_fwd_flops(shape: ModelShape, micro_batch_size: int) -> float:
+    """Forward FLOPs of one transformer layer for one micro-batch: one third of the
+    per-layer term of :func:`flops_per_iteration` (backward = 2x forward)."""
+    s, h = shape.seq_length, shape.hidden_size
+    q = shape.kv_channels * shape.num_attention_heads
+    kv = shape.kv_channels * shape.num_query_groups
+    mlp = 4 * h * shape.ffn_hidden_size * (1.5 if shape.swiglu else 1.0)
+    attn = 2 * (h * (q + 2 * kv) + q * s + q * h)
+    return micro_batch_size * s * (mlp + attn)
+
+
+def attention_core_fwd_flops(shape: ModelShape, micro_batch_size: int) -> float:
+    """Forward FLOPs of QK^T and attention-times-V (causal): what selective recompute redoes."""
+    q = shape.kv_channels * shape.num_attention_heads
+    return 2 * micro_batch_size * shape.seq_length * q * shape.seq_length
+
+
+def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_gbps: float, latency_s: float) -> float:
+    """Ring all-reduce: each rank sends and receives 2*(n-1)/n of the buffer, in 2*(n-1) steps."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (ranks - 1) / ranks * nbytes / (bandwidth_gbps * 1e9) + 2 * (ranks - 1) * latency_s
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted behaviour of one config. Times in seconds, memory in GiB.
+
+    ``bubble_fraction`` is the idle share of the pipeline part of the iteration
+    ((P-1)/(v*M+P-1) for uniform stages); ``tflops_per_gpu`` is model TFLOP/s per GPU
+    (recompute not counted), Megatron's reported metric.
+    """
+
+    config: ExecConfig
+    iter_time_s: float
+    pipeline_s: float
+    dp_allreduce_s: float
+    optimizer_s: float
+    bubble_fraction: float
+    mem_gib: float
+    tflops_per_gpu: float
+    fits: bool
+
+
+def per_profile(memo: dict[int, tuple[JobProfile, V]], profile: JobProfile,
+                make: Callable[[JobProfile], V]) -> V:
+    """``make(profile)``, worked out once per profile object: ``memo`` is keyed by its id and
+    keeps the profile, so the id cannot be reused (hashing nested dataclasses on every
+    call is slow)."""
+    hit = memo.get(id(profile))
+    if hit is None or hit[0] is not profile:
+        hit = memo[id(profile)] = (profile, make(profile))
+    return hit[1]
+
+
+class CostModel:
+    """Iteration time and memory of (profile, config) on one GPU type.
+
+    ``schedule`` is "1f1b" (Megatron's default, interleaved when vp > 1) or "gpipe"
+    (same time, all M micro-batches' activations held). Per-layer times and whole
+    estimates are memoised on the instance (keyed by shape, training settings and layout),
+    so repeated planning, and predicting the ends of running jobs every tick, are cheap.
+    """
+
+    def __init__(self, gpu: GpuType, schedule: str = "1f1b", layer_profile: Any = None):
+        if schedule not in ("1f1b", "gpipe"):
+            raise ValueError("schedule must be '1f1b' or 'gpipe'")
+        self.gpu = gpu
+        self.schedule = schedule
+        self.layer_profile = layer_profile
+        self._layer_cache: dict[tuple[object, ...], tuple[float, float]] = {}
+        self._params_cache: dict[tuple[object, ...], float] = {}
+        self._estimates: dict[tuple[object, ...], dict[ExecConfig, Estimate]] = {}
+        self._memo_by_profile: dict[int, tuple[JobProfile, dict[ExecConfig, Estimate]]] = {}
+
+    # ------------------------------------------------------------------ time
+    def _bytes_per_value(self, precision: str) -> int:
+        return 4 if precision == "fp32" else 2
+
+    def layer_times_s(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, float]:
+        """(forward, backward) seconds of one layer and one micro-batch on one GPU.
+
+        compute = FLOPs / (tp*cp) / (peak * efficiency(work)); backward = 2x forward
+        compute plus recompute (full: one more forward; selective: the attention core)
+        [K22]; tensor parallelism adds 2 all-reduces of b*s*h values per layer in each
+        direction (sequence parallelism: reduce-scatter + all-gather, same volume) [N21].
+        """
+        key = (profile.shape, profile.plan.precision, profile.plan.recompute_granularity,
+               cfg.tp, cfg.cp, cfg.micro_batch_size)
+        hit = self._layer_cache.get(key)
+        if hit is not None:
+            return hit
+        shape, plan, gpu = profile.shape, profile.plan, self.gpu
+        fwd_flops = layer_fwd_flops(shape, cfg.micro_batch_size) / (cfg.tp * cfg.cp)
+        peak = gpu.fp32_tflops if plan.precision == "fp32" else gpu.peak_tflops
+        rate = peak * 1e12 * gpu.efficiency(fwd_flops / 1e9)
+        measured = self._measured_fwd_s(shape, cfg)
+        if measured is not None:  # a profiling run of this very layer beats the table
+            rate = fwd_flops / measured
+        fwd = fwd_flops / rate
+        recompute = {"full": fwd, "selective": attention_core_fwd_flops(
+            shape, cfg.micro_batch_size) / (cfg.tp * cfg.cp) / rate}.get(plan.recompute_granularity or "", 0.0)
+        act_bytes = (cfg.micro_batch_size * shape.seq_length // cfg.cp * shape.hidden_size
+                     * self._bytes_per_value(plan.precision))
+        tp_comm = 2 * ring_allreduce_s(act_bytes, cfg.tp, gpu.nvlink_gbps, gpu.latency_s)
+        result = (fwd + tp_comm, 2 * fwd + recompute + tp_comm)
+        self._layer_cache[key] = result
+        return result
+
+    def _measured_fwd_s(self, shape: ModelShape, cfg: ExecConfig) -> Optional[float]:
+        """Forward seconds of one layer from the layer profile (``pipeswift profile``) when it
+        measured this shape: fwd = fwd+bwd / 3 at the nearest measured micro-batch size,
+        scaled linearly in micro-batch size, and split over tp*cp at the efficiency ratio
+        of the table's curve (the profile ran one layer on one GPU)."""
+        lp = self.layer_profile
+        if lp is None or not lp.timings or (lp.hidden_size, lp.seq_length, lp.num_attention_heads,
+                                             lp.ffn_hidden_size, lp.num_query_groups, lp.swiglu) != (
+                shape.hidden_size, shape.seq_length, shape.num_attention_heads, shape.ffn_hidden_size,
+                shape.num_query_groups, shape.swiglu):
+            return None
+        near = min(lp.timings, key=lambda t: (abs(t.micro_batch_size - cfg.micro_batch_size), -t.micro_batch_size))
+        fwd_one_gpu: float = float(near.fwd_bwd_ms) / 3e3 * cfg.micro_batch_size / near.micro_batch_size
+        split = cfg.tp * cfg.cp
+        if split == 1:
+            return fwd_one_gpu
+        full = layer_fwd_flops(shape, cfg.micro_batch_size) / 1e9
+        slowdown = self.gpu.efficiency(full) / max(self.gpu.efficiency(full / split), 1e-9)
+        return fwd_one_gpu / split * slowdown
+
+    def _logits_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        """Output layer on the last stage: 6*b*s*h*V_pad FLOPs (fwd + bwd), split over tp*cp."""
+        shape = profile.shape
+        flops = (6.0 * cfg.micro_batch_size * shape.seq_length * shape.hidden_size
+                 * shape.padded_vocab_size(cfg.tp) / (cfg.tp * cfg.cp))
+        peak = self.gpu.fp32_tflops if profile.plan.precision == "fp32" else self.gpu.peak_tflops
+        return flops / (peak * 1e12 * self.gpu.efficiency(flops / 3e9))
+
+    def _p2p_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        """One activation transfer at a stage boundary: b*s*h values (scattered over tp),
+        over NVLink inside a node, else over the network (stages are the outermost
+        dimension of Megatron's rank order, so a multi-node pipeline crosses nodes)."""
+        if cfg.pp == 1:
+            return 0.0
+        shape = profile.shape
+        nbytes = (cfg.micro_batch_size * shape.seq_length // cfg.cp * shape.hidden_size
+                  * self._bytes_per_value(profile.plan.precision) / cfg.tp)
+        bw = self.gpu.nvlink_gbps if cfg.num_nodes == 1 else self.gpu.inter_node_gbps
+        return nbytes / (bw * 1e9) + self.gpu.latency_s
+
+    def stage_times_s(self, profile: JobProfile, cfg: ExecConfig) -> list[float]:
+        """Forward+backward seconds of one micro-batch on each pipeline rank, including
+        the logits on the last rank and exposed p2p (2 transfers per micro-batch per
+        chunk; half of it hidden when interleaving overlaps p2p, Megatron's default)."""
+        layers = stage_layers(profile.shape.num_layers, cfg) or [profile.shape.num_layers]
+        fwd, bwd = self.layer_times_s(profile, cfg)
+        p2p = self._p2p_s(profile, cfg) * 2 * cfg.vp * (0.5 if cfg.vp > 1 else 1.0)
+        times = [n * (fwd + bwd) + p2p for n in layers]
+        times[-1] += self._logits_s(profile, cfg)
+        return times
+
+    def pipeline_s(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, float]:
+        """(pipeline seconds per iteration, bubble fraction) [N21 sec. 2.2]:
+
+        T = M * t_max + (sum_i t_i - t_max) / v, where t_i is stage i's fwd+bwd time per
+        micro-batch and v the virtual stages per rank; for uniform stages this is
+        (M + (P-1)/v) * t, i.e. bubble share (P-1)/(v*M + P-1). GPipe and 1F1B take the
+        same time; they differ in memory.
+        """
+        times = self.stage_times_s(profile, cfg)
+        t_max = max(times)
+        m = cfg.num_micro_batches
+        total = m * t_max + (sum(times) - t_max) / cfg.vp
+        return total, 1.0 - m * t_max / total
+
+    def params_per_gpu(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        """Weights on the most loaded rank: its layers' weights plus the input embedding
+        (first stage) or output layer (last stage), V_pad*h each, all split over tp."""
+        shape = profile.shape
+        key = (shape, cfg.tp, cfg.pp, cfg.decoder_first_pipeline_num_layers, cfg.decoder_last_pipeline_num_layers)
+        hit = self._params_cache.get(key)
+        if hit is None:
+            hit = self._params_cache[key] = self._params_most_loaded(shape, cfg)
+        return hit
+
+    @staticmethod
+    def _params_most_loaded(shape: ModelShape, cfg: ExecConfig) -> float:
+        layers = stage_layers(shape.num_layers, cfg) or [shape.num_layers]
+        embed = shape.padded_vocab_size(cfg.tp) * shape.hidden_size
+        ppl = shape.params_per_layer
+        if len(layers) == 1:
+            return (layers[0] * ppl + 2 * embed) / cfg.tp
+        return max(layers[0] * ppl + embed, layers[-1] * ppl + embed, max(layers) * ppl) / cfg.tp
+
+    def dp_allreduce_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        """Gradient reduction across data-parallel replicas (not overlapped with backward,
+        Megatron's default): ring all-reduce of fp32 main grads (2 bytes with fp16); with
+        the distributed optimizer, reduce-scatter of grads + all-gather of 16-bit params,
+        i.e. (d-1)/d * (4 + 2) bytes/param. Replicas share a node when tp*cp*dp <= GPUs
+        per node, else the ring crosses the network."""
+        if cfg.dp <= 1:
+            return 0.0
+        params = self.params_per_gpu(profile, cfg)
+        grad_bytes = 2 if profile.plan.precision == "fp16" else 4
+        inside = cfg.tp * cfg.cp * cfg.dp <= max(cfg.gpus_per_node, 1)
+        bw = self.gpu.nvlink_gbps if inside else self.gpu.inter_node_gbps
+        if profile.plan.use_distributed_optimizer:
+            nbytes = (cfg.dp - 1) / cfg.dp * params * (grad_bytes + 2)
+            return nbytes / (bw * 1e9) + 2 * (cfg.dp - 1) * self.gpu.latency_s
+        return ring_allreduce_s(params * grad_bytes, cfg.dp, bw, self.gpu.latency_s)
+
+    def optimizer_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        """Adam step, memory bound: ~32 bytes moved per parameter (fp32 master, grad, m, v
+        read; master, m, v, 16-bit copy written) over the rank's shard (/dp with the
+        distributed optimizer) at HBM bandwidth."""
+        params = self.params_per_gpu(profile, cfg)
+        if profile.plan.use_distributed_optimizer:
+            params /= cfg.dp
+        return params * 32 / (self.gpu.hbm_gbps * 1e9)
+
+    # ------------------------------------------------------------------ memory
+    def activation_bytes_per_layer(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        """Activations one layer keeps for one micro-batch [K22 Table 2], flash attention
+        assumed (no 5*a*s/h score term, as Megatron's own estimator): no recompute
+        s*b*h*(10 + 24/t) (with sequence parallel 34*s*b*h/t); selective the same;
+        full recompute keeps only the layer input, 2*s*b*h (/t with sequence parallel).
+        16-bit values; fp32 doubles it; context parallelism divides s."""
+        shape, plan = profile.shape, profile.plan
+        sbh = shape.seq_length / cfg.cp * cfg.micro_batch_size * shape.hidden_size
+        sp = plan.sequence_parallel and cfg.tp > 1
+        if plan.recompute_granularity == "full":
+            value = 2 * sbh / (cfg.tp if sp else 1)
+        else:
+            value = 34 * sbh / cfg.tp if sp else sbh * (10 + 24 / cfg.tp)
+        return value * (2 if plan.precision == "fp32" else 1)
+
+    def in_flight(self, cfg: ExecConfig, rank: int) -> float:
+        """Micro-batches whose activations rank ``rank`` holds at peak: 1F1B warm-up
+        min(M, P - rank); interleaved x (1 + (P-1)/(P*v)) [MLM]; GPipe all M."""
+        if self.schedule == "gpipe":
+            return float(cfg.num_micro_batches)
+        held = float(min(cfg.num_micro_batches, cfg.pp - rank))
+        if cfg.vp > 1:
+            held *= 1 + (cfg.pp - 1) / (cfg.pp * cfg.vp)
+        return held
+
+    def memory_gib(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        """Peak memory on the most loaded rank, GiB [MLM theoretical_memory_usage]:
+        weights+grads+optimizer = params * (18 bytes mixed precision with Adam, or
+        6 + 12/dp with the distributed optimizer; fp32: 16, or 8 + 8/dp) plus
+        activations = layers_on_rank * per-layer bytes * in-flight micro-batches, plus
+        embedding activations on the first rank and 4*s*b*(h+V)/t for the logits and
+        loss on the last, plus the GPU's reserved memory."""
+        shape, plan = profile.shape, profile.plan
+        layers = stage_layers(shape.num_layers, cfg) or [shape.num_layers]
+        if plan.precision == "fp32":
+            per_param = 8 + 8 / cfg.dp if plan.use_distributed_optimizer else 16
+        else:
+            per_param = 6 + 12 / cfg.dp if plan.use_distributed_optimizer else 18
+        static = self.params_per_gpu(profile, cfg) * per_param
+        per_layer = self.activation_bytes_per_layer(profile, cfg)
+        sb = shape.seq_length / cfg.cp * cfg.micro_batch_size
+        peak = 0.0
+        for rank in sorted({0, cfg.pp - 1}):
+            act = layers[rank] * per_layer * self.in_flight(cfg, rank)
+            if rank == 0:
+                act += (8 * sb + sb * shape.hidden_size) * self.in_flight(cfg, 0)
+            if rank == cfg.pp - 1:
+                act += 4 * sb * (shape.hidden_size + shape.padded_vocab_size(cfg.tp)) / cfg.tp
+            peak = max(peak, act)
+        return (static + peak) / GIB + self.gpu.reserved_gib
+
+    # ------------------------------------------------------------------ totals
+    def _estimates_of(self, profile: JobProfile) -> dict[ExecConfig, Estimate]:
+        """The memo of estimates (config -> estimate) for the profile's shape and training
+        settings other than the length: what an estimate reads of a profile."""
+        return per_profile(self._memo_by_profile, profile, self._new_memo)
+
+    def _new_memo(self, profile: JobProfile) -> dict[ExecConfig, Estimate]:
+        plan = profile.plan
+        return self._estimates.setdefault((profile.shape, plan.global_batch_size, plan.precision,
+                                           plan.recompute_granularity, plan.sequence_parallel,
+                                           plan.use_distributed_optimizer), {})
+
+    def estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
+        """Iteration time = pipeline + data-parallel reduction + optimizer step; memory;
+        model TFLOP/s per GPU = F / (iteration time * world size)."""
+        memo = self._estimates_of(profile)
+        hit = memo.get(cfg)
+        if hit is None:
+            hit = memo[cfg] = self._estimate(profile, cfg)
+        return hit
+
+    def _estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
+        pipe, bubble = self.pipeline_s(profile, cfg)
+        dp_s, opt_s = self.dp_allreduce_s(profile, cfg), self.optimizer_s(profile, cfg)
+        iter_s = pipe + dp_s + opt_s
+        mem = self.memory_gib(profile, cfg)
+        tflops = flops_per_iteration(profile.shape, profile.plan.global_batch_size) / (iter_s * cfg.world_size) / 1e12
+        return Estimate(config=cfg, iter_time_s=iter_s, pipeline_s=pipe, dp_allreduce_s=dp_s,
+                        optimizer_s=opt_s, bubble_fraction=bubble, mem_gib=mem, tflops_per_gpu=tflops,
+                        fits=mem <= self.gpu.mem_gib)
+
+    def fits(self, profile: JobProfile, cfg: ExecConfig) -> bool:
+        """Whether the most loaded rank's peak memory fits in the GPU."""
+        return self.memory_gib(profile, cfg) <= self.gpu.mem_gib
+
+    def iter_time_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        return self.estimate(profile, cfg).iter_time_s
+
+    def startup_s(self, profile: JobProfile) -> float:
+        """Start cost paid at every (re)start: fixed launch cost plus checkpoint load."""
+        return self.gpu.startup_s + self.gpu.load_s_per_bparam * profile.shape.num_params / 1e9
+
+    def job_time_s(self, profile: JobProfile, cfg: ExecConfig, iterations: Optional[int] = None) -> float:
+        """Job run time = startup + iterations * iteration time (iterations default: the plan's)."""
+        iters = profile.plan.iterations if iterations is None else iterations
+        return self.startup_s(profile) + iters * self.iter_time_s(profile, cfg)

@@ -1,0 +1,83 @@
+"""Estimator: the cost model corrected by a per-job-class bias learned from finished jobs.
+
+Every policy sees run times only through an Estimator, so calibration reaches all of them
+at once. The bias map (job_class -> actual/predicted ratio) comes from the Store in the
+controller and from online learning in the simulator; ``calibration.py`` computes it.
+Pure: no I/O, apart from ``estimator_from_env`` reading the hardware file the environment
+names.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping, Optional
+
+from pipeswift_slurm.core.calibration import lookup_bias
+from pipeswift_slurm.core.costmodel import CostModel, Estimate
+from pipeswift_slurm.core.model import ExecConfig, JobProfile
+from pipeswift_slurm.core.planner import Planner
+
+log = logging.getLogger(__name__)
+
+
+class Estimator:
+    """Predicted run times of jobs in given configs, and best configs per GPU count.
+
+    Args:
+        cost: cost model for the cluster's GPU type.
+        gpus_per_node: GPUs per node.
+        bias: map from job_class to the ratio actual/predicted run time (1 = unbiased).
+        planner: share a planner (and its cache) with another estimator.
+    """
+
+    def __init__(self, cost: CostModel, gpus_per_node: int,
+                 bias: Optional[Mapping[str, float]] = None, planner: Optional[Planner] = None):
+        self.cost = cost
+        self.gpus_per_node = gpus_per_node
+        self.bias_by_class = dict(bias or {})
+        self.planner = planner or Planner(cost, gpus_per_node)
+
+    def with_bias(self, bias: Mapping[str, float]) -> "Estimator":
+        """A copy with another bias map, sharing the planner cache."""
+        return Estimator(self.cost, self.gpus_per_node, bias, self.planner)
+
+    def bias(self, job_class: str) -> float:
+        """actual/predicted ratio for the class, else its model family's, else 1."""
+        if not self.bias_by_class:
+            return 1.0
+        return lookup_bias(self.bias_by_class, job_class)
+
+    def startup_s(self, profile: JobProfile) -> float:
+        return self.cost.startup_s(profile)
+
+    def run_time_s(self, profile: JobProfile, config: ExecConfig, iterations: Optional[int] = None) -> float:
+        """Predicted run time (startup + iterations x iteration time) x the class bias."""
+        return self.cost.job_time_s(profile, config, iterations) * self.bias(profile.job_class)
+
+    def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+        """Fastest valid config on ``gpus`` GPUs (None when there is none)."""
+        return self.planner.best(profile, gpus)
+
+    def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
+        """(config, predicted run time) of the fastest valid config on ``gpus`` GPUs."""
+        est = self.planner.best(profile, gpus)
+        if est is None:
+            return None
+        iters = profile.plan.iterations
+        run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class)
+        return est.config, run_s
+
+
+def estimator_from_env(env: Mapping[str, str], gpus_per_node: int) -> Estimator:
+    """An unbiased Estimator for ``$PIPESWIFT_GPU_TYPE`` (with ``$PIPESWIFT_HARDWARE``'s
+    table), where no controller config is at hand (inside a job, on a submit host); an
+    unknown type logs a warning and falls back to the default type."""
+    from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, HardwareError, get_gpu_type
+
+    name = env.get("PIPESWIFT_GPU_TYPE") or DEFAULT_GPU_TYPE
+    try:
+        gpu = get_gpu_type(name, env.get("PIPESWIFT_HARDWARE") or None)
+    except HardwareError as exc:
+        log.warning("%s; using %s", exc, DEFAULT_GPU_TYPE)
+        gpu = get_gpu_type(DEFAULT_GPU_TYPE)
+    return Estimator(CostModel(gpu), gpus_per_node)

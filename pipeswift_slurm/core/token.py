@@ -1,0 +1,161 @@
+"""The two small texts that travel inside a Slurm job.
+
+* The *profile request* that ``psbatch`` writes into the job's ``Comment`` (user-editable,
+  so the controller treats it as a request and re-validates it): the Megatron argv and the
+  flexibility the user allows.
+* The *decision token* the controller writes into ``AdminComment`` (admin-only): the
+  ExecConfig it chose. The launcher checks it against the real allocation before use.
+
+Both are plain ``key=value`` text: they are parsed, never evaluated. No I/O here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from pipeswift_slurm.core.model import ExecConfig
+
+PROFILE_PREFIX = "pswift1;"
+DECISION_PREFIX = "pswift-decision1;"
+MAX_TOKEN_CHARS = 60000  # bounded parsing effort on user text
+
+_CONFIG_KEYS = {
+    "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "vp": "vp", "mbs": "micro_batch_size",
+    "M": "num_micro_batches", "nodes": "num_nodes", "gpn": "gpus_per_node",
+    "first": "decoder_first_pipeline_num_layers", "last": "decoder_last_pipeline_num_layers",
+}
+
+
+class TokenError(ValueError):
+    """A token that is malformed; callers treat the job as having no token."""
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """What psbatch recorded: Megatron argv plus the user's flexibility options.
+
+    ``gpus`` is (min, max) or None (rigid at the submitted size); ``min_micro_batch_size``
+    and ``allowed_pp`` narrow the planner's search; ``job_class`` keys calibration.
+    """
+
+    argv: tuple[str, ...]
+    gpus: Optional[tuple[int, int]] = None
+    min_micro_batch_size: Optional[int] = None
+    allowed_pp: Optional[tuple[int, ...]] = None
+    job_class: str = ""
+    world_size: Optional[int] = None
+
+
+def _kv(text: str, prefix: str) -> dict[str, str]:
+    if len(text) > MAX_TOKEN_CHARS:
+        raise TokenError("token longer than %d characters" % MAX_TOKEN_CHARS)
+    start = text.find(prefix)
+    if start < 0:
+        raise TokenError("no %r token" % prefix)
+    body = text[start + len(prefix):].split()[0] if text[start + len(prefix):].strip() else ""
+    pairs: dict[str, str] = {}
+    for item in body.split(";"):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise TokenError("token item %r has no '='" % item)
+        pairs[key] = value
+    return pairs
+
+
+def _int(value: str, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise TokenError("%s=%r is not an integer" % (what, value)) from None
+
+
+def encode_profile(req: ProfileRequest) -> str:
+    """Render a ProfileRequest as one whitespace-free token (argv as base64 JSON)."""
+    argv_b64 = base64.urlsafe_b64encode(json.dumps(list(req.argv)).encode()).decode()
+    parts = [PROFILE_PREFIX.rstrip(";"), "args=" + argv_b64]
+    if req.gpus:
+        parts.append("gpus=%d-%d" % req.gpus)
+    if req.min_micro_batch_size:
+        parts.append("mbmin=%d" % req.min_micro_batch_size)
+    if req.allowed_pp:
+        parts.append("pp=" + ",".join(str(p) for p in req.allowed_pp))
+    if req.world_size:
+        parts.append("world=%d" % req.world_size)
+    if req.job_class:
+        parts.append("class=" + "".join(c for c in req.job_class if c.isalnum() or c in "-_."))
+    return ";".join(parts)
+
+
+def decode_profile(text: str) -> ProfileRequest:
+    """Parse a profile token found anywhere in ``text`` (e.g. a job comment).
+
+    Raises:
+        TokenError: no token, or a malformed one.
+    """
+    kv = _kv(text, PROFILE_PREFIX)
+    try:
+        argv = json.loads(base64.urlsafe_b64decode(kv.get("args", "").encode()).decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TokenError("args is not base64 JSON: %s" % exc) from None
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise TokenError("args is not a list of strings")
+    gpus = None
+    if "gpus" in kv:
+        lo, _, hi = kv["gpus"].partition("-")
+        gpus = (_int(lo, "gpus"), _int(hi or lo, "gpus"))
+    allowed = tuple(_int(p, "pp") for p in kv["pp"].split(",")) if kv.get("pp") else None
+    mbmin = _int(kv["mbmin"], "mbmin") if "mbmin" in kv else None
+    world = _int(kv["world"], "world") if kv.get("world") else None
+    return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world)
+
+
+def encode_decision(config: ExecConfig, decided_at: int, held: bool = False) -> str:
+    """Render the decision token written to AdminComment (``hold=1`` marks a job the
+    controller held, so it only ever releases its own holds)."""
+    parts = [DECISION_PREFIX.rstrip(";")]
+    for key, attr in _CONFIG_KEYS.items():
+        value = getattr(config, attr)
+        if value is not None:
+            parts.append("%s=%d" % (key, value))
+    parts.append("at=%d" % decided_at)
+    if held:
+        parts.append("hold=1")
+    return ";".join(parts)
+
+
+def held_by_controller(admin_comment: str) -> bool:
+    """Whether the decision token in ``admin_comment`` says the controller held the job."""
+    try:
+        return _kv(admin_comment, DECISION_PREFIX).get("hold") == "1"
+    except TokenError:
+        return False
+
+
+def decode_decision(text: str) -> tuple[ExecConfig, int]:
+    """Parse a decision token found in ``text``; returns (config, decided_at epoch s).
+
+    Raises:
+        TokenError: no token, or a malformed one.
+    """
+    kv = _kv(text, DECISION_PREFIX)
+    values: dict[str, Optional[int]] = {}
+    for key, attr in _CONFIG_KEYS.items():
+        values[attr] = _int(kv[key], key) if kv.get(key) else None
+    for required in ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches"):
+        if values[required] is None:
+            raise TokenError("decision token lacks %s" % required)
+    cfg = ExecConfig(
+        tp=values["tp"], pp=values["pp"], dp=values["dp"],  # type: ignore[arg-type]
+        micro_batch_size=values["micro_batch_size"],  # type: ignore[arg-type]
+        num_micro_batches=values["num_micro_batches"],  # type: ignore[arg-type]
+        cp=values["cp"] or 1, vp=values["vp"] or 1, num_nodes=values["num_nodes"] or 1,
+        gpus_per_node=values["gpus_per_node"] or 0,
+        decoder_first_pipeline_num_layers=values["decoder_first_pipeline_num_layers"],
+        decoder_last_pipeline_num_layers=values["decoder_last_pipeline_num_layers"],
+    )
+    return cfg, _int(kv.get("at", "0"), "at")

@@ -1,0 +1,476 @@
+"""Per-layer profiler: median forward+backward time of one transformer layer of a job's shape,
+per candidate micro-batch size, on the local device, and the TOML file that carries it.
+
+Owns: ``LayerProfile`` (what was measured), ``profile_layer`` (build one layer, time it),
+``layer_flops_fwd_bwd`` (Megatron's per-layer FLOPs), and the profile file format
+(``write_profile_toml`` / ``read_profile_toml``, ``format_version = 1``). The cost model reads
+these profiles in place of the built-in GPU table; this module knows nothing of the cost model.
+
+The layer is megatron-core's ``TransformerLayer`` when megatron-core is installed (the
+Transformer-Engine spec on GPU when TE is present, else the local spec), or a plain torch layer
+(pre-norm attention with SDPA + MLP of the same shape). GPU runs use bf16 and CUDA events; CPU
+runs use fp32 and ``time.perf_counter`` and only prove the structure (CPU times say nothing
+about GPU speed). Timing is ``warmup`` untimed runs, then the median of ``repeats``.
+
+Must not import torch or megatron at module level (only inside functions), nor the store,
+backends or CLI: ``import pipeswift_slurm.measure.profiler`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pipeswift_slurm.core.model import ModelShape
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+BACKEND_MEGATRON = "megatron-core"
+BACKEND_TORCH = "torch"
+_DTYPES = ("bf16", "fp16", "fp32")
+
+
+class ProfileFormatError(ValueError):
+    """A profile file that cannot be read; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class MicroBatchTiming:
+    """One micro-batch size: median fwd+bwd milliseconds of one layer and achieved TFLOP/s."""
+
+    micro_batch_size: int
+    fwd_bwd_ms: float
+    tflops: float
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """What one profiling run measured for one layer shape on one device.
+
+    ``gpu_type`` is the key the cost model looks up (e.g. "H200"; "cpu" on a CPU run);
+    ``device`` describes the device in words; ``backend`` is "megatron-core" or "torch";
+    ``layer_spec`` says which implementation ran ("local", "transformer-engine", "sdpa").
+    ``timings`` holds one entry per micro-batch size that ran (one that ran out of GPU
+    memory is left out), sorted by micro-batch size.
+    """
+
+    gpu_type: str
+    device: str
+    backend: str
+    layer_spec: str
+    dtype: str
+    hidden_size: int
+    seq_length: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    ffn_hidden_size: int
+    swiglu: bool
+    timings: tuple[MicroBatchTiming, ...]
+    warmup: int = 2
+    repeats: int = 5
+    torch_version: str = ""
+
+    @property
+    def micro_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(t.micro_batch_size for t in self.timings)
+
+    def fwd_bwd_ms(self, micro_batch_size: int) -> float:
+        """Median fwd+bwd milliseconds of one layer at this micro-batch size (KeyError if absent)."""
+        for timing in self.timings:
+            if timing.micro_batch_size == micro_batch_size:
+                return timing.fwd_bwd_ms
+        raise KeyError(f"micro-batch size {micro_batch_size} was not profiled")
+
+    def matches(self, shape: ModelShape) -> bool:
+        """True when ``shape`` has this profile's per-layer shape (layer count and vocab aside)."""
+        return _shape_fields(shape) == {k: getattr(self, k) for k in _SHAPE_TYPES}
+
+
+_SHAPE_TYPES: dict[str, type] = {
+    "hidden_size": int, "seq_length": int, "num_attention_heads": int, "num_query_groups": int,
+    "kv_channels": int, "ffn_hidden_size": int, "swiglu": bool}
+_TOP_TYPES: dict[str, type] = {
+    "gpu_type": str, "device": str, "backend": str, "layer_spec": str, "dtype": str,
+    "warmup": int, "repeats": int, "torch_version": str}
+_TIMING_TYPES: dict[str, type] = {"micro_batch_size": int, "fwd_bwd_ms": float, "tflops": float}
+
+
+def _shape_fields(shape: ModelShape) -> dict[str, Any]:
+    return {key: getattr(shape, key) for key in _SHAPE_TYPES}
+
+
+def layer_flops_fwd_bwd(shape: ModelShape, micro_batch_size: int) -> float:
+    """Floating-point operations of forward + backward of one layer for one micro-batch.
+
+    Megatron's count (``num_floating_point_operations``, core_r0.16.0) restricted to one layer,
+    with b = micro-batch size, s = sequence length, q = kv_channels * heads, k = v =
+    kv_channels * query groups:
+        6*b*s*( h*(q+k+v)          qkv projection
+              + q*s                causal QK^T and AV (s*s/2 each, x2 for FMA -> q*s)
+              + q*h                output projection
+              + 2*h*ffn*(1.5 if swiglu else 1) )   MLP (SwiGLU has a third matrix)
+    where 6 = 3 (forward + 2 backward) * 2 (multiply-add). Recompute is not counted.
+    """
+    h, s = shape.hidden_size, shape.seq_length
+    q = shape.kv_channels * shape.num_attention_heads
+    kv = shape.kv_channels * shape.num_query_groups
+    attention = h * (q + 2 * kv) + q * s + q * h
+    mlp = 2 * h * shape.ffn_hidden_size * (1.5 if shape.swiglu else 1.0)
+    return 6.0 * micro_batch_size * s * (attention + mlp)
+
+
+def megatron_available() -> bool:
+    """True when megatron-core can be imported (checked without importing it)."""
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except (ImportError, ValueError):  # a broken parent package counts as missing
+        return False
+
+
+def profile_layer(shape: ModelShape, micro_batch_sizes: Sequence[int], *, device: str | None = None,
+                  use_megatron: bool | None = None, warmup: int = 2, repeats: int = 5,
+                  dtype: str | None = None) -> LayerProfile:
+    """Time forward+backward of one transformer layer of ``shape`` per micro-batch size.
+
+    Args:
+        shape: the job's model shape (only the per-layer fields matter).
+        micro_batch_sizes: candidate micro-batch sizes, each timed separately.
+        device: "cuda", "cuda:N" or "cpu"; default: the GPU when present, else the CPU.
+        use_megatron: megatron-core's layer (True), a plain torch layer (False), or
+            megatron-core when installed (None).
+        warmup: untimed runs before timing each micro-batch size.
+        repeats: timed runs; the median is kept.
+        dtype: "bf16", "fp16" or "fp32"; default bf16 on GPU, fp32 on CPU.
+
+    Returns:
+        The LayerProfile, gpu_type set to the device's name ("cpu" on a CPU).
+
+    Raises:
+        ValueError: bad arguments. ImportError: megatron-core asked for but missing.
+        RuntimeError: no micro-batch size fitted in GPU memory.
+    """
+    import torch
+
+    dev = _resolve_device(device)
+    on_cuda = dev.type == "cuda"
+    dtype = dtype or ("bf16" if on_cuda else "fp32")
+    if (dtype not in _DTYPES or repeats < 1 or warmup < 0 or not micro_batch_sizes
+            or min(micro_batch_sizes) < 1):
+        raise ValueError(f"bad profile request: dtype={dtype} repeats={repeats} warmup={warmup} "
+                         f"micro_batch_sizes={list(micro_batch_sizes)}")
+    use_megatron = megatron_available() if use_megatron is None else use_megatron
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    build = _build_megatron_layer if use_megatron else _build_torch_layer
+    with warnings.catch_warnings(), (_megatron_runtime(on_cuda) if use_megatron else contextlib.nullcontext()):
+        warnings.filterwarnings("ignore", module=r"megatron\.")  # deprecation chatter per layer
+        make_step, layer_spec = build(shape, dev, torch_dtype)
+        timings = _time_micro_batches(make_step, shape, sorted(set(micro_batch_sizes)), dev,
+                                      (warmup, repeats))
+    name = torch.cuda.get_device_name(dev) if on_cuda else "cpu"
+    described = f"{dev} ({name})" if on_cuda else f"cpu ({torch.get_num_threads()} threads)"
+    return LayerProfile(
+        gpu_type=name, device=described, backend=BACKEND_MEGATRON if use_megatron else BACKEND_TORCH,
+        layer_spec=layer_spec, dtype=dtype, timings=tuple(timings), warmup=warmup, repeats=repeats,
+        torch_version=torch.__version__.split("+")[0], **_shape_fields(shape))
+
+
+def _resolve_device(device: str | None):
+    """The torch.device to profile on (a CUDA device always with its index, made current)."""
+    import torch
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        dev = dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def _time_micro_batches(make_step, shape: ModelShape, micro_batch_sizes: list[int], dev,
+                        warmup_repeats: tuple[int, int]) -> list[MicroBatchTiming]:
+    import torch
+
+    warmup, repeats = warmup_repeats
+    timings = []
+    for mbs in micro_batch_sizes:
+        try:
+            fwd_bwd_ms = _median_ms(make_step(mbs), dev, warmup, repeats)
+        except torch.cuda.OutOfMemoryError:
+            log.warning("micro-batch size %d does not fit in GPU memory; left out", mbs)
+            torch.cuda.empty_cache()
+            continue
+        tflops = layer_flops_fwd_bwd(shape, mbs) / (fwd_bwd_ms * 1e-3) / 1e12
+        log.info("layer h=%d s=%d mbs=%d: %.3f ms fwd+bwd, %.3g TFLOP/s",
+                 shape.hidden_size, shape.seq_length, mbs, fwd_bwd_ms, tflops)
+        timings.append(MicroBatchTiming(mbs, fwd_bwd_ms, tflops))
+    if not timings:
+        raise RuntimeError(f"no micro-batch size in {micro_batch_sizes} fitted on {dev}")
+    return timings
+
+
+def _median_ms(step: Callable[[], None], dev, warmup: int, repeats: int) -> float:
+    """Median wall time of ``step``: CUDA events on a GPU, perf_counter on the CPU."""
+    import torch
+
+    for _ in range(warmup):
+        step()
+    samples_ms = []
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            samples_ms.append(start.elapsed_time(end))
+    else:
+        for _ in range(repeats):
+            start_s = time.perf_counter()
+            step()
+            samples_ms.append((time.perf_counter() - start_s) * 1e3)
+    return statistics.median(samples_ms)
+
+
+def _build_torch_layer(shape: ModelShape, dev, torch_dtype):
+    """A plain pre-norm transformer layer of ``shape`` (SDPA causal attention, GQA, GELU or
+    SwiGLU MLP). Returns (make_step(mbs) -> step(), "sdpa")."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    h, heads, groups, kv = (shape.hidden_size, shape.num_attention_heads,
+                            shape.num_query_groups, shape.kv_channels)
+    ffn = shape.ffn_hidden_size
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(h), nn.LayerNorm(h)
+            self.qkv = nn.Linear(h, (heads + 2 * groups) * kv)
+            self.proj = nn.Linear(heads * kv, h)
+            self.fc1 = nn.Linear(h, ffn * (2 if shape.swiglu else 1))
+            self.fc2 = nn.Linear(ffn, h)
+
+        def forward(self, x):  # [b, s, h]
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.norm1(x)).split([heads * kv, groups * kv, groups * kv], dim=-1)
+            q = q.view(b, s, heads, kv).transpose(1, 2)
+            k, v = (t.view(b, s, groups, kv).transpose(1, 2).repeat_interleave(heads // groups, dim=1)
+                    for t in (k, v))
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(attn.transpose(1, 2).reshape(b, s, heads * kv))
+            y = self.fc1(self.norm2(x))
+            if shape.swiglu:
+                gate, up = y.chunk(2, dim=-1)
+                y = F.silu(gate) * up
+            else:
+                y = F.gelu(y)
+            return x + self.fc2(y)
+
+    module = Layer().to(device=dev, dtype=torch_dtype)
+
+    def make_step(mbs: int):
+        x = torch.randn(mbs, shape.seq_length, h, device=dev, dtype=torch_dtype, requires_grad=True)
+        grad = torch.randn_like(x)
+        return lambda: module(x).backward(grad)
+    return make_step, "sdpa"
+
+
+def _build_megatron_layer(shape: ModelShape, dev, torch_dtype):
+    """megatron-core ``TransformerLayer`` of ``shape``: TE spec on GPU when transformer_engine
+    is installed, else the local spec. Returns (make_step(mbs) -> step(), spec name)."""
+    import torch
+    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+    from torch.nn import functional as F
+
+    use_te = dev.type == "cuda" and importlib.util.find_spec("transformer_engine") is not None
+    spec = (gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec() if use_te
+            else gpt_layer_specs.get_gpt_layer_local_spec())
+    config = TransformerConfig(
+        num_layers=1, hidden_size=shape.hidden_size, num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_query_groups, kv_channels=shape.kv_channels,
+        ffn_hidden_size=shape.ffn_hidden_size, gated_linear_unit=shape.swiglu,
+        activation_func=F.silu if shape.swiglu else F.gelu, bias_activation_fusion=False,
+        params_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16, fp16=torch_dtype == torch.float16,
+        pipeline_dtype=torch_dtype, use_cpu_initialization=dev.type == "cpu",
+        hidden_dropout=0.0, attention_dropout=0.0)
+    layer = TransformerLayer(config, spec.submodules, layer_number=1).to(dev)
+    s, h = shape.seq_length, shape.hidden_size
+    # The local spec needs an explicit mask on CPU (its default mask is built on "cuda").
+    mask = None if use_te else torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool, device=dev), diagonal=1)
+
+    def make_step(mbs: int):
+        x = torch.randn(s, mbs, h, device=dev, dtype=torch_dtype, requires_grad=True)
+        grad = torch.randn_like(x)
+
+        def step():
+            out = layer(hidden_states=x, attention_mask=mask)
+            (out[0] if isinstance(out, tuple) else out).backward(grad)
+        return step
+    return make_step, "transformer-engine" if use_te else "local"
+
+
+@contextlib.contextmanager
+def _megatron_runtime(on_cuda: bool) -> Iterator[None]:
+    """A world-of-one process group and megatron's model-parallel state, created only if
+    absent and torn down after. On a CPU-only torch, megatron-core 0.16.1's local layers
+    allocate on ``torch.cuda.current_device()`` and fork the CUDA RNG tracker: both are
+    redirected for the duration and restored afterwards."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.tensor_parallel import random as tp_random
+
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("nccl" if on_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    own_state = not parallel_state.model_parallel_is_initialized()
+    if own_state:
+        parallel_state.initialize_model_parallel(1, 1)
+    saved = (torch.cuda.current_device, tp_random._CUDA_RNG_STATE_TRACKER,
+             tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED)
+    if on_cuda:
+        tensor_parallel.model_parallel_cuda_manual_seed(1234)
+    else:
+        torch.cuda.current_device = lambda: torch.device("cpu")
+        tp_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker(tp_random)
+        tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    try:
+        yield
+    finally:
+        (torch.cuda.current_device, tp_random._CUDA_RNG_STATE_TRACKER,
+         tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED) = saved
+        if own_state:
+            parallel_state.destroy_model_parallel()
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _cpu_rng_tracker(tp_random):
+    class CpuRNGStatesTracker(tp_random.CudaRNGStatesTracker):
+        """fork() is a no-op: dropout (zero here) draws from the default CPU generator."""
+
+        @contextlib.contextmanager
+        def fork(self, name="model-parallel-rng"):
+            yield
+    return CpuRNGStatesTracker()
+
+
+def main_profile(shape: ModelShape, micro_batch_sizes: Sequence[int], gpu_type: str | None,
+                 out_path: str | Path | None) -> LayerProfile:
+    """What ``pipeswift profile`` does: profile the layer, name the GPU type, write the file.
+
+    Args:
+        shape: the job's model shape (parsed from its Megatron arguments).
+        micro_batch_sizes: candidate micro-batch sizes.
+        gpu_type: the hardware-table key to file the profile under (e.g. "H200"); None keeps
+            the device's own name.
+        out_path: TOML file to write, or None to only return the profile.
+
+    Returns:
+        The LayerProfile as written.
+    """
+    profile = profile_layer(shape, micro_batch_sizes)
+    if gpu_type:
+        profile = replace(profile, gpu_type=gpu_type)
+    if out_path is not None:
+        write_profile_toml(profile, out_path)
+        log.info("wrote layer profile for %s (%s, %s) to %s", profile.gpu_type, profile.backend,
+                 profile.dtype, out_path)
+    return profile
+
+
+def profile_to_dict(profile: LayerProfile) -> dict[str, Any]:
+    """The file's structure as plain data (also what the bench script dumps as JSON)."""
+    top = {key: getattr(profile, key) for key in _TOP_TYPES}
+    return {"format_version": FORMAT_VERSION, **top,
+            "shape": {key: getattr(profile, key) for key in _SHAPE_TYPES},
+            "micro_batch": [{"micro_batch_size": t.micro_batch_size, "fwd_bwd_ms": t.fwd_bwd_ms,
+                             "tflops": t.tflops} for t in profile.timings]}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # JSON string escapes are valid TOML basic-string escapes
+
+
+def write_profile_toml(profile: LayerProfile, path: str | Path) -> None:
+    """Write ``profile`` as TOML (format_version 1): top-level keys, a [shape] table and one
+    [[micro_batch]] table per micro-batch size."""
+    data = profile_to_dict(profile)
+    lines = ["# pipeswift layer profile: median fwd+bwd time of one transformer layer"]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in data.items()
+              if key not in ("shape", "micro_batch")]
+    lines += ["", "[shape]"] + [f"{k} = {_toml_value(v)}" for k, v in data["shape"].items()]
+    for timing in data["micro_batch"]:
+        lines += ["", "[[micro_batch]]"] + [f"{k} = {_toml_value(v)}" for k, v in timing.items()]
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def read_profile_toml(path: str | Path) -> LayerProfile:
+    """Read a profile written by ``write_profile_toml``.
+
+    Raises:
+        ProfileFormatError: unreadable TOML, wrong format_version, or a missing or mistyped key
+            (the message names the file and the key, e.g. ``shape.hidden_size``).
+    """
+    import tomllib  # here, not at the top: GPU boxes may run the profiler on an older Python
+
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ProfileFormatError(f"{path}: cannot read profile: {exc}") from exc
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ProfileFormatError(f"{path}: key 'format_version' must be {FORMAT_VERSION}, got {version!r}")
+    top = _typed(data, _TOP_TYPES, path, "")
+    shape = _typed(data.get("shape"), _SHAPE_TYPES, path, "shape.")
+    rows = data.get("micro_batch")
+    if not isinstance(rows, list) or not rows:
+        raise ProfileFormatError(f"{path}: key 'micro_batch' must be a non-empty array of tables")
+    timings = tuple(MicroBatchTiming(**_typed(row, _TIMING_TYPES, path, f"micro_batch[{i}]."))
+                    for i, row in enumerate(rows))
+    return LayerProfile(**top, **shape, timings=tuple(sorted(timings, key=lambda t: t.micro_batch_size)))
+
+
+def _typed(table: Any, types: dict[str, type], path: str | Path, prefix: str) -> dict[str, Any]:
+    """Check that ``table`` has every key of ``types`` with the right type (ints pass as floats)
+    and that numbers are positive (warm-up may be 0)."""
+    if not isinstance(table, dict):
+        raise ProfileFormatError(f"{path}: key '{prefix.rstrip('.') or '<root>'}' must be a table")
+    out = {}
+    for key, kind in types.items():
+        if key not in table:
+            raise ProfileFormatError(f"{path}: key '{prefix}{key}' is missing")
+        value = table[key]
+        if not _has_type(value, kind):
+            raise ProfileFormatError(f"{path}: key '{prefix}{key}' must be {kind.__name__}, "
+                                     f"got {type(value).__name__} {value!r}")
+        if kind in (int, float) and not (value > 0 or (key == "warmup" and value == 0)):
+            raise ProfileFormatError(f"{path}: key '{prefix}{key}' must be positive, got {value!r}")
+        out[key] = float(value) if kind is float else value
+    return out
+
+
+def _has_type(value: Any, kind: type) -> bool:
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)

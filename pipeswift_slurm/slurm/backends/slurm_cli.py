@@ -1,0 +1,436 @@
+"""Slurm through its commands: ``squeue``/``scontrol``/``sprio`` argv builders, the runner
+that executes them, and ``SlurmCliBackend`` which joins them with the pure parsers of
+``slurm_parse``.
+
+Owns: reading jobs (``squeue --json`` in the 22.05 and 24.11+ dialects, with ``scontrol -o show
+job`` text as fallback), nodes (``scontrol -d -o show node``) and site factors (``sprio``), and
+turning a Decision into ``scontrol update`` argv. Many updates go to one ``scontrol`` process
+on stdin (``apply_many``): one process per job is the slowest part of a tick with hundreds of
+pending jobs. Commands run without a shell, each argument one argv item (on stdin, one
+command a line). Parsing their output is ``slurm_parse``'s job. Must not import pyslurm,
+SQLAlchemy or any policy module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Mapping, Optional, Sequence
+
+from pipeswift_slurm.core import token
+from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, GpuRequest, Job
+from pipeswift_slurm.slurm.backends import BackendError, JobGone, applicable
+from pipeswift_slurm.slurm.backends.slurm_parse import _JSON_REPORTED, parse_batch_errors, parse_scontrol_jobs, parse_scontrol_nodes
+from pipeswift_slurm.slurm.backends.slurm_parse import parse_sprio, parse_squeue_json
+from pipeswift_slurm.slurm.backends.slurm_parse import decision_config, expand_hostlist, gpu_request_of, parse_duration_s  # noqa: F401
+from pipeswift_slurm.slurm.backends.slurm_parse import parse_gres, parse_kv_line, parse_nodes_json  # noqa: F401
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[[list[str]], str]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """Exit status and output of a command that was fed text on stdin."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+# Runs one argv with text on stdin; returns its result whatever the exit status (per-line
+# errors are parsed by the caller); raises BackendError only when the command could not run.
+InputRunner = Callable[[list[str], str], CommandResult]
+
+# --states=all: 24.11 lists only pending and running jobs without it, so a job that ended
+# between two ticks was never seen ending (22.05 lists every job the controller still holds
+# either way; it ignores squeue's filters under --json).
+SQUEUE_JSON_ARGV = ["squeue", "--json", "--states=all"]
+SCONTROL_JOBS_ARGV = ["scontrol", "-o", "show", "job"]
+NODES_ARGV = ["scontrol", "-d", "-o", "show", "node"]
+SPRIO_ARGV = ["sprio", "-h", "-o", "%i|%Y|%S"]
+PING_ARGV = ["scontrol", "ping"]
+
+# scontrol answers meaning the job is no longer a PENDING job we may change (22.05 wording)
+_GONE_PATTERNS = ("invalid job id", "already finished", "no longer pending", "is pending execution",
+                  "job is completing", "not supported on this system")
+
+
+# ------------------------------------------------------------------------------------ runner
+@dataclass(frozen=True)
+class SubprocessRunner:
+    """Run one Slurm command without a shell and return its stdout.
+
+    ``env`` (if given) replaces the environment, e.g. to point ``SLURM_CONF`` elsewhere.
+    """
+
+    timeout_s: float = 60.0
+    env: Optional[Mapping[str, str]] = None
+
+    def __call__(self, argv: list[str]) -> str:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
+                                  env=dict(self.env) if self.env is not None else None, check=False)
+        except FileNotFoundError:
+            raise BackendError("%s: command not found (is the Slurm client installed?)" % argv[0]) from None
+        except subprocess.TimeoutExpired:
+            raise BackendError("%s timed out after %.0f s" % (" ".join(argv[:2]), self.timeout_s)) from None
+        if proc.returncode != 0:
+            raise BackendError("%s failed (exit %d): %s" % (" ".join(argv[:2]), proc.returncode,
+                                                            _first_line(proc.stderr or proc.stdout)))
+        return proc.stdout
+
+    def feed(self, argv: list[str], stdin_text: str) -> CommandResult:
+        """Run ``argv`` with ``stdin_text`` on its stdin; a non-zero exit is returned, not raised.
+
+        ``scontrol`` reads commands through readline even from a pipe: ``TERM=dumb`` and an
+        empty ``INPUTRC`` keep a site's key bindings and terminal escapes out of it.
+
+        Raises:
+            BackendError: the command is missing or ran past ``timeout_s``.
+        """
+        env = dict(self.env) if self.env is not None else dict(os.environ)
+        env.update(TERM="dumb", INPUTRC="/dev/null")
+        try:
+            proc = subprocess.run(argv, input=stdin_text, capture_output=True, text=True,
+                                  timeout=self.timeout_s, env=env, check=False)
+        except FileNotFoundError:
+            raise BackendError("%s: command not found (is the Slurm client installed?)" % argv[0]) from None
+        except subprocess.TimeoutExpired:
+            raise BackendError("%s (%d commands on stdin) timed out after %.0f s"
+                               % (argv[0], stdin_text.count("\n"), self.timeout_s)) from None
+        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+subprocess_runner = SubprocessRunner()
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[0] if lines else "no output"
+
+
+def classify_error(exc: BackendError, job_id: int) -> BackendError:
+    """Map a failed scontrol call on one job to JobGone (job no longer changeable) or keep it."""
+    text = str(exc).lower()
+    if isinstance(exc, JobGone) or any(p in text for p in _GONE_PATTERNS):
+        return JobGone("job %d is gone or no longer pending: %s" % (job_id, exc))
+    return exc
+
+
+# ------------------------------------------------------------------------------------ argv builders
+def gres_value(req: GpuRequest, count: int) -> str:
+    """``gres:gpu[:type]:count`` in the job's own spelling family (``gres/`` for 24.11+ jobs);
+    the type is kept because 22.05 rejects switching between typed and untyped GRES."""
+    kind = "gpu" if not req.gpu_type else "gpu:" + req.gpu_type
+    return "%s%s:%d" % ("gres/" if req.slash else "gres:", kind, count)
+
+
+def resize_fields(config: ExecConfig, job: Job) -> list[str]:
+    """``NumNodes=a-a`` (always min-max: 22.05 rejects a bare count above the old maximum) and
+    the GPU request in the job's own field (per node, or per job for ``--gpus`` jobs).
+
+    Raises:
+        BackendError: the config has no per-node GPU count, or the job asks GPUs per task or
+            per socket (those requests are not resized).
+    """
+    nodes = max(1, config.num_nodes)
+    per_node = config.gpus_per_node or (config.gpus // nodes if config.gpus % nodes == 0 else 0)
+    if per_node <= 0:
+        raise BackendError("job %d: config %s has no whole GPU count per node" % (job.job_id, config.short()))
+    req = job.gpu_request
+    if req.field == "tres_per_job":
+        gpu_field = "TresPerJob=" + gres_value(req, nodes * per_node)
+    elif req.field == "tres_per_node":
+        gpu_field = "TresPerNode=" + gres_value(req, per_node)
+    else:
+        raise BackendError("job %d asks GPUs via %s; only per-node or per-job requests are resized"
+                           % (job.job_id, req.field))
+    return ["NumNodes=%d-%d" % (nodes, nodes), gpu_field]
+
+
+def _argv_value(name: str, value: str) -> str:
+    if not value or any(ch.isspace() for ch in value):
+        raise BackendError("refusing %s value with whitespace or empty: %r" % (name, value))
+    return "%s=%s" % (name, value)
+
+
+def update_argv(decision: Decision, job: Job, now: float) -> Optional[list[str]]:
+    """The ``scontrol update JobId=N ...`` argv for a decision, or None if it changes nothing
+    an update can (a requeue alone). ``now`` (epoch s) stamps the decision token."""
+    fields: list[str] = []
+    if decision.config is not None:
+        fields += resize_fields(decision.config, job)
+    if decision.time_limit_s is not None:
+        fields.append("TimeLimit=%d" % max(1, -(-int(decision.time_limit_s) // 60)))
+    if decision.site_factor is not None:
+        fields.append("SiteFactor=%d" % int(decision.site_factor))
+    if decision.config is not None:
+        fields.append(_argv_value("AdminComment", token.encode_decision(decision.config, int(now),
+                                                                        held=bool(decision.hold))))
+    return ["scontrol", "update", "JobId=%d" % job.job_id, *fields] if fields else None
+
+
+def requeue_argv(job_id: int) -> list[str]:
+    """``scontrol requeue N``: stop a running job and put it back in the queue."""
+    return ["scontrol", "requeue", str(int(job_id))]
+
+
+def apply_argvs(decision: Decision, job: Job, now: float) -> list[list[str]]:
+    """Every command a decision needs, in order: requeue first (the job must be pending
+    again before it can be resized), then the update."""
+    argvs = [requeue_argv(job.job_id)] if decision.requeue else []
+    if decision.hold:  # hold before resizing, so the job cannot start in between
+        argvs.append(["scontrol", "hold", str(int(job.job_id))])
+    update = update_argv(decision, job, now)
+    argvs += [update] if update else []
+    if decision.hold is False:  # release last: the job becomes eligible at its new size
+        argvs.append(["scontrol", "release", str(int(job.job_id))])
+    return argvs
+
+
+# ------------------------------------------------------------------------------------ batches
+SCONTROL_BATCH_ARGV = ["scontrol"]
+BATCH_MAX_LINES = 1000  # commands per scontrol process: bounds a batch's run time and re-runs
+# scontrol processes fed at once: slurmctld serialises the updates, but each client spends
+# as long again on its own side (credential, connect), which runs in parallel (measured on
+# 22.05: 500 updates take about half as long with 4 processes as with 1).
+BATCH_PROCESSES = 4
+
+
+def batch_text(argvs: Sequence[list[str]]) -> str:
+    """The stdin of one ``scontrol`` process running ``argvs`` (each ``["scontrol", ...]``),
+    one command a line. Our values never hold whitespace (``_argv_value`` refuses it), so a
+    line splits back into exactly the argv it came from.
+
+    Raises:
+        BackendError: an argv is not an ``scontrol`` command, or a word holds whitespace.
+    """
+    lines = []
+    for argv in argvs:
+        if argv[:1] != ["scontrol"] or any(not w or any(c.isspace() for c in w) for w in argv[1:]):
+            raise BackendError("cannot batch %r" % (argv,))
+        lines.append(" ".join(argv[1:]))
+    return "".join(line + "\n" for line in lines)
+
+
+@dataclass(frozen=True)
+class _Update:
+    """One job's ``scontrol update`` inside a batch, and where its outcome goes."""
+
+    index: int
+    job_id: int
+    argv: list[str]
+
+
+# ------------------------------------------------------------------------------------ backend
+def _in_partitions(names: Sequence[str], wanted: Optional[frozenset[str]]) -> bool:
+    return wanted is None or bool(wanted.intersection(names))
+
+
+def read_site_factors(run: Runner) -> dict[int, int]:
+    """Pending jobs' SiteFactor from one ``sprio`` call (job id -> factor). An empty queue
+    or a failing sprio reads as no factors (logged); an unreachable slurmctld raises.
+
+    Raises:
+        BackendError: slurmctld could not be contacted.
+    """
+    try:
+        return parse_sprio(run(list(SPRIO_ARGV)))
+    except BackendError as exc:
+        if "unable to find jobs" in str(exc).lower():
+            return {}
+        if "contact" in str(exc).lower():
+            raise
+        log.warning("sprio failed, site factors read as 0: %s", exc)
+        return {}
+
+
+class SlurmCliBackend:
+    """Backend over the Slurm commands.
+
+    Args:
+        run: runs one argv and returns stdout, raising BackendError with one line on failure.
+        partitions: manage only jobs and nodes of these partitions (None: all).
+        clock: epoch seconds (the snapshot's ``now`` and the token stamp).
+        job_source: "json" (``squeue --json``), "text" (``scontrol -o show job``) or "auto"
+            (JSON, falling back to text once if this Slurm has no ``--json``).
+        read_site_factors: also call ``sprio`` once per snapshot to fill ``Job.site_factor``.
+        feed: runs one argv with text on stdin, for ``apply_many`` (default: ``run.feed``
+            when the runner has one; without it ``apply_many`` runs one command per job).
+        batch_processes: how many ``scontrol`` processes ``apply_many`` feeds at once.
+    """
+
+    name = "cli"
+
+    def __init__(self, run: Runner = subprocess_runner, partitions: Optional[Iterable[str]] = None,
+                 clock: Callable[[], float] = time.time, job_source: str = "auto",
+                 read_site_factors: bool = True, feed: Optional[InputRunner] = None,
+                 batch_processes: int = BATCH_PROCESSES) -> None:
+        if job_source not in ("auto", "json", "text"):
+            raise BackendError("job_source must be auto, json or text, not %r" % job_source)
+        self._run = run
+        self._partitions = frozenset(partitions) if partitions else None
+        self._clock = clock
+        self._job_source = job_source
+        self._read_site_factors = read_site_factors
+        self._feed: Optional[InputRunner] = feed if feed is not None else getattr(run, "feed", None)
+        self._batch_processes = max(1, batch_processes)
+
+    def snapshot(self) -> ClusterView:
+        """Read jobs, nodes and site factors with one command each.
+
+        Raises:
+            BackendError: a command failed (e.g. slurmctld not answering).
+        """
+        now = self._clock()
+        jobs = self._read_jobs()
+        nodes = parse_scontrol_nodes(self._run(list(NODES_ARGV)))
+        factors = self._site_factors()
+        jobs = [replace(j, site_factor=factors.get(j.job_id, 0)) for j in jobs
+                if _in_partitions(j.partition.split(","), self._partitions)]
+        nodes = [n for n in nodes if _in_partitions(n.partitions, self._partitions)]
+        log.debug("snapshot: %d jobs, %d nodes", len(jobs), len(nodes))
+        return ClusterView(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
+
+    def _read_jobs(self) -> list[Job]:
+        if self._job_source == "text":
+            return parse_scontrol_jobs(self._run(list(SCONTROL_JOBS_ARGV)))
+        try:
+            return parse_squeue_json(self._run(list(SQUEUE_JSON_ARGV)))
+        except BackendError as exc:
+            if str(exc).startswith(_JSON_REPORTED) or _CTLD_UNREACHABLE in str(exc):
+                self._ping(exc)
+            if self._job_source == "json" or not _json_unsupported(str(exc)):
+                raise
+            log.warning("squeue --json unavailable (%s); using scontrol text from now on", exc)
+            self._job_source = "text"
+            return parse_scontrol_jobs(self._run(list(SCONTROL_JOBS_ARGV)))
+
+    def _ping(self, cause: BackendError) -> None:
+        """22.05's ``squeue --json`` exits 0 with only "Failed while looking for jobs" when
+        slurmctld is down; ``scontrol ping`` (fast, no retries) says so clearly.
+
+        Raises:
+            BackendError: slurmctld does not answer the ping.
+        """
+        try:
+            self._run(list(PING_ARGV))
+        except BackendError as exc:
+            why = str(exc).partition("): ")[2] or str(exc)
+            raise BackendError("slurmctld is not answering: %s (%s)" % (why, cause)) from None
+
+    def _site_factors(self) -> dict[int, int]:
+        return read_site_factors(self._run) if self._read_site_factors else {}
+
+    def apply(self, decision: Decision, job: Job) -> None:
+        """Change one job as decided: resize and annotate a PENDING job, set its SiteFactor
+        and time limit, or requeue a running one when asked. Nothing is read first; a
+        non-opted-in job is never changed (logged and skipped).
+
+        Raises:
+            JobGone: the job finished, started or vanished since the snapshot.
+            BackendError: slurmctld did not answer or refused the change.
+        """
+        if not applicable(decision, job):
+            return
+        for argv in apply_argvs(decision, job, self._clock()):
+            log.info("job %d: %s", job.job_id, " ".join(argv[1:]))
+            try:
+                self._run(argv)
+            except BackendError as exc:
+                raise classify_error(exc, job.job_id) from exc
+
+    def apply_many(self, items: Sequence[tuple[Decision, Job]]) -> list[Optional[BackendError]]:
+        """Apply many decisions: their ``scontrol update``s go, one command a line, to the
+        stdin of ``batch_processes`` scontrol processes running side by side (at most
+        BATCH_MAX_LINES lines each). Same rules as ``apply``; requeues still run one job
+        at a time (rare, and ordered per job).
+
+        An error line naming its job is that job's outcome. When a batch fails with an
+        error that names no job, the jobs not yet accounted for are re-run in halves
+        until each error has its job (updates set absolute values, so re-running one
+        that succeeded changes nothing). If slurmctld stops answering mid-batch, the
+        batch ends at the runner's timeout and every job in it gets that error.
+
+        Returns:
+            One outcome per item, in order: None (applied, or nothing to do), JobGone (the
+            job finished, started or vanished since the snapshot) or BackendError.
+        """
+        results: list[Optional[BackendError]] = [None] * len(items)
+        now = self._clock()
+        batch: list[_Update] = []
+        for i, (decision, job) in enumerate(items):
+            if self._feed is None or decision.requeue or decision.hold is not None or not job.opted_in:
+                results[i] = self._apply_one(decision, job)
+                continue
+            if decision.config is not None and not job.pending:
+                results[i] = JobGone("job %d is %s, not PENDING: not resized" % (job.job_id, job.state))
+                continue
+            try:
+                argv = update_argv(decision, job, now)
+            except BackendError as exc:
+                results[i] = exc
+                continue
+            if argv is not None:
+                log.info("job %d: %s", job.job_id, " ".join(argv[1:]))
+                batch.append(_Update(i, job.job_id, argv))
+        size = min(BATCH_MAX_LINES, max(1, -(-len(batch) // self._batch_processes)))
+        chunks = [batch[start:start + size] for start in range(0, len(batch), size)]
+        if len(chunks) <= 1:
+            self._run_batch(batch, results)
+        else:  # each chunk writes only its own jobs' slots of ``results``
+            with ThreadPoolExecutor(max_workers=min(len(chunks), self._batch_processes)) as pool:
+                list(pool.map(lambda chunk: self._run_batch(chunk, results), chunks))
+        return results
+
+    def _apply_one(self, decision: Decision, job: Job) -> Optional[BackendError]:
+        try:
+            self.apply(decision, job)
+        except BackendError as exc:
+            return exc
+        return None
+
+    def _run_batch(self, batch: list[_Update], results: list[Optional[BackendError]]) -> None:
+        """Run ``batch`` in one scontrol and store each job's outcome in ``results``."""
+        if not batch:
+            return
+        assert self._feed is not None
+        try:
+            done = self._feed(list(SCONTROL_BATCH_ARGV), batch_text([u.argv for u in batch]))
+        except BackendError as exc:  # could not run, or timed out: no outcome is known
+            for u in batch:
+                results[u.index] = BackendError(str(exc))
+            return
+        if done.returncode == 0 and not done.stderr.strip():
+            return
+        by_job, loose = parse_batch_errors(done.stderr)
+        for u in batch:
+            if u.job_id in by_job:
+                results[u.index] = classify_error(BackendError("scontrol update: " + by_job[u.job_id]), u.job_id)
+        if done.returncode == 0 or (by_job and not loose):
+            return  # exit 0: lines naming no job were warnings
+        rest = [u for u in batch if u.job_id not in by_job]
+        if len(rest) == 1:
+            message = "; ".join(loose) or "exit %d" % done.returncode
+            results[rest[0].index] = classify_error(BackendError("scontrol update: " + message), rest[0].job_id)
+        elif rest:
+            log.debug("batch of %d: %d error line(s) name no job; re-running %d in halves",
+                      len(batch), len(loose), len(rest))
+            half = len(rest) // 2
+            self._run_batch(rest[:half], results)
+            self._run_batch(rest[half:], results)
+
+
+_CTLD_UNREACHABLE = "Unable to contact slurm controller"  # 24.11's squeue --json, exit 1
+
+
+def _json_unsupported(message: str) -> bool:
+    text = message.lower()
+    return any(p in text for p in ("unrecognized option", "invalid option", "no json", "not supported",
+                                   "gave no json", "plugin"))

@@ -1,0 +1,357 @@
+"""Pure parsers of Slurm command output: ``squeue --json`` (22.05 and 24.11+ dialects),
+``scontrol -o show job`` and ``scontrol -d -o show node`` text, the ``nodes`` list of
+``sinfo --json``/``scontrol --json show node``, ``sprio``, and a batched ``scontrol``'s
+stderr; with the small pieces they share (hostlists, GRES/TRES specs, durations, decision
+tokens).
+
+Owns: turning that text into ``model.py`` types (Job, Node, GpuRequest, ExecConfig). The
+functions take text and return values: they run no command and keep no state.
+``slurm_cli`` and ``pyslurm_`` build on this module, never the other way round. Must not
+import subprocess, pyslurm, SQLAlchemy or any policy module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Optional
+
+from pipeswift_slurm.core import token
+from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, ExecConfig, GpuRequest, Job, Node
+from pipeswift_slurm.slurm.backends import BackendError
+
+log = logging.getLogger(__name__)
+
+_NO_VAL = 0xFFFFFFFE  # 32-bit NO_VAL / INFINITE (and above) mean "not set"
+
+
+# ------------------------------------------------------------------------------------ small parsers
+def _num(value: Any) -> Optional[int]:
+    """An integer from 22.05 (int/null) or 24.11+ ({"set","infinite","number"}) JSON."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return None if value >= _NO_VAL else int(value)
+    text = str(value).strip()
+    return int(text) if text.isdigit() else None
+
+
+def _time(value: Any) -> Optional[float]:
+    """Epoch seconds, or None for 0/unset (Slurm's 'not happened')."""
+    number = _num(value)
+    return float(number) if number else None
+
+
+def _state(value: Any) -> str:
+    """Base job state from ``"PENDING"`` (22.05) or ``["PENDING", "REQUEUED"]`` (24.11+)."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else ""
+    return str(value or "").split("+")[0].upper()
+
+
+def _text(value: Any) -> str:
+    return "" if value in (None, "(null)") else str(value)
+
+
+def parse_gres(spec: str) -> Optional[GpuRequest]:
+    """Find the GPU item in a TRES/GRES spec such as ``gres:gpu:2``, ``gres/gpu:a100:4``,
+    ``gpu:8(IDX:0-7)``, ``gres:gpu`` (count 1) or ``gres/gpu=2``; None if it has no GPU.
+    The returned ``field`` is left at its default; callers set it."""
+    for item in re.split(r",(?![^()]*\))", _text(spec)):
+        item = re.sub(r"\(.*\)$", "", item.strip())
+        slash = item.startswith("gres/")
+        if item.startswith(("gres/", "gres:")):
+            item = item[5:]
+        parts = re.split(r"[:=]", item)
+        if parts[0] != "gpu":
+            continue
+        rest = parts[1:]
+        count = int(rest[-1]) if rest and rest[-1].isdigit() else 1
+        gpu_type = rest[0] if rest and not rest[0].isdigit() else None
+        return GpuRequest(count=count, gpu_type=gpu_type, slash=slash)
+    return None
+
+
+_GPU_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
+
+
+def gpu_request_of(fields: Mapping[str, Any]) -> GpuRequest:
+    """The job's GPU request from its ``tres_per_*`` fields (first one naming a GPU)."""
+    for name in _GPU_FIELDS:
+        req = parse_gres(_text(fields.get(name)))
+        if req is not None:
+            return replace(req, field=name)
+    return GpuRequest(count=0)
+
+
+def _requested_gpus(req: GpuRequest, num_nodes: int, num_tasks: Optional[int]) -> int:
+    if req.field == "tres_per_job":
+        return req.count
+    if req.field == "tres_per_task":
+        return req.count * (num_tasks or 1)
+    return req.count * max(1, num_nodes)  # per node (per socket: at least one socket each)
+
+
+def _gpus_in(details: Iterable[str]) -> int:
+    total = 0
+    for spec in details:
+        req = parse_gres(spec)
+        total += req.count if req else 0
+    return total
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Expand a Slurm hostlist (``node[1-3,5],gpu[01-02]``) into node names."""
+    names: list[str] = []
+    for prefix, ranges, suffix in re.findall(r"([^,\[\]]*)(?:\[([^\]]*)\])?([^,\[\]]*),?", _text(text)):
+        if not ranges:
+            if prefix + suffix:
+                names.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            width = len(lo)
+            for i in range(int(lo), int(hi or lo) + 1):
+                names.append("%s%0*d%s" % (prefix, width, i, suffix))
+    return tuple(names)
+
+
+def decision_config(admin_comment: str, job_id: int) -> Optional[ExecConfig]:
+    """The ExecConfig of a decision token in ``admin_comment``; None if absent or malformed."""
+    if token.DECISION_PREFIX not in admin_comment:
+        return None
+    try:
+        return token.decode_decision(admin_comment)[0]
+    except token.TokenError as exc:
+        log.debug("job %d: ignoring malformed decision token: %s", job_id, exc)
+        return None
+
+
+# ------------------------------------------------------------------------------------ squeue --json
+_JSON_REPORTED = "squeue --json reported: "
+
+
+def _json_errors(data: Mapping[str, Any]) -> list[str]:
+    errors = data.get("errors") or []
+    return [(e.get("description") or e.get("error") or str(e)) if isinstance(e, dict) else str(e)
+            for e in errors]
+
+
+def parse_squeue_json(text: str) -> list[Job]:
+    """Parse ``squeue --json`` (22.05 openapi v0.0.38 or 24.11+ data_parser) into Jobs.
+
+    Pending array meta-records (``123_[5-9]``: ``array_task_string`` set, no task id) are
+    kept for the policy's view but never opted in, so they are never modified.
+
+    Raises:
+        BackendError: not JSON, or Slurm reported errors (e.g. slurmctld unreachable).
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BackendError("squeue --json gave no JSON: %s" % exc) from None
+    errors = _json_errors(data)
+    if errors:
+        raise BackendError("%s%s" % (_JSON_REPORTED, "; ".join(errors)))
+    return [job for job in (_job_from_json(rec) for rec in data.get("jobs") or []) if job]
+
+
+def _job_from_json(rec: Mapping[str, Any]) -> Optional[Job]:
+    job_id = _num(rec.get("job_id"))
+    if job_id is None:
+        return None
+    state = _state(rec.get("job_state"))
+    num_nodes = _num(rec.get("node_count")) or 1
+    req = gpu_request_of(rec)
+    tasks = _num(rec.get("tasks")) or _num(rec.get("num_tasks"))
+    gpus = _requested_gpus(req, num_nodes, tasks)
+    if state != PENDING:
+        used = _gpus_in(rec.get("gres_detail") or []) or _tres_gpus(_text(rec.get("tres_alloc_str")))
+        gpus = used or gpus
+    is_meta = bool(_text(rec.get("array_task_string"))) and _num(rec.get("array_task_id")) is None
+    comment, admin = _text(rec.get("comment")), _text(rec.get("admin_comment"))
+    limit_min = _num(rec.get("time_limit"))
+    return Job(
+        job_id=job_id, state=state, submit_time=_time(rec.get("submit_time")) or 0.0,
+        num_nodes=num_nodes, gpus=gpus, priority=_num(rec.get("priority")) or 0,
+        user=_text(rec.get("user_name")), name=_text(rec.get("name")),
+        partition=_text(rec.get("partition")), state_reason=_text(rec.get("state_reason")),
+        eligible_time=_time(rec.get("eligible_time")),
+        start_time=None if state == PENDING else _time(rec.get("start_time")),
+        end_time=_time(rec.get("end_time")) if state in FINISHED_STATES else None,
+        time_limit_s=limit_min * 60 if limit_min else None,
+        opted_in=token.PROFILE_PREFIX in comment and not is_meta,
+        comment=comment, admin_comment=admin,
+        node_list=expand_hostlist(_text(rec.get("nodes"))) if state != PENDING else (),
+        gpu_request=req, config=decision_config(admin, job_id),
+        restarts=_num(rec.get("restart_cnt")) or 0)
+
+
+def _tres_gpus(tres: str) -> int:
+    """GPU count in a TRES string such as ``cpu=2,mem=2G,gres/gpu=4,gres/gpu:a100=4``."""
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key == "gres/gpu" and value.isdigit():
+            return int(value)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ scontrol text
+_KEY = re.compile(r"^([A-Za-z][A-Za-z0-9_/:]*)=(.*)$", re.S)
+
+
+def parse_kv_line(line: str) -> dict[str, str]:
+    """Split one ``scontrol -o`` record into ``{Key: value}``; a word without ``Key=`` (spaces
+    inside a value, e.g. ``OS=Linux 6.1 #1 SMP``) belongs to the previous value."""
+    fields: dict[str, str] = {}
+    last = None
+    for word in line.split(" "):
+        match = _KEY.match(word)
+        if match and ";" not in match.group(1):
+            last = match.group(1)
+            fields[last] = match.group(2)
+        elif last is not None and word:
+            fields[last] = (fields[last] + " " + word).strip()
+    return fields
+
+
+def _clock_time(value: str) -> Optional[float]:
+    """``2026-11-29T08:33:13`` (local time, as scontrol prints it) to epoch seconds."""
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None  # Unknown, None, N/A
+
+
+def parse_duration_s(value: str) -> Optional[int]:
+    """Slurm duration ``[D-]HH:MM:SS`` / ``MM:SS`` / minutes to seconds; None if UNLIMITED."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", value.strip())
+    if match:
+        days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    return int(value) * 60 if value.strip().isdigit() else None
+
+
+def parse_scontrol_jobs(text: str) -> list[Job]:
+    """Parse ``scontrol -o show job`` (one job per line) into Jobs; the text fallback when
+    ``squeue --json`` is unavailable. Same array policy as ``parse_squeue_json``."""
+    jobs = []
+    for line in text.splitlines():
+        if line.startswith("JobId="):
+            jobs.append(_job_from_kv(parse_kv_line(line)))
+    return jobs
+
+
+def _job_from_kv(kv: Mapping[str, str]) -> Job:
+    job_id = int(kv["JobId"])
+    state = _state(kv.get("JobState"))
+    num_nodes = int(kv.get("NumNodes", "1").split("-")[0] or 1)
+    req = gpu_request_of({name: kv.get(key, "") for name, key in
+                          zip(_GPU_FIELDS, ("TresPerNode", "TresPerJob", "TresPerTask", "TresPerSocket"))})
+    tasks = int(kv["NumTasks"]) if kv.get("NumTasks", "").isdigit() else None
+    gpus = _requested_gpus(req, num_nodes, tasks)
+    if state != PENDING:
+        gpus = _tres_gpus(kv.get("TRES", "")) or gpus
+    is_meta = "-" in kv.get("ArrayTaskId", "") or "[" in kv.get("ArrayTaskId", "")
+    comment, admin = _text(kv.get("Comment")), _text(kv.get("AdminComment"))
+    return Job(
+        job_id=job_id, state=state, submit_time=_clock_time(kv.get("SubmitTime", "")) or 0.0,
+        num_nodes=num_nodes, gpus=gpus, priority=int(kv.get("Priority", "0") or 0),
+        user=kv.get("UserId", "").split("(")[0], name=_text(kv.get("JobName")),
+        partition=_text(kv.get("Partition")), state_reason=_text(kv.get("Reason")),
+        eligible_time=_clock_time(kv.get("EligibleTime", "")),
+        start_time=None if state == PENDING else _clock_time(kv.get("StartTime", "")),
+        end_time=_clock_time(kv.get("EndTime", "")) if state in FINISHED_STATES else None,
+        time_limit_s=parse_duration_s(kv.get("TimeLimit", "")),
+        opted_in=token.PROFILE_PREFIX in comment and not is_meta,
+        comment=comment, admin_comment=admin,
+        node_list=expand_hostlist(kv.get("NodeList", "")) if state != PENDING else (),
+        gpu_request=req, config=decision_config(admin, job_id),
+        restarts=int(kv["Restarts"]) if kv.get("Restarts", "").isdigit() else 0)
+
+
+# ------------------------------------------------------------------------------------ nodes, sprio
+def parse_scontrol_nodes(text: str) -> list[Node]:
+    """Parse ``scontrol -d -o show node``: GPUs configured (``Gres=gpu[:type]:N``, else
+    ``CfgTRES`` gres/gpu) and allocated (``GresUsed``, else ``AllocTRES``) per node."""
+    nodes = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        kv = parse_kv_line(line)
+        cfg = parse_gres(kv.get("Gres", ""))
+        used = parse_gres(kv.get("GresUsed", ""))
+        nodes.append(Node(
+            name=kv["NodeName"],
+            gpus=cfg.count if cfg else _tres_gpus(kv.get("CfgTRES", "")),
+            gpus_alloc=used.count if used else _tres_gpus(kv.get("AllocTRES", "")),
+            state=kv.get("State", "UNKNOWN").upper(),
+            gpu_type=(cfg.gpu_type or "") if cfg else "",
+            partitions=tuple(p for p in _text(kv.get("Partitions")).split(",") if p)))
+    return nodes
+
+
+def parse_nodes_json(text: str) -> list[Node]:
+    """Parse the ``nodes`` list of ``sinfo --json`` (22.05) or ``scontrol --json show node``
+    (24.11+): ``gres``/``gres_used`` strings, ``state`` as a string or a list of flags."""
+    data = json.loads(text)
+    errors = _json_errors(data)
+    if errors:
+        raise BackendError("node query reported: %s" % "; ".join(errors))
+    nodes = []
+    for rec in data.get("nodes") or []:
+        cfg, used = parse_gres(_text(rec.get("gres"))), parse_gres(_text(rec.get("gres_used")))
+        state = rec.get("state")
+        state = "+".join(state) if isinstance(state, list) else _text(state)
+        nodes.append(Node(name=_text(rec.get("name")), gpus=cfg.count if cfg else 0,
+                          gpus_alloc=used.count if used else 0, state=state.upper() or "UNKNOWN",
+                          gpu_type=(cfg.gpu_type or "") if cfg else "",
+                          partitions=tuple(rec.get("partitions") or ())))
+    return nodes
+
+
+def parse_sprio(text: str) -> dict[int, int]:
+    """Map job_id to its SiteFactor from ``sprio -h -o '%i|%Y|%S'`` (pending, not held jobs
+    only; array task ids such as ``7_1`` are skipped)."""
+    factors: dict[int, int] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) >= 3 and parts[0].isdigit():
+            try:
+                factors[int(parts[0])] = int(float(parts[2]))
+            except ValueError:
+                continue
+    return factors
+
+
+# ------------------------------------------------------------------------------------ batched scontrol
+# 22.05 reports a failed update on stderr as "<why> for job N" (N may carry "_task");
+# client-side parse errors ("scontrol: error: ...", "Request aborted") name no job.
+_JOB_ERROR = re.compile(r"^(?P<why>.*\S) for job (?P<job_id>\d+)(?:_\S*)?\s*$")
+
+
+def parse_batch_errors(stderr: str) -> tuple[dict[int, str], list[str]]:
+    """Split a batched ``scontrol``'s stderr into errors naming a job and the rest.
+
+    Returns:
+        (map from job_id to its error lines joined by "; ", error lines naming no job).
+    """
+    by_job: dict[int, list[str]] = {}
+    loose: list[str] = []
+    for line in (stderr or "").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        match = _JOB_ERROR.match(line)
+        if match:
+            by_job.setdefault(int(match.group("job_id")), []).append(match.group("why"))
+        else:
+            loose.append(line)
+    return {job_id: "; ".join(whys) for job_id, whys in by_job.items()}, loose

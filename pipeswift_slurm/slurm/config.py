@@ -1,0 +1,115 @@
+"""The controller's TOML configuration: one file (``/etc/pipeswift/config.toml`` or
+``$PIPESWIFT_CONFIG``), every key optional, validated with errors that name the file and
+the key. Pure apart from reading the file. Example: ``wrappers/config.example.toml``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+DEFAULT_PATH = "/etc/pipeswift/config.toml"
+DEFAULT_DB = "/var/lib/pipeswift/pipeswift.sqlite"
+DEFAULT_LOCK = "/run/lock/pipeswift-controller.lock"
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or holds a wrong key or value."""
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Everything a controller tick needs to know about the site.
+
+    ``site_factor_max`` bounds the SiteFactor the policy may set (keep it in proportion
+    to the site's PriorityWeight* so jobs that are not opted in are not pushed back more
+    than the site wants); ``gpus_per_node`` 0 means "read it from the cluster".
+    """
+
+    db_url: str = DEFAULT_DB
+    backend: str = "auto"
+    partitions: tuple[str, ...] = ()
+    gpu_type: str = "A100-80GB"
+    gpus_per_node: int = 0
+    hardware_file: Optional[str] = None
+    layer_profile: Optional[str] = None
+    policy: str = "pipeswift"
+    policy_knobs: dict[str, Any] = field(default_factory=dict)
+    site_factor_max: int = 100_000_000
+    dry_run: bool = False
+    allow_requeue: bool = False
+    lock_file: str = DEFAULT_LOCK
+    calibrate: bool = True
+    source: str = "(defaults)"
+
+
+_SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
+    "store": {"url": ("db_url", str)},
+    "slurm": {"backend": ("backend", str), "partitions": ("partitions", list), "gpu_type": ("gpu_type", str),
+              "gpus_per_node": ("gpus_per_node", int), "hardware_file": ("hardware_file", str),
+              "layer_profile": ("layer_profile", str)},
+    "policy": {"name": ("policy", str), "site_factor_max": ("site_factor_max", int), "knobs": ("policy_knobs", dict)},
+    "controller": {"dry_run": ("dry_run", bool), "allow_requeue": ("allow_requeue", bool),
+                   "lock_file": ("lock_file", str), "calibrate": ("calibrate", bool)},
+}
+
+
+def _check(path: str, section: str, key: str, value: Any, kind: type) -> Any:
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError("%s: [%s] %s must be a non-negative integer (got %r)" % (path, section, key, value))
+    if kind is not int and not isinstance(value, kind):
+        raise ConfigError("%s: [%s] %s must be a %s (got %r)" % (path, section, key, kind.__name__, value))
+    if kind is list:
+        if not all(isinstance(v, str) for v in value):
+            raise ConfigError("%s: [%s] %s must be a list of strings" % (path, section, key))
+        return tuple(value)
+    return value
+
+
+def load_config(path: Optional[str] = None) -> ControllerConfig:
+    """Read the config file (``path``, else $PIPESWIFT_CONFIG, else the default path when
+    it exists, else built-in defaults).
+
+    Raises:
+        ConfigError: unreadable file, unknown section or key, or a wrong type.
+    """
+    chosen = path or os.environ.get("PIPESWIFT_CONFIG") or (DEFAULT_PATH if Path(DEFAULT_PATH).exists() else None)
+    if chosen is None:
+        return ControllerConfig()
+    try:
+        data = tomllib.loads(Path(chosen).read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError("%s: cannot read config: %s" % (chosen, exc)) from None
+    values: dict[str, Any] = {"source": chosen}
+    for section, table in data.items():
+        if section not in _SCHEMA or not isinstance(table, dict):
+            raise ConfigError("%s: unknown section [%s]; known: %s" % (chosen, section, ", ".join(_SCHEMA)))
+        for key, value in table.items():
+            if key not in _SCHEMA[section]:
+                raise ConfigError("%s: [%s] unknown key %r; known: %s"
+                                  % (chosen, section, key, ", ".join(_SCHEMA[section])))
+            attr, kind = _SCHEMA[section][key]
+            values[attr] = _check(chosen, section, key, value, kind)
+    from pipeswift_slurm.policy import knob_defaults, policy_names
+
+    policy = values.get("policy", "pipeswift")
+    if policy not in policy_names():
+        raise ConfigError("%s: [policy] name %r unknown; known: %s" % (chosen, policy, ", ".join(policy_names())))
+    known = knob_defaults(policy)
+    unknown = sorted(set(values.get("policy_knobs", {})) - set(known))
+    if unknown:
+        raise ConfigError("%s: [policy.knobs] %s has no knob %s; its knobs: %s"
+                          % (chosen, policy, ", ".join(unknown), ", ".join(known)))
+    return ControllerConfig(**values)
+
+
+def policy_knobs(cfg: ControllerConfig) -> dict[str, Any]:
+    """The knobs the controller gives its policy: ``[policy.knobs]``, and the SiteFactor
+    bound for the policies that set SiteFactors (all but fifo and slurm)."""
+    knobs = dict(cfg.policy_knobs)
+    if cfg.policy not in ("fifo", "slurm"):
+        knobs.setdefault("site_factor_max", cfg.site_factor_max)
+    return knobs

@@ -1,0 +1,262 @@
+"""The controller tick: observe -> ingest -> decide -> act -> record.
+
+One function serves cron, the daemon and the simulator; only the backend (real Slurm or
+the in-memory one) and the clock differ. Rules it enforces whatever the policy says:
+only opted-in jobs are touched; running jobs are never resized (only requeued, and only
+when the site allows it); a decision equal to what the job already has is not re-issued
+(idempotent ticks); the profile a user put in the job is parsed with bounded effort and
+re-validated, never executed or trusted. Must not import SQLAlchemy at module level (the
+Store is passed in) and never contains policy names.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Optional
+
+from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone
+from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv, require_length
+from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
+from pipeswift_slurm.policy.common import stable_factors
+from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TickReport:
+    """What one tick saw and did."""
+
+    view: ClusterView
+    decisions: list[Decision] = field(default_factory=list)
+    applied: list[int] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)
+    decide_s: float = 0.0
+    duration_s: float = 0.0
+    failed: Optional[str] = None
+
+
+def _evolve(decision: Decision, **changes: Any) -> Decision:
+    """``replace(decision, **changes)`` at a fifth of its cost: a copy of the frozen
+    instance's fields (Decision has no ``__post_init__`` and no slots). Every tick re-ranks
+    and compares every pending job's decision, which made ``replace`` a tenth of a
+    simulation's time."""
+    assert changes.keys() <= _DECISION_FIELDS, changes.keys() - _DECISION_FIELDS
+    copy = object.__new__(Decision)
+    copy.__dict__.update(decision.__dict__, **changes)
+    return copy
+
+
+_DECISION_FIELDS = frozenset(f.name for f in fields(Decision))
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Site settings the controller enforces (not policy knobs)."""
+
+    dry_run: bool = False
+    allow_requeue: bool = False
+    partitions: tuple[str, ...] = ()
+
+
+def parse_profile(job: Job, gpus_per_node: int, cluster_gpus: int) -> tuple[Optional[JobProfile], str]:
+    """The JobProfile a job's Comment asks for, re-validated; (None, why) when unusable.
+
+    The token is a request: its GPU range is clipped to the cluster, and the Megatron
+    arguments must pass the same checks as anywhere else.
+    """
+    try:
+        req = decode_profile(job.comment)
+        world = req.world_size or job.gpus
+        lo, hi = req.gpus or (world, world)
+        lo, hi = max(1, min(lo, world)), min(max(hi, world), cluster_gpus or hi)
+        profile = profile_from_argv(list(req.argv), world_size=world, gpus_per_node=gpus_per_node,
+                                    gpu_range=(lo, hi), min_micro_batch_size=req.min_micro_batch_size,
+                                    allowed_pp=req.allowed_pp, job_class=req.job_class)
+        return require_length(profile), ""
+    except (TokenError, MegatronArgError) as exc:
+        return None, str(exc)
+
+
+def unchanged_parts(decision: Decision, job: Job) -> Decision:
+    """The decision minus what the job already has (so an equal decision changes nothing)."""
+    hold = decision.hold
+    if hold is not None and (hold == job.held or (not hold and not held_by_controller(job.admin_comment))):
+        hold = None  # already so, or a hold the controller did not set: never release it
+    config = decision.config
+    if hold is None and config is not None and job.config == config and job.gpus == config.gpus \
+            and job.num_nodes == config.num_nodes:
+        config = None  # (a hold or release rewrites the token, so it keeps its config)
+    site_factor = decision.site_factor if decision.site_factor != job.site_factor else None
+    limit = decision.time_limit_s if decision.time_limit_s != job.time_limit_s else None
+    return _evolve(decision, config=config, site_factor=site_factor, time_limit_s=limit, hold=hold)
+
+
+class Controller:
+    """Runs ticks against one backend with one policy and estimator.
+
+    Keeps parsed profiles between ticks (map from job_id to (comment, profile)), so a
+    long-running controller or the simulator parses each job once; a cron tick starts
+    empty and parses what it sees.
+    """
+
+    def __init__(self, backend: Backend, policy: Any, estimator: Any, store: Any = None,
+                 settings: ControllerSettings = ControllerSettings(), clock: Any = time.monotonic):
+        self.backend = backend
+        self.policy = policy
+        self.estimator = estimator
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self._profiles: dict[int, tuple[str, Optional[JobProfile], str]] = {}
+
+    def _ingest(self, view: ClusterView) -> dict[int, JobProfile]:
+        gpn, total = view.gpus_per_node, view.total_gpus
+        profiles: dict[int, JobProfile] = {}
+        live = set()
+        for job in view.jobs:
+            if not job.opted_in or not (job.pending or job.running) or (
+                    self.settings.partitions and job.partition not in self.settings.partitions):
+                continue
+            live.add(job.job_id)
+            cached = self._profiles.get(job.job_id)
+            if cached is None or cached[0] != job.comment:
+                profile, why = parse_profile(job, gpn, total)
+                if profile is None:
+                    log.warning("job %d: profile request ignored (job left as submitted): %s", job.job_id, why)
+                cached = self._profiles[job.job_id] = (job.comment, profile, why)
+            if cached[1] is not None:
+                profiles[job.job_id] = cached[1]
+        for gone in set(self._profiles) - live:
+            del self._profiles[gone]
+        return profiles
+
+    def _allowed(self, decision: Decision, job: Optional[Job], profiles: dict[int, JobProfile]) -> str:
+        """Why a decision must not be acted on ('' when it may)."""
+        if job is None:
+            return "job no longer in the queue"
+        if decision.job_id not in profiles:
+            return "job is not opted in"
+        if decision.requeue:
+            return "" if (job.running and self.settings.allow_requeue) else "requeue not allowed"
+        if not job.pending:
+            return "job is %s, only PENDING jobs are changed" % job.state
+        return ""
+
+    def tick(self) -> TickReport:
+        """One tick.
+
+        Raises:
+            BackendError: the cluster could not be observed (nothing is recorded), or it
+                stopped answering while acting (acting stops, or with a batching backend
+                the rest of the batch fails; what was applied, and the failures, are
+                recorded so the database matches Slurm).
+        """
+        started = self.clock()
+        view = self._with_earlier_runs(self.backend.snapshot())
+        report = TickReport(view=view)
+        profiles = self._ingest(view)
+        t0 = self.clock()
+        decisions = self.policy.decide(view, profiles, self.estimator)
+        report.decide_s = self.clock() - t0
+        by_id = {j.job_id: j for j in view.jobs}
+        decisions = self._stable_order(decisions, by_id)
+        todo_items: list[tuple[Decision, Job]] = []
+        for decision in decisions:
+            job = by_id.get(decision.job_id)
+            why = self._allowed(decision, job, profiles)
+            if why:
+                report.skipped.append((decision.job_id, why))
+                continue
+            assert job is not None
+            todo = decision if decision.requeue else unchanged_parts(decision, job)
+            if not todo.changes_anything:
+                continue
+            report.decisions.append(todo)
+            todo_items.append((todo, job))
+        self._act(todo_items, report)
+        report.duration_s = self.clock() - started
+        if self.store is not None:
+            self._record(report, profiles)
+        if report.failed is not None:
+            raise BackendError(report.failed)
+        return report
+
+    def _with_earlier_runs(self, view: ClusterView) -> ClusterView:
+        """The view with each requeued job's earlier GPU-seconds from the history, where
+        the backend does not know them (live Slurm keeps no run time across a requeue), so
+        the policy plans the work it has left. Only those: Slurm also restarts a requeued
+        job's submit and eligible times, so its wait already leaves the earlier runs out
+        (``Job.ran_s`` stays 0; the simulator, which keeps the first submit time, sets it)."""
+        if self.store is None:
+            return view
+        requeued = [j for j in view.jobs if j.restarts and not j.ran_s and not j.attained_gpu_s]
+        if not requeued:
+            return view
+        runs = self.store.earlier_runs(view.now, requeued)
+        jobs = tuple(replace(j, attained_gpu_s=runs[j.job_id][1]) if j.job_id in runs else j for j in view.jobs)
+        return replace(view, jobs=jobs)
+
+    def _stable_order(self, decisions: list[Decision], by_id: dict[int, Job]) -> list[Decision]:
+        """Keep the order the policy's SiteFactors express, with as few changes to the
+        pending jobs' current factors as possible (each change is an update in Slurm)."""
+        ranked = [(i, d) for i, d in enumerate(decisions) if d.site_factor is not None and not d.requeue
+                  and d.job_id in by_id and by_id[d.job_id].pending]
+        if not ranked:
+            return decisions
+        order = [d.job_id for _, d in sorted(ranked, key=lambda x: (-(x[1].site_factor or 0), x[0]))]
+        current = {j: by_id[j].site_factor for j in order if by_id[j].site_factor > 0}
+        top = getattr(self.policy, "site_factor_max", max(d.site_factor or 0 for _, d in ranked))
+        factors = stable_factors(order, current, top)
+        out = list(decisions)
+        for i, d in ranked:
+            out[i] = _evolve(d, site_factor=factors[d.job_id])
+        return out
+
+    def _act(self, items: list[tuple[Decision, Job]], report: TickReport) -> None:
+        """Apply the decisions: all in one ``apply_many`` call when the backend batches,
+        else one ``apply`` each, stopping at the first failure (slurmctld gone)."""
+        if self.settings.dry_run or not items:
+            return
+        apply_many = getattr(self.backend, "apply_many", None)
+        if apply_many is not None:
+            for (decision, _), outcome in zip(items, apply_many(items), strict=True):
+                self._outcome(decision.job_id, outcome, report)
+            return
+        for decision, job in items:
+            if report.failed is not None:
+                break
+            try:
+                self.backend.apply(decision, job)
+                outcome: Optional[BackendError] = None
+            except BackendError as exc:
+                outcome = exc
+            self._outcome(decision.job_id, outcome, report)
+
+    @staticmethod
+    def _outcome(job_id: int, outcome: Optional[BackendError], report: TickReport) -> None:
+        """None: applied; JobGone: skipped (logged); any other BackendError: an error, and
+        the first one fails the tick."""
+        if outcome is None:
+            report.applied.append(job_id)
+        elif isinstance(outcome, JobGone):
+            log.info("job %d skipped: %s", job_id, outcome)
+            report.skipped.append((job_id, str(outcome)))
+        else:
+            report.errors.append((job_id, str(outcome)))
+            if report.failed is None:
+                report.failed = str(outcome)
+
+    def _record(self, report: TickReport, profiles: dict[int, JobProfile]) -> None:
+        from pipeswift_slurm.slurm.recording import record_tick
+
+        record_tick(self.store, report, profiles, self._profiles, self.policy, self.estimator,
+                    self.settings.dry_run)
+
+
+def tick(backend: Backend, store: Any, policy: Any, estimator: Any, *, dry_run: bool = False) -> TickReport:
+    """One stateless tick (what cron runs): a fresh Controller, one observe-decide-act."""
+    return Controller(backend, policy, estimator, store, ControllerSettings(dry_run=dry_run)).tick()

@@ -1,0 +1,225 @@
+"""The controller's history: jobs, profiles, state changes, ticks, decisions, calibration.
+
+``Store`` owns every read and write of the database and speaks only domain types
+(``model.py``) and the small frozen dataclasses of ``store_queries``; ORM rows never leave
+the store modules. This module owns the engine (SQLite tuning), ``Store`` and
+``StoreBusy``; the queries live in ``store_queries`` and one tick's writes in
+``store_tick`` (``TickTx``). One tick is one transaction
+(``with store.tick(now, policy, dry_run) as tx:``): if its body raises, nothing of it
+remains, the tick row included. Writes are bulk (one statement per table per tick) so the
+simulator can record ~100k ticks.
+
+SQLite (the default) is tuned on every connection: ``foreign_keys=ON``, ``busy_timeout``,
+and for files ``journal_mode=WAL`` (readers never block the writer) with
+``synchronous=NORMAL``. A tick starts with ``BEGIN IMMEDIATE`` so two writers (an
+overlapping cron tick, a manual ``pipeswift controller tick``) queue on the write lock
+for up to ``busy_timeout_s`` and then fail with ``StoreBusy``, instead of deadlocking on a
+read-to-write upgrade. Other SQLAlchemy URLs (PostgreSQL) work with their own defaults.
+
+Vanished jobs: a job the DB believes active (PENDING, RUNNING, ...) but absent from the
+snapshot is reported by ``save_snapshot``; the caller may look it up (sacct) and save it,
+or call ``mark_vanished``, which records ``end_time = now`` (an upper bound, one tick
+late at most) and state ``COMPLETED?`` if it had started, else ``CANCELLED?``. A later
+observation of the real final state overrides these guesses.
+
+This module must not be imported by the policy; it imports nothing from Slurm backends.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from sqlalchemy import Engine, create_engine, event, insert, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.schema import CreateColumn
+
+from pipeswift_slurm.core.model import Decision, Job
+from pipeswift_slurm.store.schema import Base, TickRow
+from pipeswift_slurm.store.queries import CalibrationEntry, T, _Queries
+from pipeswift_slurm.store.queries import (ACTIVE_STATES, CALIBRATION_STATES, CONFIG_FIELDS,  # noqa: F401
+                            VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision,
+                            SnapshotSummary)
+from pipeswift_slurm.store.tick import _SELECT_IDS, TickTx, _inserted_id, _save_calibration, earlier_runs
+
+log = logging.getLogger(__name__)
+
+
+def _missing(conn: Any) -> tuple[set[str], list[tuple[Any, Any]]]:
+    """The tables the database has, and the (table, column) pairs the models have and an
+    existing table lacks."""
+    found = inspect(conn)
+    have_tables = set(found.get_table_names())
+    missing = []
+    for table in Base.metadata.sorted_tables:
+        if table.name in have_tables:
+            have = {c["name"] for c in found.get_columns(table.name)}
+            missing += [(table, column) for column in table.columns if column.name not in have]
+    return have_tables, missing
+
+
+class StoreBusy(RuntimeError):
+    """Another writer held the database longer than ``busy_timeout_s``."""
+
+
+def same_action(a: Optional[Decision], b: Optional[Decision]) -> bool:
+    """True when two decisions move the same levers to the same values.
+
+    Reason and predicted times are ignored: they change every tick, the action does not.
+    """
+    if a is None or b is None:
+        return a is b
+    return (a.job_id, a.config, a.site_factor, a.time_limit_s, a.requeue) == (
+        b.job_id, b.config, b.site_factor, b.time_limit_s, b.requeue)
+
+
+def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
+    """Create an engine; a bare file path means SQLite. SQLite connections get tuned.
+
+    Args:
+        url: SQLAlchemy URL (``sqlite:////var/lib/pipeswift/pipeswift.sqlite``,
+            ``postgresql://...``) or a plain file path. A SQLite file's folder is created
+            if missing.
+        busy_timeout_s: how long a SQLite writer waits for another one's lock.
+    """
+    if "://" not in url:
+        url = "sqlite:///" + url
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url)
+    database = parsed.database or ""
+    in_memory = database in ("", ":memory:")
+    kwargs: dict[str, Any] = {}
+    if in_memory:
+        kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+    elif not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, **kwargs)
+    _tune_sqlite(engine, busy_timeout_s, wal=not in_memory)
+    return engine
+
+
+def _tune_sqlite(engine: Engine, busy_timeout_s: float, wal: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # the driver's implicit BEGIN is replaced below
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=%d" % int(busy_timeout_s * 1000))
+        if wal:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql("BEGIN " + mode)
+
+
+def _is_locked(exc: OperationalError) -> bool:
+    return "locked" in str(exc.orig).lower() or "busy" in str(exc.orig).lower()
+
+
+# ---------------------------------------------------------------- the store
+
+class Store(_Queries):
+    """History of jobs and decisions over SQLAlchemy (SQLite by default).
+
+    Use ``Store.from_url(path_or_url)`` in the controller, ``Store.in_memory()`` in the
+    simulator and tests. Queries return domain objects and frozen dataclasses.
+    """
+
+    def __init__(self, engine: Engine, create: bool = True) -> None:
+        """Wrap ``engine`` (use ``make_engine`` for SQLite tuning); create missing tables."""
+        self.engine = engine
+        self._write_engine = engine.execution_options(sqlite_begin="IMMEDIATE")
+        if create:
+            self._create_missing_tables()
+
+    def _create_missing_tables(self) -> None:
+        """Create missing tables, and add the columns a newer release added to existing
+        ones (each has a default, so old rows stay valid)."""
+        with self.engine.connect() as conn:
+            have, missing = _missing(conn)
+        if set(Base.metadata.tables) <= have and not missing:
+            return
+        # Under the write lock, so two processes opening a new file do not race.
+        with self._write_engine.begin() as conn:
+            Base.metadata.create_all(conn)
+            for table, column in _missing(conn)[1]:
+                conn.execute(text("ALTER TABLE %s ADD COLUMN %s" % (
+                    table.name, CreateColumn(column).compile(dialect=conn.dialect))))
+                log.info("added column %s.%s", table.name, column.name)
+        if not set(Base.metadata.tables) <= have:
+            log.info("created tables %s", ", ".join(sorted(set(Base.metadata.tables) - have)))
+
+    def earlier_runs(self, now: float, jobs: Iterable[Job]) -> dict[int, tuple[float, float]]:
+        """(wall seconds, GPU-seconds) of each job's runs before its latest requeue, from
+        the history, counting a run that ended since the last tick (``earlier_runs``)."""
+        wanted = {j.job_id: j for j in jobs}
+        if not wanted:
+            return {}
+        rows = self._read(lambda s: {r[0]: dict(r._mapping) for r in s.execute(_SELECT_IDS, {"ids": list(wanted)})})
+        return {i: earlier_runs(rows.get(i), job, now) for i, job in wanted.items()}
+
+    @classmethod
+    def from_url(cls, url: str, busy_timeout_s: float = 30.0) -> "Store":
+        """Open (and create if missing) the store at a SQLAlchemy URL or SQLite file path."""
+        return cls(make_engine(url, busy_timeout_s))
+
+    @classmethod
+    def in_memory(cls) -> "Store":
+        """A private in-memory SQLite store (one persistent connection)."""
+        return cls(make_engine("sqlite://"))
+
+    def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        with Session(self.engine) as s, s.begin():
+            return fn(s, *args)
+
+    @contextmanager
+    def tick(self, now: float, policy: str, dry_run: bool = False) -> Iterator[TickTx]:
+        """One tick's transaction: everything written through the yielded TickTx commits
+        together at the end of the ``with`` block, or not at all if the body raises.
+
+        Args:
+            now: the tick's clock (epoch or simulated seconds).
+            policy: name of the policy run.
+            dry_run: decisions are recorded but not applied.
+
+        Raises:
+            StoreBusy: another writer held the database past ``busy_timeout_s``.
+        """
+        try:
+            with Session(self._write_engine) as session, session.begin():
+                tx = TickTx(session, now, policy, dry_run)
+                yield tx
+                if not tx._finished:
+                    tx.finish()
+        except OperationalError as exc:
+            if _is_locked(exc):
+                log.warning("tick at %.0f: database busy: %s", now, exc.orig)
+                raise StoreBusy("store is locked by another writer: %s" % exc.orig) from exc
+            raise
+
+    def record_failed_tick(self, now: float, policy: str, dry_run: bool, error: str) -> int:
+        """Record a tick whose transaction was rolled back (its own small transaction).
+
+        Returns:
+            The failed tick's id.
+        """
+        with Session(self._write_engine) as s, s.begin():
+            result = s.execute(insert(TickRow).values(
+                started_at=now, finished_at=now, duration_s=0.0, policy=policy,
+                dry_run=dry_run, status="failed", error=error[:10000]))
+            return _inserted_id(result)
+
+    def save_calibration(self, rows: Iterable[CalibrationEntry]) -> None:
+        """Replace the calibration of the job classes in ``rows`` (others are kept)."""
+        with Session(self._write_engine) as s, s.begin():
+            _save_calibration(s, list(rows))

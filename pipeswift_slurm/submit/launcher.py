@@ -1,0 +1,366 @@
+"""``pipeswift-launch -- <training command>``: inside a Slurm allocation, choose the Megatron
+layout for exactly that allocation, rewrite the command's Megatron and torchrun arguments,
+and exec it.
+
+Owns: reading the allocation from Slurm's environment; reading the controller's decision
+from the admin-only ``AdminComment`` (the user-editable ``Comment`` only ever supplies a
+*request*: GPU range, minimum micro-batch, allowed pp, class); checking the decision with
+``megatron.check_config``; otherwise planning the best config itself with the estimator;
+the emulation mode for test clusters. The command is exec'd as an argv list: no user string
+is ever given to a shell. Must not import SQLAlchemy, the store, click or any backend.
+
+Allocation, in this order (first that answers wins):
+  nodes:          SLURM_JOB_NUM_NODES, SLURM_NNODES, else 1;
+  GPUs per node:  SLURM_GPUS_ON_NODE (slurmd's count on this node), SLURM_JOB_GPUS (index
+                  list), CUDA_VISIBLE_DEVICES (list), SLURM_GPUS_PER_NODE ("[type:]N"),
+                  SLURM_GPUS ("[type:]N" per job) / nodes, SLURM_TRES_PER_TASK
+                  ("gres/gpu:N") x SLURM_NTASKS_PER_NODE (default 1).
+Nodes are assumed to hold the same number of GPUs (Megatron needs that too).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Optional, Sequence
+
+from pipeswift_slurm.core.megatron import MegatronArgError, check_config, profile_from_argv, render_args
+from pipeswift_slurm.core.model import ExecConfig, JobProfile
+from pipeswift_slurm.core.token import ProfileRequest, TokenError, decode_decision, decode_profile
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[[Sequence[str]], str]
+DEFAULT_EMULATE_SCALE = 0.001
+_TORCHRUN = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+class LaunchError(Exception):
+    """The launcher cannot run the command (bad usage or no allocation)."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The GPUs this job really got. ``source`` names the variable the count came from."""
+
+    num_nodes: int
+    gpus_per_node: int
+    job_id: Optional[int] = None
+    source: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    m = re.search(r"(\d+)\s*$", text or "")
+    return int(m.group(1)) if m else None
+
+
+def _list_len(text: Optional[str]) -> Optional[int]:
+    if text is None or not text.strip() or text.strip() in ("NoDevFiles", "N/A"):
+        return None
+    return len([x for x in text.split(",") if x.strip()])
+
+
+def allocation_from_env(env: dict[str, str]) -> Allocation:
+    """Read the allocation from Slurm's environment (order in the module docstring).
+
+    Raises:
+        LaunchError: no GPU count can be found.
+    """
+    nodes = _int(env.get("SLURM_JOB_NUM_NODES")) or _int(env.get("SLURM_NNODES")) or 1
+    job_id = _int(env.get("SLURM_JOB_ID")) or _int(env.get("SLURM_JOBID"))
+    candidates = (
+        ("SLURM_GPUS_ON_NODE", _int(env.get("SLURM_GPUS_ON_NODE"))),
+        ("SLURM_JOB_GPUS", _list_len(env.get("SLURM_JOB_GPUS"))),
+        ("CUDA_VISIBLE_DEVICES", _list_len(env.get("CUDA_VISIBLE_DEVICES"))),
+        ("SLURM_GPUS_PER_NODE", _int(env.get("SLURM_GPUS_PER_NODE"))),
+        ("SLURM_GPUS", (_int(env.get("SLURM_GPUS")) or 0) // nodes or None),
+        ("SLURM_TRES_PER_TASK", _tres_gpus(env.get("SLURM_TRES_PER_TASK"))
+         and _tres_gpus(env.get("SLURM_TRES_PER_TASK"), _int(env.get("SLURM_NTASKS_PER_NODE")) or 1)),
+    )
+    for name, count in candidates:
+        if count:
+            return Allocation(nodes, count, job_id, name)
+    raise LaunchError("no GPUs in this allocation (none of SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS,"
+                      " CUDA_VISIBLE_DEVICES, SLURM_GPUS_PER_NODE, SLURM_GPUS, SLURM_TRES_PER_TASK is set);"
+                      " use --local-gpus N outside Slurm")
+
+
+def _tres_gpus(text: Optional[str], tasks: int = 1) -> Optional[int]:
+    m = re.search(r"gres[:/]gpu(?::[^:,]+)?:(\d+)", text or "")
+    return int(m.group(1)) * tasks if m else None
+
+
+# ---------------------------------------------------------------- the job record
+
+
+def subprocess_runner(argv: Sequence[str]) -> str:
+    """Run a Slurm command; its stdout ("" on failure, which means "no decision")."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("%s failed: %s", argv[0], exc)
+        return ""
+    if done.returncode:
+        log.warning("%s exited %d: %s", " ".join(argv), done.returncode, done.stderr.strip())
+    return done.stdout
+
+
+def read_job_comments(job_id: int, run: Runner) -> tuple[str, str]:
+    """(AdminComment, Comment) of a job, from Slurm's structured JSON.
+
+    The one-line ``scontrol -o show job`` text is not used for the decision: a user can
+    write ``AdminComment=...`` into the job name, work dir or comment, and that text is
+    indistinguishable from the real field when no admin comment is set. ``squeue --json``
+    keeps the fields apart (22.05 lists every job even with ``-j``; we pick ours).
+    """
+    text = run(["squeue", "--json", "-j", str(job_id)])
+    try:
+        jobs = json.loads(text).get("jobs", []) if text.strip() else []
+    except (ValueError, AttributeError):
+        log.warning("squeue --json output is not JSON; no decision")
+        return "", ""
+    for job in jobs:
+        if isinstance(job, dict) and job.get("job_id") == job_id:
+            return str(job.get("admin_comment") or ""), str(job.get("comment") or "")
+    return "", ""
+
+
+def read_request(comment: str) -> ProfileRequest:
+    """The profile request psbatch left in the Comment (a request only); empty if none."""
+    try:
+        return decode_profile(comment)
+    except TokenError as exc:
+        if "pswift1;" in comment:
+            log.warning("ignoring the profile request in the job comment: %s", exc)
+        return ProfileRequest(argv=())
+
+
+# ---------------------------------------------------------------- choosing the config
+
+
+def job_profile(command: Sequence[str], request: ProfileRequest, alloc: Allocation) -> JobProfile:
+    """The job's profile from its own command line, limited to exactly this allocation.
+
+    The user's layout need not fit the allocation (the controller may have resized the
+    job): when it does not, the shape and plan are read at the user's own size.
+
+    Raises:
+        MegatronArgError: the Megatron arguments are invalid whatever the size.
+    """
+    limits = dict(gpus_per_node=alloc.gpus_per_node, min_micro_batch_size=request.min_micro_batch_size,
+                  allowed_pp=request.allowed_pp, job_class=request.job_class)
+    try:
+        profile = profile_from_argv(list(command), world_size=alloc.gpus, **limits)  # type: ignore[arg-type]
+    except MegatronArgError:
+        profile = profile_from_argv(list(command), **limits)  # type: ignore[arg-type]
+    return replace(profile, min_gpus=alloc.gpus, max_gpus=alloc.gpus)
+
+
+def check_decision(admin_comment: str, profile: JobProfile, alloc: Allocation) -> tuple[Optional[ExecConfig], str]:
+    """The controller's decision when it is valid for this allocation, else (None, why not)."""
+    if "pswift-decision1;" not in admin_comment:
+        return None, "no decision"
+    try:
+        cfg, decided_at = decode_decision(admin_comment)
+    except TokenError as exc:
+        return None, "malformed decision (%s)" % exc
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(decided_at))
+    if cfg.gpus_per_node == 0 and cfg.gpus == alloc.gpus:
+        cfg = replace(cfg, num_nodes=alloc.num_nodes, gpus_per_node=alloc.gpus_per_node)
+    if (cfg.num_nodes, cfg.gpus_per_node) != (alloc.num_nodes, alloc.gpus_per_node):
+        return None, "stale decision from %s (%dx%d GPUs decided, %dx%d allocated)" % (
+            when, cfg.num_nodes, cfg.gpus_per_node, alloc.num_nodes, alloc.gpus_per_node)
+    problems = check_config(profile, cfg, alloc.gpus_per_node)
+    if problems:
+        return None, "invalid decision from %s (%s)" % (when, problems[0])
+    return cfg, "decision from controller at %s" % when
+
+
+def best_config(profile: JobProfile, alloc: Allocation, estimator) -> Optional[ExecConfig]:  # type: ignore[no-untyped-def]
+    """The fastest valid config that fits in memory; else any valid one; else None."""
+    est = estimator.best(profile, alloc.gpus)
+    if est is not None:
+        return est.config  # type: ignore[no-any-return]
+    from pipeswift_slurm.core.megatron import enumerate_configs
+
+    return next(enumerate_configs(profile, alloc.gpus, alloc.gpus_per_node), None)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def _torchrun_index(command: Sequence[str]) -> Optional[int]:
+    """Index of the first torchrun option when the command runs torchrun (maybe via srun)."""
+    for i, word in enumerate(command[:12]):
+        base = os.path.basename(word)
+        if base == "torchrun":
+            return i + 1
+        if base.startswith("python") and command[i + 1:i + 3] and command[i + 1] == "-m" \
+                and command[i + 2] in _TORCHRUN[1:]:
+            return i + 3
+        if word.endswith(".py"):
+            return None
+    return None
+
+
+def rewrite_torchrun(command: Sequence[str], alloc: Allocation) -> list[str]:
+    """Set torchrun's ``--nproc_per_node`` (added when missing) and ``--nnodes`` (when
+    given) to the allocation; ``--node_rank`` and everything else stay as written."""
+    start = _torchrun_index(command)
+    if start is None:
+        return list(command)
+    out = list(command[:start])
+    counts = {"--nproc_per_node": alloc.gpus_per_node, "--nproc-per-node": alloc.gpus_per_node,
+              "--nnodes": alloc.num_nodes}
+    seen, i = False, start
+    while i < len(command) and command[i].startswith("-"):
+        flag, eq, _ = command[i].partition("=")
+        if flag in counts:
+            seen = seen or flag != "--nnodes"
+            out.append("%s=%d" % (flag, counts[flag]) if eq else flag)
+            if not eq:
+                out.append(str(counts[flag]))
+                i += 1
+        else:
+            out.append(command[i])
+        i += 1
+    if not seen:
+        out.insert(start, "--nproc-per-node=%d" % alloc.gpus_per_node)
+    return out + list(command[i:])
+
+
+def rewrite_command(command: Sequence[str], cfg: ExecConfig, profile: JobProfile, alloc: Allocation) -> list[str]:
+    """The command with Megatron's layout flags for ``cfg`` and torchrun's process counts."""
+    return rewrite_torchrun(render_args(list(command), cfg, profile), alloc)
+
+
+# ---------------------------------------------------------------- entry point
+
+
+@dataclass(frozen=True)
+class Options:
+    """Launcher options: emulate instead of training; local mode with N GPUs (no Slurm)."""
+
+    command: tuple[str, ...]
+    emulate: bool = False
+    local_gpus: Optional[int] = None
+
+
+def parse_options(argv: Sequence[str], env: dict[str, str]) -> Options:
+    """``[--emulate] [--local-gpus N] -- COMMAND...``.
+
+    Raises:
+        LaunchError: unknown option or no command.
+    """
+    emulate = env.get("PIPESWIFT_EMULATE", "") not in ("", "0")
+    local, i = None, 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        flag, eq, value = argv[i].partition("=")
+        if flag == "--emulate":
+            emulate = True
+        elif flag == "--local-gpus":
+            if not eq:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            if not value.isdigit() or int(value) < 1:
+                raise LaunchError("--local-gpus needs a positive integer (got %r)" % value)
+            local = int(value)
+        else:
+            raise LaunchError("unknown option %s (usage: pipeswift-launch [--emulate] [--local-gpus N]"
+                              " -- COMMAND...)" % argv[i])
+        i += 1
+    command = tuple(argv[i + 1:] if i < len(argv) and argv[i] == "--" else argv[i:])
+    if not command:
+        raise LaunchError("no command given (usage: pipeswift-launch [--emulate] [--local-gpus N] -- COMMAND...)")
+    return Options(command, emulate, local)
+
+
+def _say(text: str) -> None:
+    sys.stderr.write("pipeswift-launch: %s\n" % text)
+    sys.stderr.flush()
+
+
+def choose(command: Sequence[str], alloc: Allocation, env: dict[str, str],
+           run: Runner) -> tuple[Optional[ExecConfig], Optional[JobProfile], str]:
+    """(config, profile, why) for this allocation; config None means "run unchanged"."""
+    admin, comment = read_job_comments(alloc.job_id, run) if alloc.job_id else ("", "")
+    try:
+        profile = job_profile(command, read_request(comment), alloc)
+    except MegatronArgError as exc:
+        return None, None, "cannot read the Megatron arguments (%s); running the command unchanged" % exc
+    cfg, why = check_decision(admin, profile, alloc)
+    if cfg is not None:
+        return cfg, profile, why
+    from pipeswift_slurm.core.estimator import estimator_from_env
+
+    best = best_config(profile, alloc, estimator_from_env(env, alloc.gpus_per_node))
+    if best is None:
+        return None, profile, "%s and no valid config on %d GPUs; running the command unchanged" % (why, alloc.gpus)
+    return best, profile, "%s: best for the allocation" % why
+
+
+def launch(argv: Sequence[str], env: dict[str, str], run: Runner = subprocess_runner,
+           execvp: Callable[[str, list[str]], object] = os.execvp,
+           sleep: Callable[[float], object] = time.sleep) -> int:
+    """Choose the config, print it, then exec the rewritten command (or emulate it)."""
+    opts = parse_options(argv, env)
+    alloc = Allocation(1, opts.local_gpus, None, "--local-gpus") if opts.local_gpus else allocation_from_env(env)
+    cfg, profile, why = choose(opts.command, alloc, env, run)
+    command = list(opts.command)
+    if cfg is not None and profile is not None:
+        command = rewrite_command(command, cfg, profile, alloc)
+        _say("running %s (%s)" % (cfg.short(), why))
+    else:
+        _say(why)
+    log.debug("command: %s", command)
+    if opts.emulate:
+        return _emulate(cfg, profile, alloc, env, sleep)
+    try:
+        execvp(command[0], command)
+    except OSError as exc:
+        _say("error: cannot run %s: %s" % (command[0], exc))
+        return 127
+    return 0
+
+
+def _emulate(cfg: Optional[ExecConfig], profile: Optional[JobProfile], alloc: Allocation,
+             env: dict[str, str], sleep: Callable[[float], object]) -> int:
+    """Sleep for the predicted run time x PIPESWIFT_EMULATE_SCALE instead of training."""
+    try:
+        scale = float(env.get("PIPESWIFT_EMULATE_SCALE") or DEFAULT_EMULATE_SCALE)
+    except ValueError:
+        scale = DEFAULT_EMULATE_SCALE
+    if cfg is None or profile is None:
+        _say("emulating: no config to predict; finishing at once")
+        return 0
+    from pipeswift_slurm.core.estimator import estimator_from_env
+
+    run_s = estimator_from_env(env, alloc.gpus_per_node).run_time_s(profile, cfg)
+    _say("emulating: predicted %.1f s x scale %g = sleeping %.3f s" % (run_s, scale, run_s * scale))
+    sleep(max(0.0, run_s * scale))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Console entry point of ``pipeswift-launch``."""
+    if os.environ.get("PIPESWIFT_DEBUG"):
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+    try:
+        return launch(sys.argv[1:] if argv is None else list(argv), dict(os.environ))
+    except LaunchError as exc:
+        _say("error: %s" % exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
