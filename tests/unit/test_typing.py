@@ -1,6 +1,6 @@
-"""The pure core stays type-clean under mypy's strict settings (setup.cfg [mypy-...])."""
+"""The pure core and the policies stay type-clean under mypy's strict settings (setup.cfg [mypy-...])."""
 
-import shutil
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STRICT = ["pipeswift_slurm/core/model.py", "pipeswift_slurm/core/megatron.py", "pipeswift_slurm/core/costmodel.py",
-          "pipeswift_slurm/policy"]
+STRICT = ["pipeswift_slurm/core", "pipeswift_slurm/policy"]
 
 
-@pytest.mark.skipif(shutil.which("mypy") is None, reason="mypy not installed (the dev extra)")
+# The test runs mypy as a module of this interpreter, so that is where it must be installed
+# (a mypy on PATH from another environment says nothing about this one).
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy not installed (the dev extra)")
 def test_strict_modules_pass_mypy():
-    out = subprocess.run([sys.executable, "-m", "mypy", *STRICT], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "mypy", *STRICT], cwd=ROOT, capture_output=True, text=True,
+                         check=False)
     assert out.returncode == 0, out.stdout[-3000:]
