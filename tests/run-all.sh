@@ -16,9 +16,16 @@ PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 echo "== packages (Slurm, munge, sqlite3) from the distribution"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins sqlite3 gcc libc6-dev musl-tools debootstrap >/dev/null
+  munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins sqlite3 python3-venv gcc libc6-dev musl-tools debootstrap >/dev/null
 
-echo "== python packages (project + dev tools + the megatron extra: CPU torch, megatron-core)"
+echo "== python packages (project + dev tools + the megatron extra: CPU torch, megatron-core), in a venv"
+# A virtual environment: Debian's own Python refuses pip installs into it (PEP 668), and the
+# tests then run exactly what a user who followed the README has.
+VENV=${PIPESWIFT_VENV:-$PWD/.venv}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV" \
+  || { echo "tests/run-all.sh: cannot make a venv with $PY (apt-get install python3-venv)" >&2; exit 2; }
+PY=$VENV/bin/python
+export PATH=$VENV/bin:$PATH
 $PY -m pip install -q --disable-pip-version-check -e '.[dev,megatron]'
 
 echo "== the other Slurm: unit and Slurm tests in a chroot of the other Debian release (22.05 <-> 24.11)"
