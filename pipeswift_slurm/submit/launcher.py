@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -33,12 +34,12 @@ from typing import Callable, Optional, Sequence
 from pipeswift_slurm.core.megatron import MegatronArgError, check_config, profile_from_argv, render_args
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.token import ProfileRequest, TokenError, decode_decision, decode_profile
+from pipeswift_slurm.submit.layout import LayoutError, Rewritten, Target, set_processes
 
 log = logging.getLogger(__name__)
 
 Runner = Callable[[Sequence[str]], str]
 DEFAULT_EMULATE_SCALE = 0.001
-_TORCHRUN = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
 
 class LaunchError(Exception):
@@ -199,49 +200,16 @@ def best_config(profile: JobProfile, alloc: Allocation, estimator) -> Optional[E
 # ---------------------------------------------------------------- the command
 
 
-def _torchrun_index(command: Sequence[str]) -> Optional[int]:
-    """Index of the first torchrun option when the command runs torchrun (maybe via srun)."""
-    for i, word in enumerate(command[:12]):
-        base = os.path.basename(word)
-        if base == "torchrun":
-            return i + 1
-        if base.startswith("python") and command[i + 1:i + 3] and command[i + 1] == "-m" \
-                and command[i + 2] in _TORCHRUN[1:]:
-            return i + 3
-        if word.endswith(".py"):
-            return None
-    return None
+def rewrite_command(command: Sequence[str], cfg: ExecConfig, profile: JobProfile, alloc: Allocation,
+                    host: str = "localhost") -> Rewritten:
+    """The command with Megatron's layout flags for ``cfg``, starting one process per GPU of
+    the allocation (``layout.set_processes``).
 
-
-def rewrite_torchrun(command: Sequence[str], alloc: Allocation) -> list[str]:
-    """Set torchrun's ``--nproc_per_node`` (added when missing) and ``--nnodes`` (when
-    given) to the allocation; ``--node_rank`` and everything else stay as written."""
-    start = _torchrun_index(command)
-    if start is None:
-        return list(command)
-    out = list(command[:start])
-    counts = {"--nproc_per_node": alloc.gpus_per_node, "--nproc-per-node": alloc.gpus_per_node,
-              "--nnodes": alloc.num_nodes}
-    seen, i = False, start
-    while i < len(command) and command[i].startswith("-"):
-        flag, eq, _ = command[i].partition("=")
-        if flag in counts:
-            seen = seen or flag != "--nnodes"
-            out.append("%s=%d" % (flag, counts[flag]) if eq else flag)
-            if not eq:
-                out.append(str(counts[flag]))
-                i += 1
-        else:
-            out.append(command[i])
-        i += 1
-    if not seen:
-        out.insert(start, "--nproc-per-node=%d" % alloc.gpus_per_node)
-    return out + list(command[i:])
-
-
-def rewrite_command(command: Sequence[str], cfg: ExecConfig, profile: JobProfile, alloc: Allocation) -> list[str]:
-    """The command with Megatron's layout flags for ``cfg`` and torchrun's process counts."""
-    return rewrite_torchrun(render_args(list(command), cfg, profile), alloc)
+    Raises:
+        LayoutError: the command starts its processes in a way that cannot be set.
+    """
+    target = Target(alloc.num_nodes, alloc.gpus_per_node, host, alloc.job_id)
+    return set_processes(render_args(list(command), cfg, profile), target)
 
 
 # ---------------------------------------------------------------- entry point
@@ -318,8 +286,15 @@ def launch(argv: Sequence[str], env: dict[str, str], run: Runner = subprocess_ru
     cfg, profile, why = choose(opts.command, alloc, env, run)
     command = list(opts.command)
     if cfg is not None and profile is not None:
-        command = rewrite_command(command, cfg, profile, alloc)
-        _say("running %s (%s)" % (cfg.short(), why))
+        try:
+            rewritten = rewrite_command(command, cfg, profile, alloc, socket.gethostname())
+            command = rewritten.command
+            _say("running %s (%s); %s" % (cfg.short(), why, rewritten.how))
+        except LayoutError as exc:
+            # The Megatron layout is only valid with one process per GPU: without control of
+            # the processes, the user's own command is the only safe thing to run.
+            cfg = None
+            _say("warning: %s; running the command unchanged" % exc)
     else:
         _say(why)
     log.debug("command: %s", command)

@@ -100,18 +100,6 @@ def test_comment_request_limits_the_search_but_never_decides():
     assert cfg is not None and cfg.pp == 1
 
 
-def test_torchrun_counts_rewritten_node_rank_untouched():
-    alloc = Allocation(2, 4, 7)
-    out = launcher.rewrite_torchrun(TORCHRUN, alloc)
-    assert out[:7] == ["torchrun", "--nnodes", "2", "--nproc_per_node", "4", "--node_rank", "0"]
-    out = launcher.rewrite_torchrun(["python3", "-m", "torch.distributed.run", "--nproc-per-node=1", "x.py"], alloc)
-    assert out == ["python3", "-m", "torch.distributed.run", "--nproc-per-node=4", "x.py"]
-    out = launcher.rewrite_torchrun(["srun", "torchrun", "--rdzv-backend=c10d", "x.py", "--nnodes", "9"], alloc)
-    assert out == ["srun", "torchrun", "--nproc-per-node=4", "--rdzv-backend=c10d", "x.py", "--nnodes", "9"]
-    assert launcher.rewrite_torchrun(["python", "pretrain_gpt.py", "--nnodes", "3"], alloc) == \
-        ["python", "pretrain_gpt.py", "--nnodes", "3"]
-
-
 def test_launch_execs_rewritten_argv(capsys):
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_ON_NODE": "4"}
     alloc = Allocation(1, 4, 7)
@@ -121,13 +109,14 @@ def test_launch_execs_rewritten_argv(capsys):
     rc = launcher.launch(["--"] + TORCHRUN, env, run=run, execvp=lambda f, a: seen.append((f, a)))
     assert rc == 0 and run.calls == [["squeue", "--json", "-j", "7"]]
     file, argv = seen[0]
-    assert file == "torchrun" and argv[:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "4"]
+    assert file == "torchrun" and argv[:4] == ["torchrun", "--nnodes=1", "--nproc-per-node=4", "--node-rank=0"]
     values = parse_argv(argv).values
     assert values["--pipeline-model-parallel-size"] == good.pp
     assert values["--micro-batch-size"] == good.micro_batch_size
     assert values["--global-batch-size"] == 32
     err = capsys.readouterr().err
-    assert err == "pipeswift-launch: running %s (decision from controller at 2023-11-14T22:13:20Z)\n" % good.short()
+    assert err == ("pipeswift-launch: running %s (decision from controller at 2023-11-14T22:13:20Z);"
+                   " torchrun: 4 processes = 1 node(s) x 4\n" % good.short())
 
 
 def test_local_mode_and_emulation(capsys):
@@ -158,3 +147,23 @@ def test_read_job_comments_ignores_other_jobs_and_bad_json():
     assert launcher.read_job_comments(7, _runner("A", "C")) == ("A", "C")
     assert launcher.read_job_comments(99, _runner("A", "C")) == ("", "")
     assert launcher.read_job_comments(7, lambda argv: "not json") == ("", "")
+
+
+def test_a_form_the_launcher_cannot_set_runs_exactly_as_written(capsys):
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "8"}
+    command = ["deepspeed", "--num_gpus", "1"] + MEGATRON
+    seen = []
+    launcher.launch(["--"] + command, env, run=_runner(), execvp=lambda f, a: seen.append(a))
+    assert seen == [command]
+    assert "deepspeed is not a launcher pipeswift-launch can set" in capsys.readouterr().err
+
+
+def test_a_single_node_torchrun_grown_to_two_nodes_runs_on_both(capsys):
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "8"}
+    seen = []
+    launcher.launch(["--", "torchrun", "--nproc_per_node", "4"] + MEGATRON, env, run=_runner(),
+                    execvp=lambda f, a: seen.append(a))
+    argv = seen[0]
+    assert argv[:4] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]
+    assert argv[4:7] == ["torchrun", "--nnodes=2", "--nproc-per-node=8"]
+    assert "torchrun: 16 processes = 2 node(s) x 8" in capsys.readouterr().err
