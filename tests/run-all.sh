@@ -21,7 +21,11 @@ $SUDO apt-get install -y -qq --no-install-recommends \
 echo "== python packages (project + dev tools + the megatron extra: CPU torch, megatron-core), in a venv"
 # A virtual environment: Debian's own Python refuses pip installs into it (PEP 668), and the
 # tests then run exactly what a user who followed the README has.
-VENV=${PIPESWIFT_VENV:-$PWD/.venv}
+# Its own folder, not the demo's .venv (that one may hold another Python, e.g. Debian 13's 3.13).
+VENV=${PIPESWIFT_VENV:-$PWD/.venv-tests}
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+  echo "tests/run-all.sh: $VENV holds another Python than 3.11; remove it or set PIPESWIFT_VENV" >&2; exit 2
+fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV" \
   || { echo "tests/run-all.sh: cannot make a venv with $PY (apt-get install python3-venv)" >&2; exit 2; }
 PY=$VENV/bin/python
