@@ -14,6 +14,7 @@ an estimate from the 2019 Megatron-LM 30%-of-peak figure).
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -83,6 +84,24 @@ DEFAULT_GPU_TYPE = "A100-80GB"
 
 def builtin_gpu_types() -> dict[str, GpuType]:
     return {g.name: g for g in _BUILTIN}
+
+
+def gpu_type_for_device(device_name: str, mem_gib: float = 0.0) -> Optional[str]:
+    """The built-in type a CUDA device is, from its name and memory, or None if none is.
+
+    The family is the first of the table's name prefixes ("H200", "A100", ...) that occurs in
+    ``device_name`` as a word (so "NVIDIA A100-SXM4-80GB" is an A100, "NVIDIA GB200" is not a
+    B200); among that family's sizes the one nearest ``mem_gib`` wins (a device reports a
+    little less than its nominal size).
+    """
+    types = builtin_gpu_types()
+    families: dict[str, list[GpuType]] = {}
+    for gpu in types.values():
+        families.setdefault(gpu.name.split("-")[0], []).append(gpu)
+    for family, members in families.items():
+        if re.search(r"(?<![A-Za-z0-9])%s(?![0-9])" % re.escape(family), device_name, re.IGNORECASE):
+            return min(members, key=lambda g: abs(g.mem_gib - mem_gib)).name
+    return None
 
 
 def _coerce(path: str, name: str, key: str, value: object) -> float:
