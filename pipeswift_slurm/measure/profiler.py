@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeswift_slurm.core.costmodel import layer_fwd_flops
 from pipeswift_slurm.core.hardware import builtin_gpu_types, gpu_type_for_device
@@ -38,6 +39,9 @@ from pipeswift_slurm.measure.profile_file import (
     MicroBatchTiming,
     write_profile_toml,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +82,8 @@ def profile_layer(shape: ModelShape, micro_batch_sizes: Sequence[int], *, device
         dtype: "bf16", "fp16" or "fp32"; default bf16 on GPU, fp32 on CPU.
 
     Returns:
-        The LayerProfile, gpu_type set to the device's name ("cpu" on a CPU).
+        The LayerProfile, gpu_type set to the built-in type the GPU is (else its name; "cpu"
+        on a CPU).
 
     Raises:
         ValueError: bad arguments. ImportError: megatron-core asked for but missing.
@@ -101,12 +106,21 @@ def profile_layer(shape: ModelShape, micro_batch_sizes: Sequence[int], *, device
         make_step, layer_spec = build(shape, dev, torch_dtype)
         timings = _time_micro_batches(make_step, shape, sorted(set(micro_batch_sizes)), dev,
                                       (warmup, repeats))
-    name = torch.cuda.get_device_name(dev) if on_cuda else "cpu"
-    described = f"{dev} ({name})" if on_cuda else f"cpu ({torch.get_num_threads()} threads)"
+    name, mem_gib = _device_name_mem(dev)
+    described = f"{dev} ({name})" if name else f"cpu ({torch.get_num_threads()} threads)"
     return LayerProfile(
-        gpu_type=name, device=described, backend=BACKEND_MEGATRON if use_megatron else BACKEND_TORCH,
+        gpu_type=profile_label(None, name, mem_gib), device=described, backend=BACKEND_MEGATRON if use_megatron else BACKEND_TORCH,
         layer_spec=layer_spec, dtype=dtype, timings=tuple(timings), warmup=warmup, repeats=repeats,
         torch_version=torch.__version__.split("+")[0], **{key: getattr(shape, key) for key in LAYER_SHAPE_KEYS})
+
+
+def _device_name_mem(dev: torch.device) -> tuple[str | None, float]:
+    """(CUDA device name, memory in GiB), or (None, 0.0) on the CPU."""
+    import torch
+
+    if dev.type != "cuda":
+        return None, 0.0
+    return torch.cuda.get_device_name(dev), torch.cuda.get_device_properties(dev).total_memory / 2**30
 
 
 def _resolve_device(device: str | None):
@@ -316,13 +330,9 @@ def main_profile(shape: ModelShape, micro_batch_sizes: Sequence[int], gpu_type: 
         ProfileLabelError: ``gpu_type`` names a GPU this machine is not (checked before
             measuring). ValueError: bad arguments.
     """
-    import torch
-
     dev = _resolve_device(None)
-    on_cuda = dev.type == "cuda"
-    label = profile_label(gpu_type, torch.cuda.get_device_name(dev) if on_cuda else None,
-                          torch.cuda.get_device_properties(dev).total_memory / 2**30 if on_cuda else 0.0)
-    profile = profile_layer(shape, micro_batch_sizes, device=str(dev), dtype=dtype if on_cuda else None)
+    label = profile_label(gpu_type, *_device_name_mem(dev))  # refuse a mislabel before measuring
+    profile = profile_layer(shape, micro_batch_sizes, device=str(dev), dtype=dtype if dev.type == "cuda" else None)
     profile = replace(profile, gpu_type=label)
     if out_path is not None:
         write_profile_toml(profile, out_path)
