@@ -41,16 +41,23 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
-def load_layer_profile(path: Optional[str]) -> Any:
-    """A measured layer profile (``pipeswift profile --out``) or None; bad file -> exit 2."""
+def load_layer_profile(path: Optional[str], gpu: Optional[GpuType] = None, job: Any = None,
+                       what: str = "--layer-profile") -> Any:
+    """A measured layer profile (``pipeswift profile --out``) or None; a bad file, or one not
+    measured on ``gpu`` (and, given ``job``, in its precision and layer shape) -> exit 2."""
     if not path:
         return None
-    from pipeswift_slurm.measure.profiler import ProfileFormatError, read_profile_toml
+    from pipeswift_slurm.core.layer_profile import layer_profile_mismatch, layer_profile_refusal
+    from pipeswift_slurm.measure.profile_file import ProfileFormatError, read_profile_toml
 
     try:
-        return read_profile_toml(path)
+        loaded = read_profile_toml(path)
     except (OSError, ProfileFormatError) as exc:
-        fail("--layer-profile: %s" % exc)
+        fail("%s: %s" % (what, exc))
+    reason = layer_profile_mismatch(loaded, gpu.name, job) if gpu else None
+    if gpu and reason:
+        fail("%s %s" % (what, layer_profile_refusal(loaded, reason, gpu.name)))
+    return loaded
 
 
 layer_profile_option = click.option("--layer-profile", type=click.Path(dir_okay=False),

@@ -68,7 +68,7 @@ def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: in
 
     gpu = obj.gpu(gpu_type)
     profile = _profile(megatron_args, num_gpus, gpus_per_node)
-    cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile))
+    cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile, gpu, profile))
     est = cost.estimate(profile, profile.requested)
     data = estimate_dict(est, profile, cost)
     data["gpu_type"] = gpu.name
@@ -128,7 +128,7 @@ def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, 
     lo, hi = parse_gpu_range(gpus_text)
     gpu = obj.gpu(gpu_type)
     profile = _profile(megatron_args, None, gpus_per_node).with_range(lo, hi)
-    cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile))
+    cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile, gpu, profile))
     result = Planner(cost, gpus_per_node).plan(profile, lo, hi, explain=explain)
     rows = [estimate_dict(e, profile, cost) for e in result.ranked[:top]]
     if as_json:
@@ -163,7 +163,8 @@ def _print_plan(result: Any, rows: list[dict[str, Any]], gpu: GpuType, explain: 
 
 
 @click.command()
-@click.option("--gpu-type", help="Name to file the profile under (default: the device's name).")
+@click.option("--gpu-type", help="GPU type to file the profile under (default: the table type of this"
+                                  " machine's GPU; a CPU run is always 'cpu').")
 @click.option("--micro-batch-sizes", default="1,2,4,8", show_default=True, help="Comma-separated candidates.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Write the profile TOML here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
@@ -179,14 +180,18 @@ def profile(obj: Obj, gpu_type: Optional[str], micro_batch_sizes: str, out_path:
         fail("--micro-batch-sizes %r: expected integers like 1,2,4,8" % micro_batch_sizes)
     if not sizes or min(sizes) < 1:
         fail("--micro-batch-sizes %r: need positive integers" % micro_batch_sizes)
-    shape = _profile(megatron_args, None, 8).shape
+    job = _profile(megatron_args, None, 8)
     try:
         import torch  # noqa: F401
     except ImportError:
         fail("profiling needs torch: pip install 'pipeswift-slurm[megatron]'", 1)
-    from pipeswift_slurm.measure.profiler import main_profile, profile_to_dict
+    from pipeswift_slurm.measure.profile_file import profile_to_dict
+    from pipeswift_slurm.measure.profiler import ProfileLabelError, main_profile
 
-    result = main_profile(shape, sizes, gpu_type, out_path)
+    try:
+        result = main_profile(job.shape, sizes, gpu_type, out_path, dtype=job.plan.precision)
+    except ProfileLabelError as exc:
+        fail(str(exc))
     if as_json:
         echo_json(profile_to_dict(result))
         return

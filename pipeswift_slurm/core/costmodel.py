@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
 from pipeswift_slurm.core.hardware import GpuType
+from pipeswift_slurm.core.layer_profile import LayerProfileMismatch, layer_profile_mismatch, layer_profile_refusal
 from pipeswift_slurm.core.megatron import stage_layers
 from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
 
@@ -102,6 +103,11 @@ class CostModel:
     (same time, all M micro-batches' activations held). Per-layer times and whole
     estimates are memoised on the instance (keyed by shape, training settings and layout),
     so repeated planning, and predicting the ends of running jobs every tick, are cheap.
+
+    ``layer_profile`` (``measure.profile_file.LayerProfile``) must have been measured on
+    ``gpu`` (else LayerProfileMismatch); it replaces the table's layer time for the jobs
+    whose precision and layer shape it measured, and only those (a site-wide profile covers
+    the jobs of its model; ``check_layer_profile`` refuses the others for one-job callers).
     """
 
     def __init__(self, gpu: GpuType, schedule: str = "1f1b", layer_profile: Any = None):
@@ -109,11 +115,23 @@ class CostModel:
             raise ValueError("schedule must be '1f1b' or 'gpipe'")
         self.gpu = gpu
         self.schedule = schedule
+        if layer_profile is not None:
+            reason = layer_profile_mismatch(layer_profile, gpu.name)
+            if reason:
+                raise LayerProfileMismatch(layer_profile_refusal(layer_profile, reason, gpu.name))
         self.layer_profile = layer_profile
         self._layer_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._params_cache: dict[tuple[object, ...], float] = {}
         self._estimates: dict[tuple[object, ...], dict[ExecConfig, Estimate]] = {}
         self._memo_by_profile: dict[int, tuple[JobProfile, dict[ExecConfig, Estimate]]] = {}
+
+    def check_layer_profile(self, job: JobProfile) -> None:
+        """Raise LayerProfileMismatch unless the layer profile (if any) measured ``job``'s
+        precision and layer shape on this GPU type."""
+        if self.layer_profile is not None:
+            reason = layer_profile_mismatch(self.layer_profile, self.gpu.name, job)
+            if reason:
+                raise LayerProfileMismatch(layer_profile_refusal(self.layer_profile, reason, self.gpu.name))
 
     # ------------------------------------------------------------------ time
     def _bytes_per_value(self, precision: str) -> int:
@@ -136,7 +154,7 @@ class CostModel:
         fwd_flops = layer_fwd_flops(shape, cfg.micro_batch_size) / (cfg.tp * cfg.cp)
         peak = gpu.fp32_tflops if plan.precision == "fp32" else gpu.peak_tflops
         rate = peak * 1e12 * gpu.efficiency(fwd_flops / 1e9)
-        measured = self._measured_fwd_s(shape, cfg)
+        measured = self._measured_fwd_s(profile, cfg)
         if measured is not None:  # a profiling run of this very layer beats the table
             rate = fwd_flops / measured
         fwd = fwd_flops / rate
@@ -149,16 +167,13 @@ class CostModel:
         self._layer_cache[key] = result
         return result
 
-    def _measured_fwd_s(self, shape: ModelShape, cfg: ExecConfig) -> Optional[float]:
+    def _measured_fwd_s(self, profile: JobProfile, cfg: ExecConfig) -> Optional[float]:
         """Forward seconds of one layer from the layer profile (``pipeswift profile``) when it
-        measured this shape: fwd = fwd+bwd / 3 at the nearest measured micro-batch size,
+        measured this precision and layer shape: fwd = fwd+bwd / 3 at the nearest measured micro-batch size,
         scaled linearly in micro-batch size, and split over tp*cp at the efficiency ratio
         of the table's curve (the profile ran one layer on one GPU)."""
-        lp = self.layer_profile
-        if lp is None or not lp.timings or (lp.hidden_size, lp.seq_length, lp.num_attention_heads,
-                                             lp.ffn_hidden_size, lp.num_query_groups, lp.swiglu) != (
-                shape.hidden_size, shape.seq_length, shape.num_attention_heads, shape.ffn_hidden_size,
-                shape.num_query_groups, shape.swiglu):
+        lp, shape = self.layer_profile, profile.shape
+        if lp is None or not lp.timings or layer_profile_mismatch(lp, self.gpu.name, profile):
             return None
         near = min(lp.timings, key=lambda t: (abs(t.micro_batch_size - cfg.micro_batch_size), -t.micro_batch_size))
         fwd_one_gpu: float = float(near.fwd_bwd_ms) / 3e3 * cfg.micro_batch_size / near.micro_batch_size

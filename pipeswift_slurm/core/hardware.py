@@ -1,23 +1,26 @@
 """GPU types: peak speed, memory, interconnect, achieved-efficiency curve and startup cost.
 
 Owns the built-in table and its TOML overrides (``[gpu."NAME"]`` tables with any of the
-GpuType fields; a new name adds a type). Pure data plus a loader; no other imports from
-the package. Sources for the built-in numbers: NVIDIA data sheets (dense 16-bit tensor
-TFLOP/s without sparsity, HBM size and bandwidth, NVLink bandwidth per GPU) and DGX/HGX
-reference designs (one InfiniBand NIC per GPU). The efficiency constants are fitted to the
+GpuType fields; a new name adds a type), and which built-in type a CUDA device is. Pure data
+plus a loader; no other imports from the package. Sources for the built-in numbers: NVIDIA
+data sheets (dense 16-bit tensor TFLOP/s without sparsity, HBM size and bandwidth, NVLink
+bandwidth per GPU) and DGX/HGX reference designs (one InfiniBand NIC per GPU), named row by
+row in the table. The efficiency constants are fitted to the
 published Megatron-LM throughputs in ``tests/data/fidelity`` (see README, "Fidelity"):
 a grid search of (eff_max, work_half_gflop) minimising the median absolute error per GPU
 type (A100-80GB: 18 rows, H100-80GB: 12 rows; A100-40GB copies A100-80GB; H200 takes
 H100's values, slightly raised for its faster memory; V100 has no usable row and keeps
-an estimate from the 2019 Megatron-LM 30%-of-peak figure).
+an estimate from the 2019 Megatron-LM 30%-of-peak figure; B200 and GB200 have no published
+row yet and take H200's values).
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 
 class HardwareError(ValueError):
@@ -44,6 +47,8 @@ class GpuType:
         load_s_per_bparam: checkpoint load cost per billion parameters, s.
         reserved_gib: memory not available to the model (CUDA context, allocator slack).
         latency_s: per-message latency of a collective or p2p transfer, s.
+        gpus_per_node: GPUs in one node of the reference design (8 in DGX/HGX; 4 in a
+            GB200 NVL72 compute tray), for callers that are not told a node size.
     """
 
     name: str
@@ -59,24 +64,58 @@ class GpuType:
     load_s_per_bparam: float = 2.0
     reserved_gib: float = 3.0
     latency_s: float = 20e-6
+    gpus_per_node: int = 8
 
     def efficiency(self, work_gflop: float) -> float:
         """Achieved fraction of peak for a layer whose per-GPU forward work is ``work_gflop``."""
         return self.eff_max * work_gflop / (work_gflop + self.work_half_gflop)
 
 
+# One row per GPU type, each with its sources. Conventions for every row: peak_tflops is the
+# data sheet's dense BF16/FP16 tensor figure (sheets quote "with sparsity", i.e. 2x, for
+# Ampere and later: halved here); fp32_tflops is dense TF32 (FP32 on V100); mem_gib is the
+# nominal GB / 2**30; nvlink_gbps is 80 % of the one-direction NVLink bandwidth per GPU (half
+# the sheet's bidirectional figure), what a ring all-reduce achieves; inter_node_gbps is one
+# NIC per GPU as in the DGX/HGX reference design.
 _BUILTIN = (
+    # V100 SXM2 32GB data sheet (2018): 125 TFLOP/s tensor, 15.7 FP32, 900 GB/s HBM2, NVLink 2
+    # 300 GB/s bidirectional; DGX-1/DGX-2: 100 Gb/s EDR InfiniBand per GPU.
     GpuType("V100-32GB", peak_tflops=125, fp32_tflops=15.7, mem_gib=32, hbm_gbps=900,
             nvlink_gbps=130, inter_node_gbps=12.5, eff_max=0.52, work_half_gflop=6.0, startup_s=120,
             load_s_per_bparam=4.0),
+    # A100 data sheet (2021): BF16 312 dense, TF32 156 dense, 40GB HBM2 1,555 GB/s, NVLink 3
+    # 600 GB/s bidirectional; DGX A100: 200 Gb/s HDR InfiniBand per GPU.
     GpuType("A100-40GB", peak_tflops=312, fp32_tflops=156, mem_gib=40, hbm_gbps=1555,
             nvlink_gbps=240, inter_node_gbps=25, eff_max=0.70, work_half_gflop=5.0),
+    # A100 data sheet (2021), 80GB SXM: as the 40GB, with HBM2e at 2,039 GB/s; DGX A100 as above.
     GpuType("A100-80GB", peak_tflops=312, fp32_tflops=156, mem_gib=80, hbm_gbps=2039,
             nvlink_gbps=240, inter_node_gbps=25, eff_max=0.70, work_half_gflop=5.0),
+    # H100 SXM data sheet: BF16 1,979 with sparsity (989 dense), TF32 989 with sparsity (494
+    # dense), 80GB HBM3 3.35 TB/s, NVLink 4 900 GB/s bidirectional; DGX H100: 400 Gb/s NDR per GPU.
     GpuType("H100-80GB", peak_tflops=989, fp32_tflops=494, mem_gib=80, hbm_gbps=3350,
             nvlink_gbps=360, inter_node_gbps=50, eff_max=0.78, work_half_gflop=120.0, startup_s=75),
+    # H200 SXM data sheet: H100's compute and NVLink, 141GB HBM3e at 4.8 TB/s; HGX H200: 400 Gb/s
+    # NDR per GPU.
     GpuType("H200-141GB", peak_tflops=989, fp32_tflops=494, mem_gib=131.3, hbm_gbps=4800,
             nvlink_gbps=360, inter_node_gbps=50, eff_max=0.80, work_half_gflop=120.0, startup_s=75),
+    # HGX B200 (nvidia.com/en-us/data-center/hgx, 8 GPUs): FP16/BF16 36 PFLOP/s and TF32 18
+    # PFLOP/s with sparsity (2,250 and 1,125 TFLOP/s dense per GPU), 180GB HBM3e per GPU
+    # (MLPerf system description "B200-SXM-180GB"), NVLink 5 1.8 TB/s bidirectional per GPU
+    # (14.4 TB/s per 8); HBM3e 7.7 TB/s (DGX B200 quotes 64 TB/s per 8; the driver's bus width
+    # and clock give 7.68, pytorch/ao#4002); DGX B200: 400 Gb/s ConnectX-7 per GPU.
+    # No published Megatron row to fit: efficiency as H200's.
+    GpuType("B200-180GB", peak_tflops=2250, fp32_tflops=1125, mem_gib=167.6, hbm_gbps=7700,
+            nvlink_gbps=720, inter_node_gbps=50, eff_max=0.80, work_half_gflop=120.0, startup_s=75),
+    # GB200 NVL72 (nvidia.com/en-us/data-center/gb200-nvl72, 72 GPUs): FP16/BF16 360 PFLOP/s
+    # and TF32 180 PFLOP/s with sparsity (2,500 and 1,250 TFLOP/s dense per GPU), up to 13.4 TB
+    # HBM3e at 576 TB/s (186GB and 8 TB/s per GPU), NVLink 5 1.8 TB/s bidirectional per GPU.
+    # A Slurm node is one compute tray: two GB200 superchips, 4 GPUs. Between trays of one rack
+    # NVLink continues; inter_node_gbps is the 400 Gb/s NIC per GPU that leaves the rack (set
+    # it to nvlink_gbps in a hardware file when jobs stay inside one NVL72 rack).
+    # No published Megatron row to fit: efficiency as H200's.
+    GpuType("GB200-186GB", peak_tflops=2500, fp32_tflops=1250, mem_gib=173.2, hbm_gbps=8000,
+            nvlink_gbps=720, inter_node_gbps=50, eff_max=0.80, work_half_gflop=120.0, startup_s=75,
+            gpus_per_node=4),
 )
 DEFAULT_GPU_TYPE = "A100-80GB"
 
@@ -85,7 +124,29 @@ def builtin_gpu_types() -> dict[str, GpuType]:
     return {g.name: g for g in _BUILTIN}
 
 
-def _coerce(path: str, name: str, key: str, value: object) -> float:
+def gpu_type_for_device(device_name: str, mem_gib: float = 0.0) -> Optional[str]:
+    """The built-in type a CUDA device is, from its name and memory, or None if none is.
+
+    The family is the first of the table's name prefixes ("H200", "A100", ...) that occurs in
+    ``device_name`` as a word (so "NVIDIA A100-SXM4-80GB" is an A100, "NVIDIA GB200" is not a
+    B200); among that family's sizes the one nearest ``mem_gib`` wins (a device reports a
+    little less than its nominal size).
+    """
+    types = builtin_gpu_types()
+    families: dict[str, list[GpuType]] = {}
+    for gpu in types.values():
+        families.setdefault(gpu.name.split("-")[0], []).append(gpu)
+    for family, members in families.items():
+        if re.search(r"(?<![A-Za-z0-9])%s(?![0-9])" % re.escape(family), device_name, re.IGNORECASE):
+            return min(members, key=lambda g: abs(g.mem_gib - mem_gib)).name
+    return None
+
+
+def _coerce(path: str, name: str, key: str, value: object) -> Union[int, float]:
+    if key == "gpus_per_node":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise HardwareError("%s: gpu.%s.%s must be a positive integer (got %r)" % (path, name, key, value))
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise HardwareError("%s: gpu.%s.%s must be a non-negative number (got %r)" % (path, name, key, value))
     return float(value)
@@ -115,9 +176,9 @@ def load_gpu_types(path: Optional[Union[str, Path]] = None) -> dict[str, GpuType
         if unknown:
             raise HardwareError("%s: gpu.%s: unknown key(s) %s; known: %s"
                                 % (path, name, ", ".join(sorted(unknown)), ", ".join(sorted(known))))
-        values = {k: _coerce(str(path), name, k, v) for k, v in table.items()}
+        values: dict[str, Any] = {k: _coerce(str(path), name, k, v) for k, v in table.items()}
         if name in types:
-            types[name] = replace(types[name], **values)  # type: ignore[arg-type]
+            types[name] = replace(types[name], **values)
         else:
             try:
                 types[name] = GpuType(name=name, **values)

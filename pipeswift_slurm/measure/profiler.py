@@ -1,16 +1,14 @@
 """Per-layer profiler: median forward+backward time of one transformer layer of a job's shape,
-per candidate micro-batch size, on the local device, and the TOML file that carries it.
-
-Owns: ``LayerProfile`` (what was measured), ``profile_layer`` (build one layer, time it),
-``layer_flops_fwd_bwd`` (Megatron's per-layer FLOPs), and the profile file format
-(``write_profile_toml`` / ``read_profile_toml``, ``format_version = 1``). The cost model reads
-these profiles in place of the built-in GPU table; this module knows nothing of the cost model.
+per candidate micro-batch size, on the local device (``profile_layer``), and what
+``pipeswift profile`` does with it (``main_profile``: label it with the device's GPU type
+and precision, write the file of ``measure.profile_file``).
 
 The layer is megatron-core's ``TransformerLayer`` when megatron-core is installed (the
 Transformer-Engine spec on GPU when TE is present, else the local spec), or a plain torch layer
-(pre-norm attention with SDPA + MLP of the same shape). GPU runs use bf16 and CUDA events; CPU
-runs use fp32 and ``time.perf_counter`` and only prove the structure (CPU times say nothing
-about GPU speed). Timing is ``warmup`` untimed runs, then the median of ``repeats``.
+(pre-norm attention with SDPA + MLP of the same shape). GPU runs use the job's precision
+(bf16 by default) and CUDA events; CPU runs use fp32 and ``time.perf_counter``, only prove
+the structure (CPU times say nothing about GPU speed), and are labelled "cpu", never with a
+GPU type. Timing is ``warmup`` untimed runs, then the median of ``repeats``.
 
 Must not import torch or megatron at module level (only inside functions), nor the store,
 backends or CLI: ``import pipeswift_slurm.measure.profiler`` stays light.
@@ -20,114 +18,44 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
 import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from pipeswift_slurm.core.costmodel import layer_fwd_flops
+from pipeswift_slurm.core.hardware import builtin_gpu_types, gpu_type_for_device
+from pipeswift_slurm.core.layer_profile import CPU_GPU_TYPE, LAYER_SHAPE_KEYS
 from pipeswift_slurm.core.model import ModelShape
+from pipeswift_slurm.measure.profile_file import (
+    BACKEND_MEGATRON,
+    BACKEND_TORCH,
+    DTYPES,
+    LayerProfile,
+    MicroBatchTiming,
+    write_profile_toml,
+)
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-BACKEND_MEGATRON = "megatron-core"
-BACKEND_TORCH = "torch"
-_DTYPES = ("bf16", "fp16", "fp32")
 
-
-class ProfileFormatError(ValueError):
-    """A profile file that cannot be read; the message names the file and the key."""
-
-
-@dataclass(frozen=True)
-class MicroBatchTiming:
-    """One micro-batch size: median fwd+bwd milliseconds of one layer and achieved TFLOP/s."""
-
-    micro_batch_size: int
-    fwd_bwd_ms: float
-    tflops: float
-
-
-@dataclass(frozen=True)
-class LayerProfile:
-    """What one profiling run measured for one layer shape on one device.
-
-    ``gpu_type`` is the key the cost model looks up (e.g. "H200"; "cpu" on a CPU run);
-    ``device`` describes the device in words; ``backend`` is "megatron-core" or "torch";
-    ``layer_spec`` says which implementation ran ("local", "transformer-engine", "sdpa").
-    ``timings`` holds one entry per micro-batch size that ran (one that ran out of GPU
-    memory is left out), sorted by micro-batch size.
-    """
-
-    gpu_type: str
-    device: str
-    backend: str
-    layer_spec: str
-    dtype: str
-    hidden_size: int
-    seq_length: int
-    num_attention_heads: int
-    num_query_groups: int
-    kv_channels: int
-    ffn_hidden_size: int
-    swiglu: bool
-    timings: tuple[MicroBatchTiming, ...]
-    warmup: int = 2
-    repeats: int = 5
-    torch_version: str = ""
-
-    @property
-    def micro_batch_sizes(self) -> tuple[int, ...]:
-        return tuple(t.micro_batch_size for t in self.timings)
-
-    def fwd_bwd_ms(self, micro_batch_size: int) -> float:
-        """Median fwd+bwd milliseconds of one layer at this micro-batch size (KeyError if absent)."""
-        for timing in self.timings:
-            if timing.micro_batch_size == micro_batch_size:
-                return timing.fwd_bwd_ms
-        raise KeyError(f"micro-batch size {micro_batch_size} was not profiled")
-
-    def matches(self, shape: ModelShape) -> bool:
-        """True when ``shape`` has this profile's per-layer shape (layer count and vocab aside)."""
-        return _shape_fields(shape) == {k: getattr(self, k) for k in _SHAPE_TYPES}
-
-
-_SHAPE_TYPES: dict[str, type] = {
-    "hidden_size": int, "seq_length": int, "num_attention_heads": int, "num_query_groups": int,
-    "kv_channels": int, "ffn_hidden_size": int, "swiglu": bool}
-_TOP_TYPES: dict[str, type] = {
-    "gpu_type": str, "device": str, "backend": str, "layer_spec": str, "dtype": str,
-    "warmup": int, "repeats": int, "torch_version": str}
-_TIMING_TYPES: dict[str, type] = {"micro_batch_size": int, "fwd_bwd_ms": float, "tflops": float}
-
-
-def _shape_fields(shape: ModelShape) -> dict[str, Any]:
-    return {key: getattr(shape, key) for key in _SHAPE_TYPES}
+class ProfileLabelError(ValueError):
+    """A profile that would be filed under a GPU type it was not measured on."""
 
 
 def layer_flops_fwd_bwd(shape: ModelShape, micro_batch_size: int) -> float:
-    """Floating-point operations of forward + backward of one layer for one micro-batch.
-
-    Megatron's count (``num_floating_point_operations``, core_r0.16.0) restricted to one layer,
-    with b = micro-batch size, s = sequence length, q = kv_channels * heads, k = v =
-    kv_channels * query groups:
-        6*b*s*( h*(q+k+v)          qkv projection
-              + q*s                causal QK^T and AV (s*s/2 each, x2 for FMA -> q*s)
-              + q*h                output projection
-              + 2*h*ffn*(1.5 if swiglu else 1) )   MLP (SwiGLU has a third matrix)
-    where 6 = 3 (forward + 2 backward) * 2 (multiply-add). Recompute is not counted.
-    """
-    h, s = shape.hidden_size, shape.seq_length
-    q = shape.kv_channels * shape.num_attention_heads
-    kv = shape.kv_channels * shape.num_query_groups
-    attention = h * (q + 2 * kv) + q * s + q * h
-    mlp = 2 * h * shape.ffn_hidden_size * (1.5 if shape.swiglu else 1.0)
-    return 6.0 * micro_batch_size * s * (attention + mlp)
+    """Floating-point operations of forward + backward of one layer for one micro-batch:
+    3x the forward count of ``core.costmodel.layer_fwd_flops`` (backward = 2x forward;
+    Megatron's ``num_floating_point_operations`` restricted to one layer, recompute not
+    counted), so the profiler's TFLOP/s and the cost model use one formula."""
+    return 3.0 * layer_fwd_flops(shape, micro_batch_size)
 
 
 def megatron_available() -> bool:
@@ -154,7 +82,8 @@ def profile_layer(shape: ModelShape, micro_batch_sizes: Sequence[int], *, device
         dtype: "bf16", "fp16" or "fp32"; default bf16 on GPU, fp32 on CPU.
 
     Returns:
-        The LayerProfile, gpu_type set to the device's name ("cpu" on a CPU).
+        The LayerProfile, gpu_type set to the built-in type the GPU is (else its name; "cpu"
+        on a CPU).
 
     Raises:
         ValueError: bad arguments. ImportError: megatron-core asked for but missing.
@@ -165,7 +94,7 @@ def profile_layer(shape: ModelShape, micro_batch_sizes: Sequence[int], *, device
     dev = _resolve_device(device)
     on_cuda = dev.type == "cuda"
     dtype = dtype or ("bf16" if on_cuda else "fp32")
-    if (dtype not in _DTYPES or repeats < 1 or warmup < 0 or not micro_batch_sizes
+    if (dtype not in DTYPES or repeats < 1 or warmup < 0 or not micro_batch_sizes
             or min(micro_batch_sizes) < 1):
         raise ValueError(f"bad profile request: dtype={dtype} repeats={repeats} warmup={warmup} "
                          f"micro_batch_sizes={list(micro_batch_sizes)}")
@@ -177,12 +106,21 @@ def profile_layer(shape: ModelShape, micro_batch_sizes: Sequence[int], *, device
         make_step, layer_spec = build(shape, dev, torch_dtype)
         timings = _time_micro_batches(make_step, shape, sorted(set(micro_batch_sizes)), dev,
                                       (warmup, repeats))
-    name = torch.cuda.get_device_name(dev) if on_cuda else "cpu"
-    described = f"{dev} ({name})" if on_cuda else f"cpu ({torch.get_num_threads()} threads)"
+    name, mem_gib = _device_name_mem(dev)
+    described = f"{dev} ({name})" if name else f"cpu ({torch.get_num_threads()} threads)"
     return LayerProfile(
-        gpu_type=name, device=described, backend=BACKEND_MEGATRON if use_megatron else BACKEND_TORCH,
+        gpu_type=profile_label(None, name, mem_gib), device=described, backend=BACKEND_MEGATRON if use_megatron else BACKEND_TORCH,
         layer_spec=layer_spec, dtype=dtype, timings=tuple(timings), warmup=warmup, repeats=repeats,
-        torch_version=torch.__version__.split("+")[0], **_shape_fields(shape))
+        torch_version=torch.__version__.split("+")[0], **{key: getattr(shape, key) for key in LAYER_SHAPE_KEYS})
+
+
+def _device_name_mem(dev: torch.device) -> tuple[str | None, float]:
+    """(CUDA device name, memory in GiB), or (None, 0.0) on the CPU."""
+    import torch
+
+    if dev.type != "cuda":
+        return None, 0.0
+    return torch.cuda.get_device_name(dev), torch.cuda.get_device_properties(dev).total_memory / 2**30
 
 
 def _resolve_device(device: str | None):
@@ -369,23 +307,33 @@ def _cpu_rng_tracker(tp_random):
     return CpuRNGStatesTracker()
 
 
+
 def main_profile(shape: ModelShape, micro_batch_sizes: Sequence[int], gpu_type: str | None,
-                 out_path: str | Path | None) -> LayerProfile:
-    """What ``pipeswift profile`` does: profile the layer, name the GPU type, write the file.
+                 out_path: str | Path | None, dtype: str | None = None) -> LayerProfile:
+    """What ``pipeswift profile`` does: profile the layer on this machine's GPU (else the CPU),
+    label it with the GPU type it ran on, write the file.
 
     Args:
         shape: the job's model shape (parsed from its Megatron arguments).
         micro_batch_sizes: candidate micro-batch sizes.
-        gpu_type: the hardware-table key to file the profile under (e.g. "H200"); None keeps
-            the device's own name.
+        gpu_type: the hardware-table key to file the profile under; None: the built-in type
+            the device's name and memory match, else the device's own name. On the CPU only
+            None or "cpu" is accepted; on a GPU the table type of the device, when it is one.
         out_path: TOML file to write, or None to only return the profile.
+        dtype: precision to measure in on a GPU (the job's: "bf16", "fp16", "fp32"); default
+            bf16. A CPU run is always fp32.
 
     Returns:
         The LayerProfile as written.
+
+    Raises:
+        ProfileLabelError: ``gpu_type`` names a GPU this machine is not (checked before
+            measuring). ValueError: bad arguments.
     """
-    profile = profile_layer(shape, micro_batch_sizes)
-    if gpu_type:
-        profile = replace(profile, gpu_type=gpu_type)
+    dev = _resolve_device(None)
+    label = profile_label(gpu_type, *_device_name_mem(dev))  # refuse a mislabel before measuring
+    profile = profile_layer(shape, micro_batch_sizes, device=str(dev), dtype=dtype if dev.type == "cuda" else None)
+    profile = replace(profile, gpu_type=label)
     if out_path is not None:
         write_profile_toml(profile, out_path)
         log.info("wrote layer profile for %s (%s, %s) to %s", profile.gpu_type, profile.backend,
@@ -393,84 +341,33 @@ def main_profile(shape: ModelShape, micro_batch_sizes: Sequence[int], gpu_type: 
     return profile
 
 
-def profile_to_dict(profile: LayerProfile) -> dict[str, Any]:
-    """The file's structure as plain data (also what the bench script dumps as JSON)."""
-    top = {key: getattr(profile, key) for key in _TOP_TYPES}
-    return {"format_version": FORMAT_VERSION, **top,
-            "shape": {key: getattr(profile, key) for key in _SHAPE_TYPES},
-            "micro_batch": [{"micro_batch_size": t.micro_batch_size, "fwd_bwd_ms": t.fwd_bwd_ms,
-                             "tflops": t.tflops} for t in profile.timings]}
+def profile_label(gpu_type: str | None, device_name: str | None, mem_gib: float) -> str:
+    """The gpu_type to file a profile under.
 
+    Args:
+        gpu_type: what the user asked for (``--gpu-type``), or None.
+        device_name: the CUDA device's name (``torch.cuda.get_device_name``); None on the CPU.
+        mem_gib: the device's memory (picks among a family's sizes).
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # JSON string escapes are valid TOML basic-string escapes
-
-
-def write_profile_toml(profile: LayerProfile, path: str | Path) -> None:
-    """Write ``profile`` as TOML (format_version 1): top-level keys, a [shape] table and one
-    [[micro_batch]] table per micro-batch size."""
-    data = profile_to_dict(profile)
-    lines = ["# pipeswift layer profile: median fwd+bwd time of one transformer layer"]
-    lines += [f"{key} = {_toml_value(value)}" for key, value in data.items()
-              if key not in ("shape", "micro_batch")]
-    lines += ["", "[shape]"] + [f"{k} = {_toml_value(v)}" for k, v in data["shape"].items()]
-    for timing in data["micro_batch"]:
-        lines += ["", "[[micro_batch]]"] + [f"{k} = {_toml_value(v)}" for k, v in timing.items()]
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def read_profile_toml(path: str | Path) -> LayerProfile:
-    """Read a profile written by ``write_profile_toml``.
+    Returns:
+        "cpu" on the CPU; on a GPU ``gpu_type`` when given, else the built-in type the device
+        is, else the device's own name.
 
     Raises:
-        ProfileFormatError: unreadable TOML, wrong format_version, or a missing or mistyped key
-            (the message names the file and the key, e.g. ``shape.hidden_size``).
+        ProfileLabelError: a GPU type named on the CPU, or a built-in type other than the one
+            the device is.
     """
-    import tomllib  # here, not at the top: GPU boxes may run the profiler on an older Python
-
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ProfileFormatError(f"{path}: cannot read profile: {exc}") from exc
-    version = data.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ProfileFormatError(f"{path}: key 'format_version' must be {FORMAT_VERSION}, got {version!r}")
-    top = _typed(data, _TOP_TYPES, path, "")
-    shape = _typed(data.get("shape"), _SHAPE_TYPES, path, "shape.")
-    rows = data.get("micro_batch")
-    if not isinstance(rows, list) or not rows:
-        raise ProfileFormatError(f"{path}: key 'micro_batch' must be a non-empty array of tables")
-    timings = tuple(MicroBatchTiming(**_typed(row, _TIMING_TYPES, path, f"micro_batch[{i}]."))
-                    for i, row in enumerate(rows))
-    return LayerProfile(**top, **shape, timings=tuple(sorted(timings, key=lambda t: t.micro_batch_size)))
-
-
-def _typed(table: Any, types: dict[str, type], path: str | Path, prefix: str) -> dict[str, Any]:
-    """Check that ``table`` has every key of ``types`` with the right type (ints pass as floats)
-    and that numbers are positive (warm-up may be 0)."""
-    if not isinstance(table, dict):
-        raise ProfileFormatError(f"{path}: key '{prefix.rstrip('.') or '<root>'}' must be a table")
-    out = {}
-    for key, kind in types.items():
-        if key not in table:
-            raise ProfileFormatError(f"{path}: key '{prefix}{key}' is missing")
-        value = table[key]
-        if not _has_type(value, kind):
-            raise ProfileFormatError(f"{path}: key '{prefix}{key}' must be {kind.__name__}, "
-                                     f"got {type(value).__name__} {value!r}")
-        if kind in (int, float) and not (value > 0 or (key == "warmup" and value == 0)):
-            raise ProfileFormatError(f"{path}: key '{prefix}{key}' must be positive, got {value!r}")
-        out[key] = float(value) if kind is float else value
-    return out
-
-
-def _has_type(value: Any, kind: type) -> bool:
-    if kind is bool or isinstance(value, bool):
-        return kind is bool and isinstance(value, bool)
-    if kind is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, kind)
+    if device_name is None:
+        if gpu_type and gpu_type.lower() != CPU_GPU_TYPE:
+            raise ProfileLabelError(
+                f"--gpu-type {gpu_type}: this machine has no GPU, so the layer ran on the CPU in fp32 and "
+                f"says nothing about GPU type {gpu_type}; run pipeswift profile on a {gpu_type} node, or leave "
+                f"--gpu-type out to write a profile labelled '{CPU_GPU_TYPE}' (structure only)")
+        return CPU_GPU_TYPE
+    known = gpu_type_for_device(device_name, mem_gib)
+    if gpu_type and known and gpu_type.lower() != known.lower() and gpu_type.lower() in {
+            name.lower() for name in builtin_gpu_types()}:
+        raise ProfileLabelError(
+            f"--gpu-type {gpu_type}: this machine's GPU is a {device_name} ({known}); run pipeswift "
+            f"profile on a {gpu_type} node, or leave --gpu-type out to file it under {known}")
+    return gpu_type or known or device_name

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from pipeswift_slurm.core import hardware
 from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type, load_gpu_types
 
-BUILTIN_NAMES = {"V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"}
+BUILTIN_NAMES = {"V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "B200-180GB", "GB200-186GB"}
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -30,8 +32,44 @@ def test_builtins_present() -> None:
 
 def test_builtin_numbers_are_ordered_sensibly() -> None:
     types = load_gpu_types()
-    assert types["H100-80GB"].peak_tflops > types["A100-80GB"].peak_tflops > types["V100-32GB"].peak_tflops
+    assert (types["GB200-186GB"].peak_tflops > types["B200-180GB"].peak_tflops > types["H100-80GB"].peak_tflops
+            > types["A100-80GB"].peak_tflops > types["V100-32GB"].peak_tflops)
     assert types["A100-80GB"].mem_gib == 2 * types["A100-40GB"].mem_gib
+    assert types["B200-180GB"].nvlink_gbps == 2 * types["H100-80GB"].nvlink_gbps  # NVLink 5 vs 4
+
+
+def test_every_builtin_sets_every_field_and_names_its_source() -> None:
+    source = Path(hardware.__file__).read_text()
+    for gpu in load_gpu_types().values():
+        for field in dataclasses.fields(gpu):
+            value = getattr(gpu, field.name)
+            assert value if isinstance(value, str) else value > 0, (gpu.name, field.name)
+        assert gpu.fp32_tflops < gpu.peak_tflops and gpu.inter_node_gbps < gpu.nvlink_gbps
+        # each row is preceded by a comment that names its data sheet or reference design
+        row = source.index(f'GpuType("{gpu.name}"')
+        comment = source[:row].rstrip().rsplit("\n    GpuType(", 1)[-1]
+        assert re.search(r"data sheet|datasheet|nvidia\.com|DGX|HGX", comment), gpu.name
+
+
+def test_blackwell_types_from_the_data_sheets() -> None:
+    b200, gb200 = get_gpu_type("B200-180GB"), get_gpu_type("GB200-186GB")
+    assert (b200.peak_tflops, b200.mem_gib, b200.nvlink_gbps, b200.gpus_per_node) == (2250, 167.6, 720, 8)
+    assert (gb200.peak_tflops, gb200.mem_gib, gb200.nvlink_gbps, gb200.gpus_per_node) == (2500, 173.2, 720, 4)
+    assert all(get_gpu_type(name).gpus_per_node == 8 for name in BUILTIN_NAMES - {"GB200-186GB"})
+
+
+@pytest.mark.parametrize("device, mem_gib, expected", [
+    ("NVIDIA H200", 139.8, "H200-141GB"),
+    ("NVIDIA H100 80GB HBM3", 79.1, "H100-80GB"),
+    ("NVIDIA A100-SXM4-80GB", 79.2, "A100-80GB"),
+    ("NVIDIA A100-SXM4-40GB", 39.4, "A100-40GB"),
+    ("Tesla V100-SXM2-32GB", 31.7, "V100-32GB"),
+    ("NVIDIA B200", 178.4, "B200-180GB"),
+    ("NVIDIA GB200", 184.0, "GB200-186GB"),  # not a B200
+    ("NVIDIA GeForce RTX 4090", 23.6, None),
+])
+def test_device_name_to_builtin_type(device: str, mem_gib: float, expected: str | None) -> None:
+    assert hardware.gpu_type_for_device(device, mem_gib) == expected
 
 
 def test_lookup_is_case_insensitive() -> None:
@@ -76,6 +114,7 @@ def test_toml_unknown_key_names_file_and_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text, fragment", [
     ('[gpu."A100-80GB"]\nmem_gib = "lots"\n', "mem_gib"),
     ('[gpu."A100-80GB"]\nmem_gib = -1\n', "mem_gib"),
+    ('[gpu."A100-80GB"]\ngpus_per_node = 2.5\n', "gpus_per_node must be a positive integer"),
     ('[gpu."NEW"]\nmem_gib = 10\n', "NEW"),  # a new type must give the required numbers
     ('[gpu."A100-80GB"\n', "cannot read"),
 ])

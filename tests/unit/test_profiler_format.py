@@ -8,21 +8,21 @@ import sys
 import pytest
 
 from pipeswift_slurm.core.model import ModelShape
-from pipeswift_slurm.measure.profiler import (
+from pipeswift_slurm.measure.profile_file import (
     LayerProfile,
     MicroBatchTiming,
     ProfileFormatError,
-    layer_flops_fwd_bwd,
     read_profile_toml,
     write_profile_toml,
 )
+from pipeswift_slurm.measure.profiler import ProfileLabelError, layer_flops_fwd_bwd, profile_label
 
 SHAPE = ModelShape(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048,
                    ffn_hidden_size=8192, kv_channels=128, num_query_groups=16)
 
 
 def _profile(**changes) -> LayerProfile:
-    fields = {"gpu_type": "H200", "device": 'cuda:0 (NVIDIA H200 "SXM")', "backend": "megatron-core",
+    fields = {"gpu_type": "H200-141GB", "device": 'cuda:0 (NVIDIA H200 "SXM")', "backend": "megatron-core",
               "layer_spec": "local", "dtype": "bf16", "hidden_size": 2048, "seq_length": 2048,
               "num_attention_heads": 16, "num_query_groups": 16, "kv_channels": 128,
               "ffn_hidden_size": 8192, "swiglu": False, "warmup": 2, "repeats": 5,
@@ -36,8 +36,11 @@ def test_round_trip(tmp_path):
     path = tmp_path / "h200.toml"
     profile = _profile()
     write_profile_toml(profile, path)
-    assert read_profile_toml(path) == profile
-    assert "format_version = 1" in path.read_text()
+    read = read_profile_toml(path)
+    assert read == profile and read.source == str(path)
+    text = path.read_text()
+    assert "format_version = 1" in text and 'gpu_type = "H200-141GB"' in text and 'dtype = "bf16"' in text
+    assert "source" not in text  # where it was read from is not part of the file
 
 
 def test_lookup_and_shape_match():
@@ -50,8 +53,9 @@ def test_lookup_and_shape_match():
     assert not profile.matches(ModelShape(24, 2048, 16, 4096, 8192, 128, 16))
 
 
-def test_import_does_not_load_torch():
-    code = "import sys, pipeswift_slurm.measure.profiler; assert 'torch' not in sys.modules, 'torch imported'"
+@pytest.mark.parametrize("module", ["profiler", "profile_file"])
+def test_import_does_not_load_torch(module):
+    code = f"import sys, pipeswift_slurm.measure.{module}; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -61,6 +65,7 @@ def test_import_does_not_load_torch():
     ("backend = \"megatron-core\"\n", "", "backend"),
     ("fwd_bwd_ms = 4.0", "fwd_bwd_ms = -4.0", "micro_batch[1].fwd_bwd_ms"),
     ("swiglu = false", "swiglu = 0", "shape.swiglu"),
+    ('dtype = "bf16"', 'dtype = "tf32"', "dtype"),
 ])
 def test_malformed_file_names_file_and_key(tmp_path, old, new, key):
     path = tmp_path / "bad.toml"
@@ -90,3 +95,19 @@ def test_flops_swiglu_and_gqa():
     h, s, q, kv, ffn = 4096, 4096, 4096, 1024, 11008
     expected = 6 * s * (h * (q + 2 * kv) + q * s + q * h + 3 * h * ffn)
     assert layer_flops_fwd_bwd(shape, 1) == pytest.approx(expected)
+
+
+def test_cpu_run_is_labelled_cpu_and_never_a_gpu_type():
+    assert profile_label(None, None, 0.0) == "cpu"
+    assert profile_label("cpu", None, 0.0) == "cpu"
+    with pytest.raises(ProfileLabelError, match="no GPU.*H200-141GB"):
+        profile_label("H200-141GB", None, 0.0)
+
+
+def test_gpu_run_is_labelled_with_its_table_type():
+    assert profile_label(None, "NVIDIA H200", 140.0) == "H200-141GB"
+    assert profile_label(None, "NVIDIA A100-SXM4-40GB", 39.4) == "A100-40GB"
+    assert profile_label(None, "NVIDIA RTX 6000 Ada", 47.0) == "NVIDIA RTX 6000 Ada"  # not in the table
+    assert profile_label("site-h200", "NVIDIA H200", 140.0) == "site-h200"  # a hardware-file name
+    with pytest.raises(ProfileLabelError, match="A100-80GB"):
+        profile_label("A100-80GB", "NVIDIA H200", 140.0)  # another built-in type: a mislabel
