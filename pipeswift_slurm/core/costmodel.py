@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
 from pipeswift_slurm.core.hardware import GpuType
-from pipeswift_slurm.core.megatron import stage_layers
+from pipeswift_slurm.core.megatron_rules import stage_layers
 from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
 
 V = TypeVar("V")

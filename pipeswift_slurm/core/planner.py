@@ -1,7 +1,7 @@
 """Planner: every valid config for a job on a GPU count (or a range), ranked by predicted
 iteration time, with the reason each excluded config was excluded on request.
 
-Uses megatron.enumerate_configs for Megatron's rules and CostModel for time and memory.
+Uses megatron_rules.enumerate_configs for Megatron's rules and CostModel for time and memory.
 Results per (job shape and plan, GPU count) are memoised on the Planner instance, so a
 controller or simulator that keeps one Planner pays for each shape once. Pure: no I/O.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate, per_profile
-from pipeswift_slurm.core.megatron import Problem, check_config, enumerate_configs
+from pipeswift_slurm.core.megatron_rules import Problem, check_config, enumerate_configs
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 
@@ -127,7 +127,7 @@ class Planner:
 def _raw_grid(profile: JobProfile, gpus: int, gpus_per_node: int, max_vp: int) -> list[ExecConfig]:
     """The candidates the search looks at, before Megatron's rules: tp (powers of two up to a
     node), pp (up to the layer count), the integral dp, mbs dividing the per-replica batch."""
-    from pipeswift_slurm.core.megatron import node_shape
+    from pipeswift_slurm.core.megatron_rules import node_shape
 
     nodes, gpn = node_shape(gpus, gpus_per_node)
     user, gbs = profile.requested, profile.plan.global_batch_size

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel
-from pipeswift_slurm.core.megatron import MegatronArgError, node_shape, profile_from_argv
+from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
+from pipeswift_slurm.core.megatron_rules import node_shape
 from pipeswift_slurm.core.model import JobProfile
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from pipeswift_slurm.core import hardware
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
-from pipeswift_slurm.core.megatron import check_config, profile_from_argv
+from pipeswift_slurm.core.megatron import profile_from_argv
+from pipeswift_slurm.core.megatron_rules import check_config
 from pipeswift_slurm.core.model import JobProfile
 from pipeswift_slurm.core.planner import Planner
 

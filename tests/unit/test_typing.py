@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STRICT = ["pipeswift_slurm/core/model.py", "pipeswift_slurm/core/megatron.py", "pipeswift_slurm/core/costmodel.py",
+STRICT = ["pipeswift_slurm/core/model.py", "pipeswift_slurm/core/megatron.py", "pipeswift_slurm/core/megatron_rules.py",
+          "pipeswift_slurm/core/megatron_render.py", "pipeswift_slurm/core/costmodel.py",
           "pipeswift_slurm/policy"]
 
 
