@@ -99,13 +99,15 @@ def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[
 
 
 def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = None,
-                   on_tick: Optional[Callable[[str, float, Any], None]] = None) -> Comparison:
+                   on_tick: Optional[Callable[[str, float, Any], None]] = None,
+                   on_start: Optional[Callable[[str, int], None]] = None) -> Comparison:
     """Simulate every policy of ``spec`` on the same workload, cluster and seed.
 
     Args:
         spec: the run.
         store_for: policy name -> Store to record that run's ticks into (or None).
         on_tick: progress callback (policy name, simulated time, tick report).
+        on_start: called before each policy's run (policy name, jobs in the workload).
     """
     from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, get_gpu_type
 
@@ -122,6 +124,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
             knobs.setdefault("wait_bound_s", spec.wait_bound_s)
         policy = get_policy(base, **knobs)
         store = store_for(name) if store_for else None
+        if on_start is not None:
+            on_start(name, len(jobs))
         tick_cb = (lambda now, rep, _n=name: on_tick(_n, now, rep)) if on_tick else None
         t0 = time.perf_counter()
         run_settings = replace(settings, allow_requeue=False) if name in spec.no_requeue else settings
