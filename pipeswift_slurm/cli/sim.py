@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import calendar
 import json
 import sys
+from datetime import datetime, timezone
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -191,12 +193,28 @@ def _print_comparison(comp: Any) -> None:
     from pipeswift_slurm.core.fmt import duration
 
     w = comp.workload
-    click.echo("workload: %s, %d jobs (%d flexible) over %.1f days, offered load %.2f; lower bound mean JCT %s"
-               % (w["source"], w["jobs"], w["flexible_jobs"], w["span_days"], w["offered_load"],
-                  duration(w["lower_bound_mean_jct_s"])))
+    click.echo("workload: %s, %d jobs (%d flexible) over %.1f days from %s, offered load %.2f; lower bound mean"
+               " JCT %s" % (w["source"], w["jobs"], w["flexible_jobs"], w["span_days"], _date(w["start_epoch_s"]),
+                            w["offered_load"], duration(w["lower_bound_mean_jct_s"])))
     click.echo(comparison_table(comp))
     base = next((m["policy"] for m in comp.metrics if m["policy"] == "slurm"), comp.metrics[0]["policy"])
     click.echo(legend(base))
+
+
+def _start_epoch_s(text: Optional[str]) -> Optional[float]:
+    """``--start YYYY-MM-DD`` as the epoch second of that UTC midnight (None when not given)."""
+    if text is None:
+        return None
+    try:
+        return float(calendar.timegm(datetime.strptime(text, "%Y-%m-%d").timetuple()))
+    except ValueError:
+        fail("--start %r: expected a date YYYY-MM-DD, e.g. 2024-05-01" % text)
+
+
+def _date(epoch_s: float) -> str:
+    """'2024-05-01' (UTC) of ``epoch_s``; the time of day too when it is not midnight."""
+    stamp = datetime.fromtimestamp(epoch_s, tz=timezone.utc)
+    return stamp.strftime("%Y-%m-%d" if epoch_s % 86400 == 0 else "%Y-%m-%d %H:%M:%S")
 
 
 def comparison_json(comp: Any) -> dict[str, Any]:
@@ -204,7 +222,8 @@ def comparison_json(comp: Any) -> dict[str, Any]:
     return {"spec": {"gpus": spec.gpus, "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu.name if spec.gpu
                      else DEFAULT_GPU_TYPE, "workload": spec.workload or "synthetic", "load": spec.load,
                      "seed": spec.seed, "start_day": spec.start_day, "window_days": spec.window_days,
-                     "flex": spec.flex, "tick_interval_s": spec.tick_interval_s, "wait_bound_s": spec.wait_bound_s},
+                     "flex": spec.flex, "tick_interval_s": spec.tick_interval_s, "wait_bound_s": spec.wait_bound_s,
+                     "start": _date(comp.workload["start_epoch_s"])},
             "workload": comp.workload, "policies": comp.metrics}
 
 
@@ -262,7 +281,11 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Also run the controller's policy as this config sets it ([policy] name and knobs,"
               " [controller] allow_requeue, [slurm] gpu_type and gpus_per_node), named POLICY:site.")
 @click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--start-day", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--start", "start_epoch_s", callback=lambda _c, _p, v: _start_epoch_s(v), metavar="YYYY-MM-DD",
+              help="Date (UTC) of the simulation's first moment, as the history (--db) and the reports show it;"
+              " default: the trace's own dates when its times are dates (epoch seconds), else today.")
+@click.option("--start-day", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Skip this many days of the trace (see --window-days).")
 @click.option("--window-days", type=click.FloatRange(min=0.001))
 @click.option("--vc", "cluster_filter", help="Only jobs of this trace cluster (Philly virtual cluster).")
 @click.option("--flex", type=click.FloatRange(0, 1), default=1.0, show_default=True,
@@ -283,7 +306,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
              window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
              wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
-             config_path: Optional[str]) -> None:
+             config_path: Optional[str], start_epoch_s: Optional[float]) -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
     from pipeswift_slurm.sim.runner import RunSpec
 
@@ -307,7 +330,8 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    policy_knobs=knobs, no_requeue=no_requeue, seed=seed, start_day=start_day,
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
-                   noise_sigma=truth_noise, cluster_filter=cluster_filter)
+                   noise_sigma=truth_noise, cluster_filter=cluster_filter,
+                   start_epoch_s=start_epoch_s)
     comp = _run(spec, db)
     if json_out != "-":
         _print_comparison(comp)
@@ -340,7 +364,7 @@ def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
     from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
 
     spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
-                   policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed)
+                   policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed, start_epoch_s=None)
     progress = Progress(len(spec.policies) + 1, on_terminal())  # + the history run
     try:
         comp = run_comparison(spec, on_tick=progress.tick, on_start=progress.start)

@@ -215,6 +215,17 @@ def select_window(rows: Sequence[TraceRow], start_day: float = 0.0,
     return [replace(r, submit_s=r.submit_s - t0) for r in chosen]
 
 
+DATED_AFTER_S = 946684800.0  # 2000-01-01 UTC: a trace whose times are later is in epoch seconds
+
+
+def window_start_s(rows: Sequence[TraceRow], start_day: float = 0.0) -> Optional[float]:
+    """The submit time of the first row ``select_window`` keeps, when the trace's times are
+    dates (epoch seconds after 2000); None for a trace in relative seconds."""
+    lo = start_day * 86400.0
+    first = min((r.submit_s for r in rows if r.submit_s >= lo), default=None)
+    return first if first is not None and first >= DATED_AFTER_S else None
+
+
 def offered_load(rows: Sequence[TraceRow], cluster_gpus: int) -> float:
     """GPU-seconds asked for / (arrival span x cluster GPUs), using recorded durations."""
     if not rows:

@@ -315,3 +315,45 @@ def test_progress_bar_on_a_terminal_goes_to_stderr() -> None:
     text = b"".join(chunks).decode(errors="replace")
     assert "simulating fifo" in text and "100%" in text
     assert text.index("100%") < text.index("policy ")
+
+
+def _report_dates(db: Path) -> set[str]:
+    """The dates of ``pipeswift report queue-ratio --by day`` on ``db``."""
+    result = invoke(CliRunner(), "report", "queue-ratio", "--by", "day", "--db", str(db))
+    assert result.exit_code == 0, result.output
+    return {line.split()[0] for line in result.stdout.splitlines() if line[:2] in ("19", "20")}
+
+
+def test_simulated_history_has_real_dates_never_1970(runner: CliRunner, tmp_path: Path) -> None:
+    import time
+
+    db = tmp_path / "h.sqlite"
+    result = invoke(runner, "simulate", *SMALL, "--jobs", "20", "--policy", "fifo", "--db", str(db))
+    assert result.exit_code == 0, result.output
+    dates = _report_dates(db)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    assert dates and not any(d.startswith("1970") for d in dates)
+    assert min(dates) == today  # no trace dates: the simulation starts today
+    assert "from %s," % today in result.stdout
+    db2 = tmp_path / "h2.sqlite"
+    result = invoke(runner, "simulate", *SMALL, "--jobs", "20", "--policy", "fifo", "--db", str(db2),
+                    "--start", "2024-05-01", "--json", "-")
+    assert json.loads(result.stdout)["spec"]["start"] == "2024-05-01"
+    assert min(_report_dates(db2)) == "2024-05-01"
+
+
+def test_a_dated_trace_keeps_its_own_dates(runner: CliRunner, tmp_path: Path) -> None:
+    trace = tmp_path / "dated.csv"
+    t0 = 1714564800  # 2024-05-01 12:00:00 UTC
+    trace.write_text("job_id,submit_time_s,duration_s,num_gpus\n"
+                     + "".join("j%d,%d,3600,8\n" % (i, t0 + 3600 * i) for i in range(4)))
+    db = tmp_path / "h.sqlite"
+    result = invoke(runner, "simulate", "--workload", str(trace), *SMALL, "--policy", "fifo", "--db", str(db),
+                    "--json", "-")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["spec"]["start"] == "2024-05-01 12:00:00"
+    assert _report_dates(db) == {"2024-05-01"}
+
+
+def test_bad_start_date_is_one_error_line(runner: CliRunner) -> None:
+    assert_one_error_line(invoke(runner, "simulate", *SMALL, "--start", "May 1"), "--start", "YYYY-MM-DD")
