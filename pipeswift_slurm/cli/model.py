@@ -28,6 +28,26 @@ def _profile(megatron_args: Sequence[str], world: Optional[int], gpus_per_node: 
 
 
 
+GPU_TYPE_ENV = "PIPESWIFT_GPU_TYPE"
+gpu_type_option = click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True, envvar=GPU_TYPE_ENV,
+                               help="GPU type the predictions assume (env %s)." % GPU_TYPE_ENV)
+
+
+def gpu_type_source() -> str:
+    """Where ``--gpu-type`` came from: "default", "--gpu-type" or the environment variable."""
+    source = click.get_current_context().get_parameter_source("gpu_type")
+    if source == click.core.ParameterSource.COMMANDLINE:
+        return "--gpu-type"
+    return GPU_TYPE_ENV if source == click.core.ParameterSource.ENVIRONMENT else "default"
+
+
+def gpu_type_note(gpu: GpuType, source: str) -> str:
+    """'A100-80GB (default; --gpu-type to change)', or the name and where it was set."""
+    if source == "default":
+        return "%s (default; --gpu-type or %s to change)" % (gpu.name, GPU_TYPE_ENV)
+    return "%s (from %s)" % (gpu.name, source)
+
+
 def _config_dict(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in asdict(cfg).items()}
 
@@ -50,7 +70,7 @@ def estimate_dict(est: Any, profile: Any, cost: Any) -> dict[str, Any]:
 
 
 @click.command()
-@click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True, help="GPU type name.")
+@gpu_type_option
 @click.option("--num-gpus", type=click.IntRange(min=1), help="World size (default tp*pp*cp).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
@@ -71,7 +91,7 @@ def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: in
     cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile, gpu, profile))
     est = cost.estimate(profile, profile.requested)
     data = estimate_dict(est, profile, cost)
-    data["gpu_type"] = gpu.name
+    data["gpu_type"], data["gpu_type_source"] = gpu.name, gpu_type_source()
     if as_json:
         echo_json(data)
         return
@@ -79,7 +99,7 @@ def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: in
 
     lines = [
         ("config", est.config.short()),
-        ("gpu type", gpu.name),
+        ("gpu type", gpu_type_note(gpu, data["gpu_type_source"])),
         ("iteration time", "%.3f s" % est.iter_time_s),
         ("model TFLOP/s per GPU", "%.1f (%.0f%% of peak)" % (est.tflops_per_gpu, 100 * est.tflops_per_gpu
                                                              / gpu.peak_tflops)),
@@ -112,7 +132,7 @@ def parse_gpu_range(text: str) -> tuple[int, int]:
 @click.command()
 @click.option("--gpus", "gpus_text", required=True, help="GPU count or range, e.g. 8 or 4-64.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True)
+@gpu_type_option
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--explain", is_flag=True, help="Also list excluded configs and why.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
@@ -123,30 +143,47 @@ def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, 
          as_json: bool, layer_profile: Optional[str], megatron_args: tuple[str, ...]) -> None:
     """Rank every valid config of a Megatron job over a GPU count or range."""
     from pipeswift_slurm.core.costmodel import CostModel
-    from pipeswift_slurm.core.planner import Planner
+    from pipeswift_slurm.core.planner import Planner, no_layout_groups
 
     lo, hi = parse_gpu_range(gpus_text)
     gpu = obj.gpu(gpu_type)
     profile = _profile(megatron_args, None, gpus_per_node).with_range(lo, hi)
     cost = CostModel(gpu, layer_profile=load_layer_profile(layer_profile, gpu, profile))
-    result = Planner(cost, gpus_per_node).plan(profile, lo, hi, explain=explain)
+    planner = Planner(cost, gpus_per_node)
+    result = planner.plan(profile, lo, hi, explain=explain)
     rows = [estimate_dict(e, profile, cost) for e in result.ranked[:top]]
+    none = no_layout_groups(planner, profile, range(lo, hi + 1))
     if as_json:
-        echo_json({"gpu_type": gpu.name, "gpus": [lo, hi], "valid_configs": len(result.ranked),
-                   "configs": rows,
+        echo_json({"gpu_type": gpu.name, "gpu_type_source": gpu_type_source(), "gpus": [lo, hi],
+                   "valid_configs": len(result.ranked), "configs": rows,
+                   "no_layout": [{"gpus": counts, "reason": why} for counts, why in none],
                    "excluded": [{"gpus": x.gpus, "config": x.config and _config_dict(x.config),
                                  "reason": x.reason} for x in result.excluded]})
         return
+    click.echo("GPU type: %s" % gpu_type_note(gpu, gpu_type_source()))
+    if not result.ranked:
+        click.echo("no valid config in that GPU range (--explain lists every excluded config):", err=True)
+    for counts, why in none:
+        click.echo("no valid layout on %s GPUs: %s" % (_counts_text(counts), why), err=not result.ranked)
     _print_plan(result, rows, gpu, explain)
     if not result.ranked:
         sys.exit(1)
 
 
+def _counts_text(counts: list[int]) -> str:
+    """'3, 5, 6, 7' for a few counts, '9-16' for a run, a mix for both."""
+    runs: list[list[int]] = []
+    for gpus in counts:
+        if runs and gpus == runs[-1][-1] + 1:
+            runs[-1].append(gpus)
+        else:
+            runs.append([gpus])
+    return ", ".join("%d-%d" % (r[0], r[-1]) if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
 def _print_plan(result: Any, rows: list[dict[str, Any]], gpu: GpuType, explain: bool) -> None:
     from pipeswift_slurm.core.fmt import duration, table
 
-    if not result.ranked:
-        click.echo("no valid config in that GPU range (use --explain to see why)", err=True)
     headers = ["#", "gpus", "nodes", "tp", "pp", "vp", "dp", "mbs", "M", "iter_s", "TFLOP/s", "mem_GiB",
                "bubble", "job_time"]
     table_rows = [[i + 1, r["gpus"], "%dx%d" % (r["config"]["num_nodes"], r["config"]["gpus_per_node"]),
@@ -154,8 +191,9 @@ def _print_plan(result: Any, rows: list[dict[str, Any]], gpu: GpuType, explain: 
                    r["config"]["micro_batch_size"], r["config"]["num_micro_batches"], r["iter_time_s"],
                    r["tflops_per_gpu"], r["mem_gib"], r["bubble_fraction"], duration(r["job_time_s"])]
                   for i, r in enumerate(rows)]
-    click.echo("%d valid configs on %s; top %d by iteration time:" % (len(result.ranked), gpu.name, len(rows)))
-    click.echo(table(headers, table_rows))
+    if rows:
+        click.echo("%d valid configs on %s; top %d by iteration time:" % (len(result.ranked), gpu.name, len(rows)))
+        click.echo(table(headers, table_rows))
     if explain:
         click.echo("\nexcluded (%d):" % len(result.excluded))
         for x in result.excluded:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import calendar
 import json
 import sys
+from datetime import datetime, timezone
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -12,6 +14,7 @@ import click
 
 from pipeswift_slurm.cli.common import Obj, fail, pass_obj
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
+from pipeswift_slurm.core.model import COMPLETED
 
 
 def _policies(text: str) -> tuple[str, ...]:
@@ -77,11 +80,40 @@ def _bias(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
-def _progress(total_jobs: int) -> Any:
-    """A stderr progress bar (jobs finished) for long runs on a terminal, else None."""
-    if total_jobs < 2000 or not sys.stderr.isatty():
-        return None
-    return click.progressbar(length=total_jobs, label="simulating", file=sys.stderr)
+def on_terminal() -> bool:
+    """True when both stdout and stderr are a terminal: only then is a progress bar drawn."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+class Progress:
+    """A stderr progress bar of jobs finished, over every policy run of a comparison.
+
+    Pass ``start`` as the runner's ``on_start`` and ``tick`` as its ``on_tick``. Drawn only
+    when ``enabled`` (a terminal; see ``on_terminal``); otherwise every call does nothing.
+    """
+
+    def __init__(self, runs: int, enabled: bool):
+        self.runs = runs
+        self.enabled = enabled
+        self.bar: Any = None
+
+    def start(self, policy: str, jobs: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=max(1, self.runs * jobs), file=sys.stderr, width=30,
+                                         label="simulating", show_eta=True)
+            self.bar.__enter__()
+        self.bar.label = "simulating %-16s" % policy
+
+    def tick(self, policy: str, now: float, report: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(sum(1 for job in report.view.jobs if job.state == COMPLETED))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
 
 
 def _run(spec: Any, db: Optional[str]) -> Any:
@@ -99,38 +131,90 @@ def _run(spec: Any, db: Optional[str]) -> Any:
         stores[policy] = Store.from_url(str(path))
         return stores[policy]
 
+    progress = Progress(len(spec.policies), on_terminal())
     try:
-        return run_comparison(spec, store_for=store_for if db else None)
+        try:
+            return run_comparison(spec, store_for=store_for if db else None, on_tick=progress.tick,
+                                  on_start=progress.start)
+        finally:
+            progress.close()  # before any error line
     except WorkloadError as exc:
         fail(str(exc))
     except RuntimeError as exc:
         fail(str(exc), 1)
 
 
+# (header, metric key) of the duration columns, in table order after "vs BASE"
+DURATION_COLUMNS = (("mean JCT", "mean_jct_s"), ("median", "median_jct_s"), ("P99", "p99_jct_s"),
+                    ("P99 large", "p99_jct_s_large"), ("mean queue", "mean_queue_s"))
+
+
 def comparison_table(comp: Any) -> str:
-    from pipeswift_slurm.core.fmt import duration, table
+    """The per-policy table: one unit per duration column, named in its header."""
+    from pipeswift_slurm.core.fmt import duration_column, table
 
     base = next((m for m in comp.metrics if m["policy"] == "slurm"), comp.metrics[0])
-    headers = ["policy", "mean JCT", "vs " + base["policy"], "median", "P99", "P99 large", "mean queue",
-               "queue ratio", "max wait", "GPU util", "resized", "restarts", "decide ms"]
+    columns = {}
+    for header, key in DURATION_COLUMNS + (("max wait", "max_wait_s"),):
+        unit, cells = duration_column([m[key] for m in comp.metrics])
+        columns[header] = ("%s (%s)" % (header, unit), cells)
+    headers = ["policy", columns["mean JCT"][0], "vs " + base["policy"]]
+    headers += [columns[h][0] for h, _ in DURATION_COLUMNS[1:]]
+    headers += ["queue ratio", columns["max wait"][0], "GPU util", "resized", "restarts", "decide ms"]
     rows = []
-    for m in comp.metrics:
-        rows.append([m["policy"], duration(m["mean_jct_s"]), "%.2f" % (m["mean_jct_s"] / base["mean_jct_s"]),
-                     duration(m["median_jct_s"]), duration(m["p99_jct_s"]), duration(m["p99_jct_s_large"]),
-                     duration(m["mean_queue_s"]), "%.2f" % (m["queue_ratio"] or 0), duration(m["max_wait_s"]),
-                     "%.2f" % (m["gpu_utilisation"] or 0), m["reconfigured_jobs"], m["restarts"],
-                     "%.2f" % (m["decide_ms_mean"] or 0)])
+    for i, m in enumerate(comp.metrics):
+        rows.append([m["policy"], columns["mean JCT"][1][i], "%.2f" % (m["mean_jct_s"] / base["mean_jct_s"])]
+                    + [columns[h][1][i] for h, _ in DURATION_COLUMNS[1:]]
+                    + ["%.2f" % (m["queue_ratio"] or 0), columns["max wait"][1][i],
+                       "%.2f" % (m["gpu_utilisation"] or 0), m["reconfigured_jobs"], m["restarts"],
+                       "%.2f" % (m["decide_ms_mean"] or 0)])
     return table(headers, rows)
+
+
+def legend(base: str) -> str:
+    """What the columns of ``comparison_table`` mean (units are in the headers)."""
+    items = [
+        ("vs " + base, "mean JCT over %s's mean JCT (below 1 is better)" % base),
+        ("P99", "99th percentile JCT; P99 large: the same over large jobs (32 GPU-hours and more)"),
+        ("mean queue", "mean time a job spends not running (waiting, and again after a requeue)"),
+        ("queue ratio", "total time not running / total JCT, over all jobs"),
+        ("max wait", "the longest any job spent not running"),
+        ("GPU util", "busy GPU-time / (cluster GPUs x time to the last job's end)"),
+        ("resized", "jobs run on another GPU count than they asked for"),
+        ("restarts", "requeues of running jobs (a preempted job starts again from its checkpoint)"),
+        ("decide ms", "mean time the policy took per controller tick, in milliseconds"),
+    ]
+    width = max(len(name) for name, _ in items)
+    return "\n".join(["columns: JCT = job completion time, submit to end; durations in the unit of their header"]
+                     + ["  %s  %s" % (name.ljust(width), text) for name, text in items])
 
 
 def _print_comparison(comp: Any) -> None:
     from pipeswift_slurm.core.fmt import duration
 
     w = comp.workload
-    click.echo("workload: %s, %d jobs (%d flexible) over %.1f days, offered load %.2f; lower bound mean JCT %s"
-               % (w["source"], w["jobs"], w["flexible_jobs"], w["span_days"], w["offered_load"],
-                  duration(w["lower_bound_mean_jct_s"])))
+    click.echo("workload: %s, %d jobs (%d flexible) over %.1f days from %s, offered load %.2f; lower bound mean"
+               " JCT %s" % (w["source"], w["jobs"], w["flexible_jobs"], w["span_days"], _date(w["start_epoch_s"]),
+                            w["offered_load"], duration(w["lower_bound_mean_jct_s"])))
     click.echo(comparison_table(comp))
+    base = next((m["policy"] for m in comp.metrics if m["policy"] == "slurm"), comp.metrics[0]["policy"])
+    click.echo(legend(base))
+
+
+def _start_epoch_s(text: Optional[str]) -> Optional[float]:
+    """``--start YYYY-MM-DD`` as the epoch second of that UTC midnight (None when not given)."""
+    if text is None:
+        return None
+    try:
+        return float(calendar.timegm(datetime.strptime(text, "%Y-%m-%d").timetuple()))
+    except ValueError:
+        fail("--start %r: expected a date YYYY-MM-DD, e.g. 2024-05-01" % text)
+
+
+def _date(epoch_s: float) -> str:
+    """'2024-05-01' (UTC) of ``epoch_s``; the time of day too when it is not midnight."""
+    stamp = datetime.fromtimestamp(epoch_s, tz=timezone.utc)
+    return stamp.strftime("%Y-%m-%d" if epoch_s % 86400 == 0 else "%Y-%m-%d %H:%M:%S")
 
 
 def comparison_json(comp: Any) -> dict[str, Any]:
@@ -138,7 +222,8 @@ def comparison_json(comp: Any) -> dict[str, Any]:
     return {"spec": {"gpus": spec.gpus, "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu.name if spec.gpu
                      else DEFAULT_GPU_TYPE, "workload": spec.workload or "synthetic", "load": spec.load,
                      "seed": spec.seed, "start_day": spec.start_day, "window_days": spec.window_days,
-                     "flex": spec.flex, "tick_interval_s": spec.tick_interval_s, "wait_bound_s": spec.wait_bound_s},
+                     "flex": spec.flex, "tick_interval_s": spec.tick_interval_s, "wait_bound_s": spec.wait_bound_s,
+                     "start": _date(comp.workload["start_epoch_s"])},
             "workload": comp.workload, "policies": comp.metrics}
 
 
@@ -196,7 +281,11 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Also run the controller's policy as this config sets it ([policy] name and knobs,"
               " [controller] allow_requeue, [slurm] gpu_type and gpus_per_node), named POLICY:site.")
 @click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--start-day", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--start", "start_epoch_s", callback=lambda _c, _p, v: _start_epoch_s(v), metavar="YYYY-MM-DD",
+              help="Date (UTC) of the simulation's first moment, as the history (--db) and the reports show it;"
+              " default: the trace's own dates when its times are dates (epoch seconds), else today.")
+@click.option("--start-day", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Skip this many days of the trace (see --window-days).")
 @click.option("--window-days", type=click.FloatRange(min=0.001))
 @click.option("--vc", "cluster_filter", help="Only jobs of this trace cluster (Philly virtual cluster).")
 @click.option("--flex", type=click.FloatRange(0, 1), default=1.0, show_default=True,
@@ -217,7 +306,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
              window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
              wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
-             config_path: Optional[str]) -> None:
+             config_path: Optional[str], start_epoch_s: Optional[float]) -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
     from pipeswift_slurm.sim.runner import RunSpec
 
@@ -241,7 +330,8 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    policy_knobs=knobs, no_requeue=no_requeue, seed=seed, start_day=start_day,
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
-                   noise_sigma=truth_noise, cluster_filter=cluster_filter)
+                   noise_sigma=truth_noise, cluster_filter=cluster_filter,
+                   start_epoch_s=start_epoch_s)
     comp = _run(spec, db)
     if json_out != "-":
         _print_comparison(comp)
@@ -274,11 +364,16 @@ def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
     from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
 
     spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
-                   policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed)
-    comp = run_comparison(spec)
+                   policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed, start_epoch_s=None)
+    progress = Progress(len(spec.policies) + 1, on_terminal())  # + the history run
+    try:
+        comp = run_comparison(spec, on_tick=progress.tick, on_start=progress.start)
+        _demo_history(spec, db, progress)
+    finally:
+        progress.close()  # before the first line of output
     _print_comparison(comp)
     _explain_gains(comp)
-    _demo_history(spec, db)
+    click.echo("\ncontroller history of the pipeswift run written to %s (pipeswift report all --db %s)" % (db, db))
     if plot:
         plot_cdf(comp, plot)
 
@@ -295,10 +390,10 @@ def _explain_gains(comp: Any) -> None:
                % (comp.workload["lower_bound_mean_jct_s"] / slurm))
 
 
-def _demo_history(spec: Any, db: str) -> None:
+def _demo_history(spec: Any, db: str, progress: Progress) -> None:
     from pipeswift_slurm.sim.runner import run_comparison
     from pipeswift_slurm.store.history import Store
 
     Path(db).unlink(missing_ok=True)
-    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(db))
-    click.echo("\ncontroller history of the pipeswift run written to %s (pipeswift report all --db %s)" % (db, db))
+    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(db),
+                   on_tick=progress.tick, on_start=progress.start)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.layer_profile import LayerProfileMismatch, layer_profile_mismatch, layer_profile_refusal
-from pipeswift_slurm.core.megatron import stage_layers
+from pipeswift_slurm.core.megatron_rules import stage_layers
 from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
 
 V = TypeVar("V")

@@ -43,3 +43,23 @@ def duration(seconds: float | None) -> str:
     if seconds < 172800:
         return "%.1fh" % (seconds / 3600)
     return "%.1fd" % (seconds / 86400)
+
+
+# (unit, seconds per unit, largest value in seconds shown in that unit)
+DURATION_UNITS = (("s", 1.0, 120.0), ("min", 60.0, 7200.0), ("h", 3600.0, 172800.0), ("d", 86400.0, float("inf")))
+
+
+def duration_unit(seconds: Sequence[float | None]) -> tuple[str, float]:
+    """One unit for a column of durations, chosen by its largest value (as ``duration``
+    would show that value): (unit name, seconds per unit)."""
+    largest = max((s for s in seconds if s is not None), default=0.0)
+    for name, per_unit, limit in DURATION_UNITS:
+        if largest < limit:
+            return name, per_unit
+    return DURATION_UNITS[-1][0], DURATION_UNITS[-1][1]
+
+
+def duration_column(seconds: Sequence[float | None]) -> tuple[str, list[str]]:
+    """A column of durations in one unit: (unit name, cells with one decimal, '-' for None)."""
+    name, per_unit = duration_unit(seconds)
+    return name, ["-" if s is None else "%.1f" % (s / per_unit) for s in seconds]

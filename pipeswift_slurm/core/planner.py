@@ -1,18 +1,19 @@
 """Planner: every valid config for a job on a GPU count (or a range), ranked by predicted
 iteration time, with the reason each excluded config was excluded on request.
 
-Uses megatron.enumerate_configs for Megatron's rules and CostModel for time and memory.
+Uses megatron_rules.enumerate_configs for Megatron's rules and CostModel for time and memory.
 Results per (job shape and plan, GPU count) are memoised on the Planner instance, so a
 controller or simulator that keeps one Planner pays for each shape once. Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate, per_profile
-from pipeswift_slurm.core.megatron import Problem, check_config, enumerate_configs
+from pipeswift_slurm.core.megatron_rules import Problem, check_config, enumerate_configs
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 
@@ -118,16 +119,98 @@ class Planner:
         lo, hi = profile.gpu_range
         if not lo <= gpus <= hi:
             out.insert(0, Excluded(gpus, None, "outside the job's allowed range %d-%d GPUs" % (lo, hi)))
-        elif not out and not self.ranked(profile, gpus):
-            out.append(Excluded(gpus, None, "no tp*pp*dp factorisation of %d GPUs divides the global batch %d"
-                                % (gpus, profile.plan.global_batch_size)))
+        elif not self.ranked(profile, gpus):
+            out.append(Excluded(gpus, None, self.why_none(profile, gpus).text()))
         return out
+
+    def why_none(self, profile: JobProfile, gpus: int) -> NoLayout:
+        """Why no config runs on exactly ``gpus`` GPUs: outside the job's range, Megatron's
+        rules (which ones excluded every tp x pp x dp split), or memory (some split is
+        valid, none fits). Meaningful only when ``ranked(profile, gpus)`` is empty."""
+        lo, hi = profile.gpu_range
+        if not lo <= gpus <= hi:
+            return NoLayout("range", ("outside the job's allowed range %d-%d GPUs" % (lo, hi),))
+        wide = replace(profile, min_gpus=gpus, max_gpus=gpus)
+        rules: dict[str, str] = {}
+        least_gib: Optional[float] = None
+        # vp 1 only: interleaving is optional, so its own rules never exclude a GPU count
+        for cfg in _raw_grid(wide, gpus, self.gpus_per_node, 1):
+            problems = check_config(wide, cfg, self.gpus_per_node)
+            for problem in problems:
+                rules.setdefault(problem.flag, rule_words(problem, profile))
+            if not problems:
+                mem_gib = self.cost.estimate(profile, cfg).mem_gib
+                least_gib = mem_gib if least_gib is None else min(least_gib, mem_gib)
+        if least_gib is not None:
+            return NoLayout("memory", ("%s has %.0f GiB per GPU" % (self.cost.gpu.name, self.cost.gpu.mem_gib),),
+                            least_gib)
+        return NoLayout("rules", tuple(rules.values()) or ("no tp x pp x dp split of %d GPUs" % gpus,))
+
+
+@dataclass(frozen=True)
+class NoLayout:
+    """Why a GPU count has no layout: ``kind`` is "range", "rules" or "memory"; ``reasons``
+    name the rules (or the limit) in words that do not depend on the count; ``least_gib``
+    is the memory per GPU the smallest valid layout needs (kind "memory")."""
+
+    kind: str
+    reasons: tuple[str, ...]
+    least_gib: float = 0.0
+
+    def text(self) -> str:
+        if self.kind == "memory":
+            return "memory: the smallest valid layout needs %.1f GiB per GPU, %s" % (
+                self.least_gib, self.reasons[0])
+        if self.kind == "rules":
+            return "every tp x pp x dp split breaks a Megatron rule: %s" % "; ".join(self.reasons)
+        return self.reasons[0]
+
+
+def rule_words(problem: Problem, profile: JobProfile) -> str:
+    """The rule behind ``problem`` in words that hold for every split of the job."""
+    shape, plan = profile.shape, profile.plan
+    words = {
+        "--global-batch-size": "global batch %d not divisible by micro-batch x data-parallel size"
+                               % plan.global_batch_size,
+        "--pipeline-model-parallel-size": "%d layers not divisible by the pipeline size" % shape.num_layers,
+        "--decoder-first-pipeline-num-layers": "the first/last layer split does not fit the pipeline size",
+        "--num-query-groups": "%d query groups not divisible by the tensor size" % shape.num_query_groups,
+        "--context-parallel-size": "sequence length %d not divisible by 2 x the context-parallel size"
+                                   % shape.seq_length,
+        "--pipeswift-pp": "pipeline sizes limited to %s" % (profile.allowed_pp,),
+        "--pipeswift-min-micro-batch": "micro-batch at least %d" % profile.min_micro_batch_size,
+    }
+    if problem.flag == "--tensor-model-parallel-size":
+        return ("%d attention heads not divisible by the tensor size" % shape.num_attention_heads
+                if "heads" in problem.message else "a tensor-parallel group must fit inside a node")
+    return words.get(problem.flag, str(problem))
+
+
+def no_layout_groups(planner: Planner, profile: JobProfile, counts: Sequence[int]) -> list[tuple[list[int], str]]:
+    """The GPU counts of ``counts`` that have no layout, grouped by cause: [(counts, why)],
+    in the order first seen; a memory cause quotes the least memory over its counts."""
+    groups: dict[tuple[str, tuple[str, ...]], tuple[list[int], float]] = {}
+    for gpus in counts:
+        if planner.ranked(profile, gpus):
+            continue
+        why = planner.why_none(profile, gpus)
+        found, least = groups.get((why.kind, why.reasons), ([], math.inf))
+        groups[(why.kind, why.reasons)] = (found + [gpus], min(least, why.least_gib or math.inf))
+    return [(found, NoLayout(kind, reasons, least if kind == "memory" else 0.0).text())
+            for (kind, reasons), (found, least) in groups.items()]
+
+
+def describe_no_layout(planner: Planner, profile: JobProfile, counts: Sequence[int]) -> list[str]:
+    """One line per cause, e.g. "no valid layout on 3, 5 GPUs: every tp x pp x dp split
+    breaks a Megatron rule: 8 layers not divisible by the pipeline size; ..."."""
+    return ["no valid layout on %s GPUs: %s" % (", ".join(str(g) for g in found), why)
+            for found, why in no_layout_groups(planner, profile, counts)]
 
 
 def _raw_grid(profile: JobProfile, gpus: int, gpus_per_node: int, max_vp: int) -> list[ExecConfig]:
     """The candidates the search looks at, before Megatron's rules: tp (powers of two up to a
     node), pp (up to the layer count), the integral dp, mbs dividing the per-replica batch."""
-    from pipeswift_slurm.core.megatron import node_shape
+    from pipeswift_slurm.core.megatron_rules import node_shape
 
     nodes, gpn = node_shape(gpus, gpus_per_node)
     user, gbs = profile.requested, profile.plan.global_batch_size

@@ -20,6 +20,7 @@ from pipeswift_slurm.reports.queries import (
     QueueRatioReport,
     WaitsReport,
 )
+from pipeswift_slurm.reports.base import QueueRatioRow
 
 
 # ---------------------------------------------------------------- figures (matplotlib, lazily)
@@ -36,10 +37,35 @@ def _figure(n_axes: int = 1, width_in: float = 8.0, height_in: float = 4.5) -> A
     return fig
 
 
+ROLLING_WINDOW_S = 6 * 3600.0  # the hourly curve's smoothing window
+
+
+def rolling_ratio(rows: list[QueueRatioRow], window_s: float = ROLLING_WINDOW_S) -> list[Optional[float]]:
+    """Per bucket, queue / JCT over the buckets that start in the ``window_s`` up to and
+    including it (sums of queue and run time, so busy hours weigh more); None when the
+    window holds no job time."""
+    out: list[Optional[float]] = []
+    for row in rows:
+        end = row.bucket_s or 0.0
+        inside = [r for r in rows if end - window_s < (r.bucket_s or 0.0) <= end]
+        queue_s, total_s = sum(r.queue_s for r in inside), sum(r.queue_s + r.run_s for r in inside)
+        out.append(queue_s / total_s if total_s > 0 else None)
+    return out
+
+
 def draw_queue_ratio(ax: Any, rep: QueueRatioReport) -> None:
-    """Queue ratio per bucket as a curve (hour/day) or per group as bars, threshold dashed."""
+    """Queue ratio per bucket as a curve (hour/day) or per group as bars, threshold dashed.
+    By hour, the hourly values are faint and a 6-hour rolling ratio is the curve."""
     rows = [r for r in rep.rows if r.queue_ratio is not None]
-    if rep.by in ("hour", "day") and rows:
+    if rep.by == "hour" and rows:
+        x = [datetime.fromtimestamp(r.bucket_s or 0.0, tz=UTC) for r in rows]
+        ax.plot(x, [r.queue_ratio for r in rows], marker=".", linewidth=0.6, alpha=0.35, color="tab:blue",
+                label="hourly")
+        ax.plot(x, rolling_ratio(rows), linewidth=2.0, color="tab:blue",
+                label="queue / JCT, %d-hour rolling" % (ROLLING_WINDOW_S // 3600))
+        ax.set_xlabel("submission hour (UTC)")
+        ax.tick_params(axis="x", labelrotation=30)
+    elif rep.by == "day" and rows:
         x = [datetime.fromtimestamp(r.bucket_s or 0.0, tz=UTC) for r in rows]
         ax.plot(x, [r.queue_ratio for r in rows], marker=".", linewidth=1.2, label="queue / JCT")
         ax.set_xlabel("submission %s (UTC)" % rep.by)

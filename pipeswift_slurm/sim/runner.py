@@ -16,7 +16,7 @@ from pipeswift_slurm.policy import PRESETS, get_policy
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
 from pipeswift_slurm.sim.metrics import lower_bound_s, summarize
 from pipeswift_slurm.sim.workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
-                       read_trace, rescale_load, select_window, synthetic_trace)
+                       read_trace, rescale_load, select_window, synthetic_trace, window_start_s)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,9 @@ class RunSpec:
     cluster_filter: Optional[str] = None
     policy_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # by label, over policy.PRESETS
     no_requeue: tuple[str, ...] = ()  # labels run where the site does not allow requeue
+    # epoch second of the simulation's time 0, as the history (store) sees it; None: the
+    # trace's own dates when its times are dates, else today (UTC midnight); 0: relative
+    start_epoch_s: Optional[float] = 0.0
 
 
 @dataclass
@@ -65,47 +68,59 @@ class Comparison:
     jobs: list[WorkloadJob]
 
 
-def trace_rows(spec: RunSpec) -> list[TraceRow]:
-    """The trace rows of the spec: a file slice (optionally re-loaded) or the generator.
+def trace_rows(spec: RunSpec) -> tuple[list[TraceRow], Optional[float]]:
+    """The trace rows of the spec (a file slice, optionally re-loaded, or the generator),
+    times from 0, and the window's own start (epoch s) when the trace's times are dates.
 
     Raises:
         WorkloadError: unreadable/malformed file or an empty window.
     """
     if spec.workload is None:
-        return synthetic_trace(spec.synthetic_jobs, spec.gpus, spec.load or 0.9, spec.seed)
+        return synthetic_trace(spec.synthetic_jobs, spec.gpus, spec.load or 0.9, spec.seed), None
     rows = read_trace(spec.workload)
     if spec.cluster_filter:
         rows = [r for r in rows if r.category == spec.cluster_filter]
+    own_start_s = window_start_s(rows, spec.start_day)
     rows = select_window(rows, spec.start_day, spec.window_days)
     if not rows:
         raise WorkloadError("%s: no job in the selected window (start day %g, %s days)"
                             % (spec.workload, spec.start_day, spec.window_days or "all"))
-    return rescale_load(rows, spec.gpus, spec.load) if spec.load else rows
+    return (rescale_load(rows, spec.gpus, spec.load) if spec.load else rows), own_start_s
+
+
+def today_utc_s() -> float:
+    """Today's UTC midnight in epoch seconds."""
+    now = time.time()
+    return float(now - now % 86400)
 
 
 def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[str, Any]]:
     """Workload jobs plus a description (counts, offered load) for the report."""
     if spec.gpus % spec.gpus_per_node:
         raise WorkloadError("--gpus %d is not a multiple of --gpus-per-node %d" % (spec.gpus, spec.gpus_per_node))
-    rows = trace_rows(spec)
+    rows, own_start_s = trace_rows(spec)
     conv = Conversion(cost, spec.gpus, spec.gpus_per_node, flex=spec.flex, seed=spec.seed,
                       class_bias=spec.class_bias, noise_sigma=spec.noise_sigma)
     jobs = build_workload(rows, conv, drop_oversized=spec.drop_oversized)
+    start_s = spec.start_epoch_s if spec.start_epoch_s is not None else own_start_s or today_utc_s()
+    jobs = [replace(j, submit_s=j.submit_s + start_s) for j in jobs] if start_s else jobs
     facts = {"source": spec.workload or "synthetic", "jobs": len(jobs), "dropped_oversized": len(rows) - len(jobs),
              "offered_load": offered_load(rows, spec.gpus),
              "span_days": (max(r.submit_s for r in rows) - min(r.submit_s for r in rows)) / 86400.0 if rows else 0.0,
-             "flexible_jobs": sum(1 for j in jobs if j.profile.flexible)}
+             "flexible_jobs": sum(1 for j in jobs if j.profile.flexible), "start_epoch_s": start_s}
     return jobs, facts
 
 
 def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = None,
-                   on_tick: Optional[Callable[[str, float, Any], None]] = None) -> Comparison:
+                   on_tick: Optional[Callable[[str, float, Any], None]] = None,
+                   on_start: Optional[Callable[[str, int], None]] = None) -> Comparison:
     """Simulate every policy of ``spec`` on the same workload, cluster and seed.
 
     Args:
         spec: the run.
         store_for: policy name -> Store to record that run's ticks into (or None).
         on_tick: progress callback (policy name, simulated time, tick report).
+        on_start: called before each policy's run (policy name, jobs in the workload).
     """
     from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, get_gpu_type
 
@@ -122,11 +137,14 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
             knobs.setdefault("wait_bound_s", spec.wait_bound_s)
         policy = get_policy(base, **knobs)
         store = store_for(name) if store_for else None
+        if on_start is not None:
+            on_start(name, len(jobs))
         tick_cb = (lambda now, rep, _n=name: on_tick(_n, now, rep)) if on_tick else None
         t0 = time.perf_counter()
         run_settings = replace(settings, allow_requeue=False) if name in spec.no_requeue else settings
         result = Simulation(jobs, policy, estimator, truth, run_settings, store=store, on_tick=tick_cb).run()
         result.policy = name
+        result.makespan_s = max(0.0, result.makespan_s - facts["start_epoch_s"])  # a duration, from time 0
         log.info("%s: %d jobs simulated in %.1f s", name, len(jobs), time.perf_counter() - t0)
         results.append(result)
         metrics.append(summarize(result, jobs, spec.wait_bound_s))

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel
-from pipeswift_slurm.core.megatron import MegatronArgError, node_shape, profile_from_argv
+from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
+from pipeswift_slurm.core.megatron_rules import node_shape
 from pipeswift_slurm.core.model import JobProfile
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
@@ -212,6 +213,17 @@ def select_window(rows: Sequence[TraceRow], start_day: float = 0.0,
         return []
     t0 = chosen[0].submit_s
     return [replace(r, submit_s=r.submit_s - t0) for r in chosen]
+
+
+DATED_AFTER_S = 946684800.0  # 2000-01-01 UTC: a trace whose times are later is in epoch seconds
+
+
+def window_start_s(rows: Sequence[TraceRow], start_day: float = 0.0) -> Optional[float]:
+    """The submit time of the first row ``select_window`` keeps, when the trace's times are
+    dates (epoch seconds after 2000); None for a trace in relative seconds."""
+    lo = start_day * 86400.0
+    first = min((r.submit_s for r in rows if r.submit_s >= lo), default=None)
+    return first if first is not None and first >= DATED_AFTER_S else None
 
 
 def offered_load(rows: Sequence[TraceRow], cluster_gpus: int) -> float:

@@ -31,7 +31,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
-from pipeswift_slurm.core.megatron import MegatronArgError, check_config, profile_from_argv, render_args
+from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
+from pipeswift_slurm.core.megatron_render import render_args
+from pipeswift_slurm.core.megatron_rules import check_config
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.token import ProfileRequest, TokenError, decode_decision, decode_profile
 from pipeswift_slurm.submit.layout import LayoutError, Rewritten, Target, set_processes
@@ -192,7 +194,7 @@ def best_config(profile: JobProfile, alloc: Allocation, estimator) -> Optional[E
     est = estimator.best(profile, alloc.gpus)
     if est is not None:
         return est.config  # type: ignore[no-any-return]
-    from pipeswift_slurm.core.megatron import enumerate_configs
+    from pipeswift_slurm.core.megatron_rules import enumerate_configs
 
     return next(enumerate_configs(profile, alloc.gpus, alloc.gpus_per_node), None)
 

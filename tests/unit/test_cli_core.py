@@ -14,8 +14,8 @@ from click.testing import CliRunner, Result
 from pipeswift_slurm.cli.main import pipeswift
 
 ESTIMATE_KEYS = {"gpus", "config", "iter_time_s", "tflops_per_gpu", "mem_gib", "fits", "bubble_fraction",
-                 "num_micro_batches", "data_parallel_size", "job_time_s", "gpu_type"}
-PLAN_KEYS = {"gpu_type", "gpus", "valid_configs", "configs", "excluded"}
+                 "num_micro_batches", "data_parallel_size", "job_time_s", "gpu_type", "gpu_type_source"}
+PLAN_KEYS = {"gpu_type", "gpu_type_source", "gpus", "valid_configs", "configs", "no_layout", "excluded"}
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -50,7 +50,7 @@ def test_estimate_json(runner: CliRunner, gpt_argv: list[str]) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert set(data) == ESTIMATE_KEYS
-    assert data["gpus"] == 8 and data["gpu_type"] == "H100-80GB"
+    assert data["gpus"] == 8 and data["gpu_type"] == "H100-80GB" and data["gpu_type_source"] == "--gpu-type"
     assert (data["config"]["tp"], data["config"]["pp"], data["config"]["dp"]) == (2, 2, 2)
     assert data["data_parallel_size"] == 2 and data["num_micro_batches"] == 256
     assert data["fits"] is True and 0 < data["mem_gib"] < 80
@@ -78,7 +78,7 @@ def test_plan_json_top_3(runner: CliRunner, gpt_argv: list[str]) -> None:
     times = [row["iter_time_s"] for row in data["configs"]]
     assert times == sorted(times)
     for row in data["configs"]:
-        assert set(row) == ESTIMATE_KEYS - {"gpu_type"}
+        assert set(row) == ESTIMATE_KEYS - {"gpu_type", "gpu_type_source"}
         assert 4 <= row["gpus"] <= 16 and row["fits"] is True
         cfg = row["config"]
         assert cfg["tp"] * cfg["pp"] * cfg["cp"] * cfg["dp"] == row["gpus"]
@@ -104,6 +104,42 @@ def test_plan_with_no_valid_config_fails_politely(runner: CliRunner, gpt_argv: l
     result = invoke(runner, "plan", "--gpus", "5", "--", *gpt_argv)
     assert result.exit_code == 1
     assert "no valid config" in result.stderr and "Traceback" not in result.output
+
+
+def test_plan_names_the_rule_not_memory_when_divisibility_excludes_a_count(runner: CliRunner,
+                                                                           gpt_argv: list[str]) -> None:
+    """24 layers and a global batch of 512 have no split over 5 or 7 GPUs: the rules say so."""
+    result = invoke(runner, "plan", "--gpus", "4-8", "--", *gpt_argv)
+    assert result.exit_code == 0
+    line = next(x for x in result.stdout.splitlines() if x.startswith("no valid layout"))
+    assert line.startswith("no valid layout on 5, 7 GPUs: every tp x pp x dp split breaks a Megatron rule")
+    assert "global batch 512 not divisible" in line and "24 layers not divisible" in line
+    assert "memory" not in line
+    data = json.loads(invoke(runner, "plan", "--gpus", "4-8", "--json", "--", *gpt_argv).stdout)
+    assert [x["gpus"] for x in data["no_layout"]] == [[5, 7]]
+
+
+def test_plan_says_memory_when_memory_is_the_cause(runner: CliRunner) -> None:
+    big = ["--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64", "--seq-length", "2048",
+           "--global-batch-size", "64", "--bf16", "--train-iters", "10"]
+    result = invoke(runner, "plan", "--gpus", "1-2", "--", *big)
+    assert result.exit_code == 1
+    assert "no valid layout on 1, 2 GPUs: memory: the smallest valid layout needs" in result.stderr
+    assert "A100-80GB has 80 GiB per GPU" in result.stderr
+
+
+def test_estimate_and_plan_say_which_gpu_type_they_assume(runner: CliRunner, gpt_argv: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PIPESWIFT_GPU_TYPE", raising=False)
+    out = invoke(runner, "estimate", "--", *gpt_argv).stdout
+    assert "A100-80GB (default; --gpu-type or PIPESWIFT_GPU_TYPE to change)" in out
+    out = invoke(runner, "plan", "--gpus", "8", "--top", "1", "--", *gpt_argv).stdout
+    assert out.splitlines()[0] == "GPU type: A100-80GB (default; --gpu-type or PIPESWIFT_GPU_TYPE to change)"
+    out = invoke(runner, "plan", "--gpus", "8", "--gpu-type", "h100-80gb", "--", *gpt_argv).stdout
+    assert out.splitlines()[0] == "GPU type: H100-80GB (from --gpu-type)"
+    monkeypatch.setenv("PIPESWIFT_GPU_TYPE", "H100-80GB")
+    data = json.loads(invoke(runner, "estimate", "--json", "--", *gpt_argv).stdout)
+    assert (data["gpu_type"], data["gpu_type_source"]) == ("H100-80GB", "PIPESWIFT_GPU_TYPE")
 
 
 def _without(argv: list[str], flag: str) -> list[str]:

@@ -240,3 +240,120 @@ def test_demo_prints_the_table_and_where_the_gains_come_from(runner: CliRunner, 
         assert label in out
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 40
+
+
+def _table(out: str) -> tuple[list[str], list[list[str]]]:
+    """The comparison table of ``out``: headers (split on 2+ spaces) and rows."""
+    import re
+
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("policy "))
+    headers = re.split(r"\s{2,}", lines[start].strip())
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip() or line.startswith("columns:"):
+            break
+        rows.append(re.split(r"\s{2,}", line.strip()))
+    return headers, rows
+
+
+def test_table_has_one_unit_per_column_named_in_its_header_and_a_legend(runner: CliRunner) -> None:
+    result = invoke(runner, "simulate", *SMALL, "--jobs", "30", "--policy", "fifo,pipeswift", "--seed", "2")
+    assert result.exit_code == 0, result.output
+    headers, rows = _table(result.stdout)
+    durations = [i for i, h in enumerate(headers) if h.endswith(("(s)", "(min)", "(h)", "(d)"))]
+    assert [headers[i].rsplit(" (", 1)[0] for i in durations] == ["mean JCT", "median", "P99", "P99 large",
+                                                                  "mean queue", "max wait"]
+    for row in rows:
+        assert len(row) == len(headers)
+        for i in durations:
+            float(row[i])  # a bare number: the unit is the header's, never a suffix of the cell
+    for name in ("queue ratio", "P99 large", "resized", "decide ms", "vs fifo", "GPU util", "restarts"):
+        assert any(line.startswith("  " + name.split()[0]) for line in result.stdout.splitlines()
+                   if line.startswith("  ")), name
+
+
+def test_duration_column_picks_one_unit_by_the_largest_value() -> None:
+    from pipeswift_slurm.core.fmt import duration_column
+
+    assert duration_column([6018.0, 16920.0]) == ("h", ["1.7", "4.7"])  # not 100.3m beside 4.7h
+    assert duration_column([30.0, 90.0, None]) == ("s", ["30.0", "90.0", "-"])
+    assert duration_column([600.0]) == ("min", ["10.0"])
+    assert duration_column([3 * 86400.0, 3600.0]) == ("d", ["3.0", "0.0"])
+
+
+def test_no_progress_bar_without_a_terminal(runner: CliRunner) -> None:
+    result = invoke(runner, "simulate", *SMALL, "--jobs", "20", "--policy", "fifo")
+    assert result.exit_code == 0 and result.stderr == ""
+    assert "simulating" not in result.output
+
+
+def test_progress_bar_on_a_terminal_goes_to_stderr() -> None:
+    """Under a pseudo-terminal the bar is drawn (label, percentage) and still ends before the table."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    primary, secondary = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", "simulate", "--jobs", "20", "--gpus",
+                             "16", "--policy", "fifo"], stdin=secondary, stdout=secondary, stderr=secondary,
+                            env=env)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(primary, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(primary)
+    assert proc.wait(timeout=120) == 0
+    text = b"".join(chunks).decode(errors="replace")
+    assert "simulating fifo" in text and "100%" in text
+    assert text.index("100%") < text.index("policy ")
+
+
+def _report_dates(db: Path) -> set[str]:
+    """The dates of ``pipeswift report queue-ratio --by day`` on ``db``."""
+    result = invoke(CliRunner(), "report", "queue-ratio", "--by", "day", "--db", str(db))
+    assert result.exit_code == 0, result.output
+    return {line.split()[0] for line in result.stdout.splitlines() if line[:2] in ("19", "20")}
+
+
+def test_simulated_history_has_real_dates_never_1970(runner: CliRunner, tmp_path: Path) -> None:
+    import time
+
+    db = tmp_path / "h.sqlite"
+    result = invoke(runner, "simulate", *SMALL, "--jobs", "20", "--policy", "fifo", "--db", str(db))
+    assert result.exit_code == 0, result.output
+    dates = _report_dates(db)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    assert dates and not any(d.startswith("1970") for d in dates)
+    assert min(dates) == today  # no trace dates: the simulation starts today
+    assert "from %s," % today in result.stdout
+    db2 = tmp_path / "h2.sqlite"
+    result = invoke(runner, "simulate", *SMALL, "--jobs", "20", "--policy", "fifo", "--db", str(db2),
+                    "--start", "2024-05-01", "--json", "-")
+    assert json.loads(result.stdout)["spec"]["start"] == "2024-05-01"
+    assert min(_report_dates(db2)) == "2024-05-01"
+
+
+def test_a_dated_trace_keeps_its_own_dates(runner: CliRunner, tmp_path: Path) -> None:
+    trace = tmp_path / "dated.csv"
+    t0 = 1714564800  # 2024-05-01 12:00:00 UTC
+    trace.write_text("job_id,submit_time_s,duration_s,num_gpus\n"
+                     + "".join("j%d,%d,3600,8\n" % (i, t0 + 3600 * i) for i in range(4)))
+    db = tmp_path / "h.sqlite"
+    result = invoke(runner, "simulate", "--workload", str(trace), *SMALL, "--policy", "fifo", "--db", str(db),
+                    "--json", "-")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["spec"]["start"] == "2024-05-01 12:00:00"
+    assert _report_dates(db) == {"2024-05-01"}
+
+
+def test_bad_start_date_is_one_error_line(runner: CliRunner) -> None:
+    assert_one_error_line(invoke(runner, "simulate", *SMALL, "--start", "May 1"), "--start", "YYYY-MM-DD")

@@ -11,7 +11,8 @@ import pytest
 
 from pipeswift_slurm.core import hardware
 from pipeswift_slurm.core.costmodel import CostModel, flops_per_iteration
-from pipeswift_slurm.core.megatron import check_config, node_shape, profile_from_argv
+from pipeswift_slurm.core.megatron import profile_from_argv
+from pipeswift_slurm.core.megatron_rules import check_config, node_shape
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from pipeswift_slurm.submit import launcher
 from pipeswift_slurm.submit.launcher import Allocation
-from pipeswift_slurm.core.megatron import check_config, enumerate_configs, parse_argv
+from pipeswift_slurm.core.megatron import parse_argv
+from pipeswift_slurm.core.megatron_rules import check_config, enumerate_configs
 from pipeswift_slurm.core.token import ProfileRequest, encode_decision, encode_profile
 
 MEGATRON = ["pretrain_gpt.py", "--num-layers", "8", "--hidden-size", "512", "--num-attention-heads", "8",

@@ -13,17 +13,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.core import megatron
-from pipeswift_slurm.core.megatron import (
-    MegatronArgError,
-    check_config,
-    enumerate_configs,
-    node_shape,
-    parse_argv,
-    profile_from_argv,
-    render_args,
-    stage_layers,
-)
+from pipeswift_slurm.core import megatron, megatron_rules
+from pipeswift_slurm.core.megatron import MegatronArgError, parse_argv, profile_from_argv
+from pipeswift_slurm.core.megatron_render import render_args
+from pipeswift_slurm.core.megatron_rules import check_config, enumerate_configs, node_shape, stage_layers
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 VP_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank")
@@ -48,7 +41,7 @@ def cfg_on(gpus_per_node: int = 8, **kw: Any) -> ExecConfig:
     return replace(cfg, num_nodes=nodes, gpus_per_node=gpn)
 
 
-def flags(problems: list[megatron.Problem]) -> list[str]:
+def flags(problems: list[megatron_rules.Problem]) -> list[str]:
     return [p.flag for p in problems]
 
 

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from pipeswift_slurm.core import hardware
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
-from pipeswift_slurm.core.megatron import check_config, profile_from_argv
+from pipeswift_slurm.core.megatron import profile_from_argv
+from pipeswift_slurm.core.megatron_rules import check_config
 from pipeswift_slurm.core.model import JobProfile
-from pipeswift_slurm.core.planner import Planner
+from pipeswift_slurm.core.planner import Planner, describe_no_layout
 
 # the conftest ``gpt_argv`` shape, for module-scoped fixtures shared across hypothesis examples
 GPT_ARGV = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
@@ -88,6 +89,34 @@ def test_explain_reports_memory_exclusions(cost: CostModel) -> None:
                              "--seq-length", "2048", "--global-batch-size", "64", "--bf16", "--train-iters", "10"])
     excluded = Planner(cost, 8).explain_exclusions(big.with_range(1, 8), 1)
     assert any(x.config is not None and "GiB" in x.reason and "A100-80GB" in x.reason for x in excluded)
+
+
+def test_why_none_names_the_rules_that_exclude_every_split(profile: JobProfile, planner: Planner) -> None:
+    prof = profile.with_range(1, 16)  # 24 layers, 16 heads, global batch 512
+    why = planner.why_none(prof, 5)
+    assert why.kind == "rules"
+    assert set(why.reasons) == {"global batch 512 not divisible by micro-batch x data-parallel size",
+                                "24 layers not divisible by the pipeline size"}
+    assert "memory" not in why.text()
+    # one layer and a batch of 1: 2 GPUs can only be tp 2, and 3 heads do not split over it
+    heads = profile_from_argv(["--num-layers", "1", "--hidden-size", "96", "--num-attention-heads", "3",
+                               "--seq-length", "64", "--global-batch-size", "1", "--train-iters", "1"])
+    why = planner.why_none(heads.with_range(1, 8), 2)
+    assert why.kind == "rules"
+    assert set(why.reasons) == {"3 attention heads not divisible by the tensor size",
+                                "global batch 1 not divisible by micro-batch x data-parallel size"}
+
+
+def test_why_none_says_memory_only_when_a_valid_split_does_not_fit(cost: CostModel) -> None:
+    big = profile_from_argv(["--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64",
+                             "--seq-length", "2048", "--global-batch-size", "64", "--bf16", "--train-iters", "10"])
+    planner = Planner(cost, 8)
+    why = planner.why_none(big.with_range(1, 8), 2)
+    assert why.kind == "memory" and why.least_gib > cost.gpu.mem_gib
+    assert planner.why_none(big.with_range(1, 8), 3).kind == "rules"  # 80 layers, batch 64: nothing splits 3
+    lines = describe_no_layout(planner, big.with_range(1, 4), [1, 2, 3, 4])
+    assert lines[0].startswith("no valid layout on 1, 2, 4 GPUs: memory: the smallest valid layout needs")
+    assert lines[1].startswith("no valid layout on 3 GPUs: every tp x pp x dp split breaks a Megatron rule")
 
 
 def test_explain_out_of_range_gpu_count_says_so(profile: JobProfile, planner: Planner) -> None:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from pipeswift_slurm.core import hardware
-from pipeswift_slurm.core import megatron
+from pipeswift_slurm.core import megatron, megatron_rules
 from pipeswift_slurm.slurm.backends import JobGone
 from pipeswift_slurm.slurm.backends.sim import SimBackend, SimJob
 from pipeswift_slurm.slurm.controller import parse_profile, unchanged_parts
@@ -200,7 +200,7 @@ def _view(nodes: int, gpn: int, jobs: list[tuple[int, str, int, float, Any]], no
     out, profiles = [], {}
     for job_id, state, gpus, submit_s, profile in jobs:
         running = state == "RUNNING"
-        n, _ = megatron.node_shape(gpus, gpn)
+        n, _ = megatron_rules.node_shape(gpus, gpn)
         out.append(Job(job_id, state, submit_s, num_nodes=n, gpus=gpus, opted_in=True,
                        start_time=submit_s if running else None, time_limit_s=int(1.5 * 8 * HOUR),
                        node_list=("node1",) if running else ()))
@@ -312,7 +312,7 @@ def test_earliest_fit_counts_whole_nodes_as_running_jobs_end() -> None:
     est = Estimator(COST, 8)
     ends = {r.job_id: predicted_end_s(r, profiles, est, view.now) for r in view.running}
     fit = EarliestFit(view, [0, 0], ends)
-    one, two = megatron.node_shape(8, 8), megatron.node_shape(16, 8)
+    one, two = megatron_rules.node_shape(8, 8), megatron_rules.node_shape(16, 8)
     assert (one, two) == ((1, 8), (2, 8))
     assert fit(replace(profiles[4].requested, num_nodes=1, gpus_per_node=8)) == pytest.approx(ends[2])
     assert fit(replace(profiles[3].requested, num_nodes=2, gpus_per_node=8)) == pytest.approx(ends[1])
@@ -522,7 +522,7 @@ def test_pipeswift_reshapes_a_running_job_onto_idle_gpus_when_it_pays() -> None:
     assert get_policy("pipeswift").decide(view, profiles, est) == []  # off by default
     [d] = get_policy("pipeswift", reshape_running=True).decide(view, profiles, est)
     assert d.job_id == 1 and d.requeue and d.config is not None and 4 < d.config.gpus <= 16
-    assert megatron.check_config(profiles[1], d.config, 8) == []
+    assert megatron_rules.check_config(profiles[1], d.config, 8) == []
     new_s, left_s = (float(x) for x in re.findall(r"([\d.]+) s", d.reason))
     assert new_s * 1.2 < left_s  # the gain beats the switch cost by the margin
     assert left_s == pytest.approx(47 * HOUR, rel=0.01)
@@ -651,7 +651,7 @@ def test_decisions_respect_the_invariants(name: str, data: tuple[ClusterView, di
             lo, hi = profile.gpu_range
             assert lo <= c.gpus <= hi
             assert c.gpus_per_node <= gpn and c.num_nodes <= len(view.nodes)
-            assert megatron.check_config(profile, c, gpn) == []
+            assert megatron_rules.check_config(profile, c, gpn) == []
             assert profile.plan.global_batch_size == c.micro_batch_size * c.num_micro_batches * c.dp
         if d.predicted_start_s == view.now and job.pending:
             start_now += d.config.gpus if d.config is not None else job.gpus

@@ -584,11 +584,14 @@ def test_png_figures_have_their_content(ctl_db, tmp_path):
     hourly = R.queue_ratio(store, by="hour")
     fig = RR.figure("queue-ratio", hourly)
     ax = fig.axes[0]
-    curve = ax.lines[0]
-    assert len(ax.lines) == 2  # the curve and the threshold
-    assert list(curve.get_ydata()) == pytest.approx(
-        [r.queue_ratio for r in hourly.rows if r.queue_ratio is not None]
-    )
+    hours, rolling = ax.lines[0], ax.lines[1]
+    assert len(ax.lines) == 3  # the faint hourly values, the 6-hour rolling curve, the threshold
+    kept = [r for r in hourly.rows if r.queue_ratio is not None]
+    assert list(hours.get_ydata()) == pytest.approx([r.queue_ratio for r in kept])
+    assert "6-hour rolling" in rolling.get_label()
+    for row, got in zip(kept, rolling.get_ydata()):  # queue / JCT of the buckets in the 6 h up to this one
+        inside = [r for r in kept if row.bucket_s - 6 * 3600 < r.bucket_s <= row.bucket_s]
+        assert got == pytest.approx(sum(r.queue_s for r in inside) / sum(r.queue_s + r.run_s for r in inside))
     values = R.jct_values(store)
     assert len(RR.figure("jct", full.jct, values).axes[0].lines) == len(values)
     bias_ax = RR.figure("bias", full.bias).axes[0]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from pipeswift_slurm.slurm import controller as controller_mod
 from pipeswift_slurm.core import hardware
-from pipeswift_slurm.core import megatron
+from pipeswift_slurm.core import megatron, megatron_rules
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.policy import PRESETS, get_policy
@@ -253,7 +253,7 @@ def test_sim_package_imports_no_policy_module_but_the_registry() -> None:
 # ------------------------------------------------------------------ invariants (hypothesis)
 
 def _fits_cluster(job: WorkloadJob, nodes: int, gpn: int) -> bool:
-    return megatron.node_shape(job.gpus, gpn)[0] <= nodes
+    return megatron_rules.node_shape(job.gpus, gpn)[0] <= nodes
 
 
 @st.composite
@@ -514,7 +514,7 @@ def test_user_config_reproduces_the_recorded_duration() -> None:
         predicted = conv.cost.job_time_s(profile, profile.requested)
         assert profile.requested.gpus == row.num_gpus
         assert conv.cost.fits(profile, profile.requested)
-        assert megatron.check_config(profile, profile.requested, 8) == []
+        assert megatron_rules.check_config(profile, profile.requested, 8) == []
         if row.duration_s > conv.cost.startup_s(profile) + iter_s:
             assert abs(predicted - row.duration_s) <= max(0.01 * row.duration_s, iter_s), row
             checked += 1

@@ -1,0 +1,237 @@
+"""Megatron's validity rules for an ExecConfig on a job, and the enumeration of every
+valid config on a GPU count.
+
+Rules follow Megatron-LM ``megatron/training/arguments.py`` (validate_args) and
+megatron-core 0.16.1 (TransformerConfig, num_microbatches_calculator, schedules); tests
+cross-check them against megatron-core separately. Pure: imports only ``core.model``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Optional
+
+from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
+
+
+def node_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """Fewest nodes that hold ``gpus`` with an equal count per node: (nodes, gpus per node)."""
+    if gpus_per_node <= 0 or gpus <= gpus_per_node:
+        return 1, gpus
+    for nodes in range(-(-gpus // gpus_per_node), gpus + 1):
+        if gpus % nodes == 0 and gpus // nodes <= gpus_per_node:
+            return nodes, gpus // nodes
+    return gpus, 1
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a config is invalid: the Megatron flag (or job option) at fault and a message."""
+
+    flag: str
+    message: str
+
+    def __str__(self) -> str:
+        return "%s: %s" % (self.flag, self.message)
+
+
+def stage_layers(num_layers: int, config: ExecConfig) -> Optional[list[int]]:
+    """Layers per pipeline rank, or None when the split is invalid (Megatron's rules)."""
+    pp = config.pp
+    first, last = config.decoder_first_pipeline_num_layers, config.decoder_last_pipeline_num_layers
+    if first is None and last is None:
+        return [num_layers // pp] * pp if num_layers % pp == 0 else None
+    if pp < 2:
+        return None
+    if (first is not None and first < 1) or (last is not None and last < 1):
+        return None
+    middle_layers = num_layers - (first or 0) - (last or 0)
+    middle_stages = pp - (first is not None) - (last is not None)
+    if middle_layers < 0 or (middle_stages == 0 and middle_layers) or (
+            middle_stages and (middle_layers < middle_stages or middle_layers % middle_stages)):
+        return None
+    per = middle_layers // middle_stages if middle_stages else 0
+    layers = [per] * pp
+    if first is not None:
+        layers[0] = first
+    if last is not None:
+        layers[-1] = last
+    return layers
+
+
+def _split_problems(shape: ModelShape, cfg: ExecConfig) -> list[Problem]:
+    out = []
+    layers = stage_layers(shape.num_layers, cfg)
+    uneven = cfg.decoder_first_pipeline_num_layers is not None or cfg.decoder_last_pipeline_num_layers is not None
+    if layers is None:
+        flag = "--decoder-first-pipeline-num-layers" if uneven else "--pipeline-model-parallel-size"
+        out.append(Problem(flag, "%d layers cannot be split over %d pipeline stages%s"
+                           % (shape.num_layers, cfg.pp, " with that first/last split" if uneven else "")))
+        return out
+    if cfg.vp > 1:
+        if cfg.pp < 2:
+            out.append(Problem("--num-virtual-stages-per-pipeline-rank", "interleaving needs pp >= 2"))
+        if any(n % cfg.vp for n in layers):
+            out.append(Problem("--num-virtual-stages-per-pipeline-rank",
+                               "layers per stage %s not divisible by %d virtual stages" % (layers, cfg.vp)))
+        if cfg.num_micro_batches < cfg.pp or cfg.num_micro_batches % cfg.pp:
+            out.append(Problem("--micro-batch-size", "interleaved schedule needs a number of micro-batches"
+                               " that is a multiple of pp (M=%d, pp=%d)" % (cfg.num_micro_batches, cfg.pp)))
+    return out
+
+
+def _batch_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
+    out = []
+    gbs = profile.plan.global_batch_size
+    step = cfg.micro_batch_size * cfg.dp
+    if gbs % step:
+        out.append(Problem("--global-batch-size", "%d is not divisible by micro batch size %d times data"
+                           " parallel size %d" % (gbs, cfg.micro_batch_size, cfg.dp)))
+    elif gbs // step != cfg.num_micro_batches:
+        out.append(Problem("--micro-batch-size", "number of micro-batches %d != %d/(%d*%d)"
+                           % (cfg.num_micro_batches, gbs, cfg.micro_batch_size, cfg.dp)))
+    ramp = profile.plan.rampup_batch_size
+    if ramp is not None:
+        start, inc, samples = ramp
+        if start < 1 or inc < 1 or samples < 0 or start > gbs or (gbs - start) % inc:
+            out.append(Problem("--rampup-batch-size", "start %d, increment %d must be positive, start at"
+                               " most global %d, and (global - start) divisible by increment" % (start, inc, gbs)))
+        elif any(b % step for b in range(start, gbs + 1, inc)):
+            out.append(Problem("--rampup-batch-size", "an intermediate batch size is not divisible by"
+                               " micro batch size %d times dp %d" % (cfg.micro_batch_size, cfg.dp)))
+    return out
+
+
+def _job_limit_problems(profile: JobProfile, cfg: ExecConfig, gpus_per_node: int) -> list[Problem]:
+    out = []
+    lo, hi = profile.gpu_range
+    if not lo <= cfg.gpus <= hi:
+        out.append(Problem("--pipeswift-gpus", "%d GPUs outside the allowed range %d-%d" % (cfg.gpus, lo, hi)))
+    if cfg.micro_batch_size < profile.min_micro_batch_size:
+        out.append(Problem("--pipeswift-min-micro-batch", "micro batch %d below the job's minimum %d"
+                           % (cfg.micro_batch_size, profile.min_micro_batch_size)))
+    if profile.max_micro_batch_size and cfg.micro_batch_size > profile.max_micro_batch_size:
+        out.append(Problem("--micro-batch-size", "micro batch %d above the job's maximum %d"
+                           % (cfg.micro_batch_size, profile.max_micro_batch_size)))
+    if profile.allowed_pp and cfg.pp not in profile.allowed_pp:
+        out.append(Problem("--pipeswift-pp", "pp %d not in the allowed %s" % (cfg.pp, profile.allowed_pp)))
+    return out
+
+
+def check_config(profile: JobProfile, cfg: ExecConfig, gpus_per_node: int = 8,
+                 job_limits: bool = True) -> list[Problem]:
+    """Every reason Megatron (or the job's own limits) would refuse ``cfg``; [] if valid.
+
+    Rules (Megatron-LM validate_args, megatron-core TransformerConfig and schedules):
+    world = tp*pp*cp*dp; heads % tp == 0 and query groups % tp == 0; even layer split
+    (layers % pp) or a valid uneven first/last split; interleaving needs pp >= 2, layers
+    per stage divisible by vp, and M a multiple of pp (M >= pp); global batch divisible by
+    micro batch * dp, M >= 1; ramp-up steps divisible too; with cp > 1, seq % (2*cp) == 0;
+    a tensor-parallel group stays inside a node. ``job_limits`` adds the job's own range,
+    minimum micro-batch and allowed pp.
+    """
+    shape = profile.shape
+    out = []
+    if min(cfg.tp, cfg.pp, cfg.cp, cfg.dp, cfg.micro_batch_size, cfg.vp) < 1 or cfg.num_micro_batches < 1:
+        return [Problem("--micro-batch-size", "sizes must be >= 1 (%s)" % cfg.short())]
+    if cfg.num_nodes * cfg.gpus_per_node != cfg.world_size:
+        out.append(Problem("--nodes", "%d nodes x %d GPUs != world size %d (tp*pp*cp*dp)"
+                           % (cfg.num_nodes, cfg.gpus_per_node, cfg.world_size)))
+    if shape.num_attention_heads % cfg.tp:
+        out.append(Problem("--tensor-model-parallel-size", "%d attention heads are not divisible by tp %d"
+                           % (shape.num_attention_heads, cfg.tp)))
+    elif shape.num_query_groups % cfg.tp:
+        out.append(Problem("--num-query-groups", "%d query groups are not divisible by tp %d"
+                           % (shape.num_query_groups, cfg.tp)))
+    if cfg.tp > 1 and (cfg.gpus_per_node % cfg.tp or (gpus_per_node and cfg.tp > gpus_per_node)):
+        out.append(Problem("--tensor-model-parallel-size", "tp %d does not fit inside a node of %d GPUs"
+                           % (cfg.tp, cfg.gpus_per_node)))
+    if cfg.cp > 1 and shape.seq_length % (2 * cfg.cp):
+        out.append(Problem("--context-parallel-size", "seq length %d not divisible by 2*cp = %d"
+                           % (shape.seq_length, 2 * cfg.cp)))
+    out += _split_problems(shape, cfg)
+    out += _batch_problems(profile, cfg)
+    if job_limits:
+        out += _job_limit_problems(profile, cfg, gpus_per_node)
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int, *, vary_tp: bool = True,
+                      max_vp: int = 4, fits: Optional[Callable[[ExecConfig], bool]] = None) -> Iterator[ExecConfig]:
+    """All structurally valid configs on exactly ``gpus`` GPUs.
+
+    Keeps the user's context-parallel size and uneven-split choice; varies tp (powers of
+    two dividing the heads, within a node) when ``vary_tp``, pp over divisors of the
+    layers (or the user's uneven split at the user's pp), micro-batch sizes that divide
+    the per-replica batch, and interleaving up to ``max_vp`` virtual stages. With a
+    memory predicate ``fits``, only fitting configs are yielded, and larger micro-batches
+    are skipped once none fits (activation memory grows with the micro-batch size).
+    """
+    user = profile.requested
+    nodes, gpn = node_shape(gpus, gpus_per_node)
+    tps = _tp_choices(profile, gpn) if vary_tp else [user.tp]
+    gbs = profile.plan.global_batch_size
+    uneven_user = user.decoder_first_pipeline_num_layers is not None or user.decoder_last_pipeline_num_layers is not None
+    for tp in tps:
+        for pp in _pp_choices(profile):
+            if gpus % (tp * pp * user.cp) or gbs % (gpus // (tp * pp * user.cp)):
+                continue
+            dp = gpus // (tp * pp * user.cp)
+            base = ExecConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=1, num_micro_batches=1, cp=user.cp,
+                              num_nodes=nodes, gpus_per_node=gpn,
+                              decoder_first_pipeline_num_layers=user.decoder_first_pipeline_num_layers
+                              if uneven_user and pp == user.pp else None,
+                              decoder_last_pipeline_num_layers=user.decoder_last_pipeline_num_layers
+                              if uneven_user and pp == user.pp else None)
+            yield from _micro_batch_variants(profile, base, gpus_per_node, max_vp, fits)
+
+
+def _micro_batch_variants(profile: JobProfile, base: ExecConfig, gpus_per_node: int, max_vp: int,
+                          fits: Optional[Callable[[ExecConfig], bool]]) -> Iterator[ExecConfig]:
+    gbs, layers = profile.plan.global_batch_size, profile.shape.num_layers
+    for mbs in _divisors(gbs // base.dp):
+        if mbs < profile.min_micro_batch_size or (profile.max_micro_batch_size and mbs > profile.max_micro_batch_size):
+            continue
+        m = gbs // (mbs * base.dp)
+        any_fit = False
+        for vp in range(1, max_vp + 1):
+            if vp > 1 and (base.pp < 2 or m % base.pp or layers % (base.pp * vp)):
+                continue
+            cfg = replace(base, micro_batch_size=mbs, num_micro_batches=m, vp=vp)
+            if check_config(profile, cfg, gpus_per_node):
+                continue
+            if fits is not None and not fits(cfg):
+                continue
+            any_fit = True
+            yield cfg
+        if fits is not None and not any_fit and mbs >= profile.min_micro_batch_size:
+            valid = [vp for vp in range(1, max_vp + 1) if not check_config(profile, replace(
+                base, micro_batch_size=mbs, num_micro_batches=m, vp=vp), gpus_per_node)]
+            if valid:
+                return  # valid but out of memory: larger micro-batches need even more
+
+
+def _tp_choices(profile: JobProfile, gpn: int) -> list[int]:
+    heads, groups = profile.shape.num_attention_heads, profile.shape.num_query_groups
+    choices = {profile.requested.tp}
+    tp = 1
+    while tp <= gpn:
+        if heads % tp == 0 and groups % tp == 0 and gpn % tp == 0:
+            choices.add(tp)
+        tp *= 2
+    return sorted(t for t in choices if t <= max(gpn, 1))
+
+
+def _pp_choices(profile: JobProfile) -> list[int]:
+    pps = set(_divisors(profile.shape.num_layers))
+    if profile.requested.decoder_first_pipeline_num_layers is not None or \
+            profile.requested.decoder_last_pipeline_num_layers is not None:
+        pps.add(profile.requested.pp)
+    if profile.allowed_pp:
+        pps &= set(profile.allowed_pp)
+    return sorted(pps)
