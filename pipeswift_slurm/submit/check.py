@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from pipeswift_slurm.submit.jobscript import LAUNCHER, read_header
 from pipeswift_slurm.core.model import JobProfile
-from pipeswift_slurm.submit.psbatch import CHECK, Source, _describe, plan_job
+from pipeswift_slurm.submit.psbatch import CHECK, Source, describe, plan_job
 from pipeswift_slurm.submit.sbatch_args import own_options, strip_own_options
 
 _OPTED_OUT = "not opted in to PipeSwift: opted out (--pipeswift=off or #PSWIFT off)"
@@ -49,7 +49,7 @@ def report(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
             own = own_options(list(read_header(source.text.split("\n")).own) + pairs)
             return _unchanged(out, _OPTED_OUT if own.off else _NOT_MEGATRON)
     except Exception as exc:  # what a submission would turn into its warning line
-        return _unchanged(out, _describe(exc))
+        return _unchanged(out, describe(exc))
     profile, cmd = plan.profile, plan.command
     lines = source.text.split("\n")
     new_line = (plan.text or "").split("\n")[cmd.line]
