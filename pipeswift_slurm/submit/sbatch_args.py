@@ -251,6 +251,23 @@ def requested_world(values: dict[str, Optional[str]]) -> tuple[Optional[int], Op
     return None, None
 
 
+_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def time_limit_s(text: Optional[str]) -> Optional[int]:
+    """sbatch's ``--time`` in seconds (None: absent, unlimited or unreadable). Forms, as
+    sbatch reads them: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    m = _TIME_RE.fullmatch((text or "").strip())
+    if m is None:
+        return None
+    days, first, second, third = (int(g) if g else None for g in m.groups())
+    if days is not None:  # D-H[:M[:S]]
+        return ((days * 24 + (first or 0)) * 60 + (second or 0)) * 60 + (third or 0)
+    if third is not None:  # H:M:S
+        return ((first or 0) * 60 + (second or 0)) * 60 + third
+    return (first or 0) * 60 + (second or 0)  # M or M:S
+
+
 # sbatch's input variables that bear on the GPUs a job asks for (its man page, INPUT
 # ENVIRONMENT VARIABLES). There is no SBATCH_COMMENT: sbatch ignores it (seen on 22.05;
 # not in 24.11's list either), so a Comment comes from the script or the command line only.
