@@ -20,7 +20,8 @@ import re
 import shlex
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
-from pipeswift_slurm.submit.jobscript import LAUNCHER, read_header
+from pipeswift_slurm.submit.jobscript import read_header
+from pipeswift_slurm.submit.training import LAUNCHER
 from pipeswift_slurm.core.model import JobProfile
 from pipeswift_slurm.submit.psbatch import CHECK, Source, describe, plan_job
 from pipeswift_slurm.submit.sbatch_args import effective_options, own_options, scan_argv, strip_own_options

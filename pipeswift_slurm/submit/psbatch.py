@@ -20,8 +20,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from pipeswift_slurm.submit.jobscript import Command, find_training_command, megatron_words, read_header
-from pipeswift_slurm.submit.jobscript import rewrite_lines, routed
+from pipeswift_slurm.submit.jobscript import Command, read_header
+from pipeswift_slurm.submit.training import find_training_command, megatron_words, rewrite_lines, routed
 from pipeswift_slurm.submit.sbatch_args import NO_STDIN, OwnOptions, PsbatchError, Scan, effective_options
 from pipeswift_slurm.submit.sbatch_args import gpu_count, own_options, requested_world, scan_argv
 from pipeswift_slurm.submit.sbatch_args import strip_own_options
