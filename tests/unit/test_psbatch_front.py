@@ -484,3 +484,16 @@ def test_same_outcome_as_the_python_psbatch(bins, args, job, stdin, rc):
     slow = _run(bins, PYTHON_PSBATCH, args, stdin, rc)
     assert fast == slow
     assert b"Traceback" not in fast.stderr
+
+
+@needs_cc
+def test_build_command_writes_an_executable_and_bad_input_is_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from pipeswift_slurm.cli.main import pipeswift as cli
+
+    done = CliRunner().invoke(cli, ["build-psbatch", "--out", str(tmp_path)])
+    assert done.exit_code == 0 and os.access(tmp_path / "psbatch", os.X_OK), done.output
+    assert (tmp_path / "psbatch").read_bytes()[:4] == b"\x7fELF"
+    done = CliRunner().invoke(cli, ["build-psbatch", "--out", str(tmp_path / "no" / "such" / "psbatch")])
+    assert done.exit_code == 2 and "no such folder" in done.output and "Traceback" not in done.output
