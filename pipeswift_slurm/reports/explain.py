@@ -2,7 +2,7 @@
 
 This module owns ``explain_job``: for one job id it reads the job's row, its recorded
 profile request and its decisions from the Store, re-parses the profile exactly as the
-controller does (``controller.parse_profile``: token + Megatron argv, re-validated), and
+controller does (``core.request.request_profile``: token + Megatron argv, re-validated), and
 ranks the candidate configs over the job's allowed GPU range with the planner and the
 estimator (calibrated with the calibration table): the best config per GPU count and its
 predicted run time, the chosen one marked. It needs no live cluster and never writes.
@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from sqlalchemy import text
 
-from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, RUNNING, ExecConfig, Job, JobProfile
+from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, RUNNING, ExecConfig, JobProfile
 from pipeswift_slurm.reports.queries import history_now_s
 
 log = logging.getLogger(__name__)
@@ -114,15 +114,19 @@ def _cluster(store: Any, gpus_per_node: Optional[int]) -> _Cluster:
 def _profile(
     row: dict[str, Any], raw: Optional[str], cluster: _Cluster
 ) -> tuple[Optional[JobProfile], Optional[str]]:
-    """Re-parse the recorded profile request as the controller does."""
-    from pipeswift_slurm.slurm.controller import parse_profile
+    """Re-read the recorded profile request as the controller does (``core.request``)."""
+    from pipeswift_slurm.core.megatron import MegatronArgError
+    from pipeswift_slurm.core.request import request_profile
+    from pipeswift_slurm.core.token import TokenError, decode_profile
 
     if raw is None:
         return None, "no profile recorded (not submitted with psbatch, or not opted in)"
     world = row["requested_gpus"] or row["gpus"] or 1
-    job = Job(row["job_id"], row["state"], row["submit_time"] or 0.0, gpus=world, comment=raw)
-    profile, why = parse_profile(job, cluster.gpus_per_node, cluster.total_gpus)
-    return profile, (why or None)
+    try:
+        return request_profile(decode_profile(raw), world_size=world, gpus_per_node=cluster.gpus_per_node,
+                               cluster_gpus=cluster.total_gpus), None
+    except (TokenError, MegatronArgError) as exc:
+        return None, str(exc) or None
 
 
 def _chosen(decisions: list[Any]) -> tuple[Optional[ExecConfig], Optional[bool], str]:

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone
-from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv, require_length
+from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.policy.common import stable_factors
+from pipeswift_slurm.core.request import request_profile
 from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller
 
 log = logging.getLogger(__name__)
@@ -69,14 +70,9 @@ def parse_profile(job: Job, gpus_per_node: int, cluster_gpus: int) -> tuple[Opti
     arguments must pass the same checks as anywhere else.
     """
     try:
-        req = decode_profile(job.comment)
-        world = req.world_size or job.gpus
-        lo, hi = req.gpus or (world, world)
-        lo, hi = max(1, min(lo, world)), min(max(hi, world), cluster_gpus or hi)
-        profile = profile_from_argv(list(req.argv), world_size=world, gpus_per_node=gpus_per_node,
-                                    gpu_range=(lo, hi), min_micro_batch_size=req.min_micro_batch_size,
-                                    allowed_pp=req.allowed_pp, job_class=req.job_class)
-        return require_length(profile), ""
+        profile = request_profile(decode_profile(job.comment), world_size=job.gpus, gpus_per_node=gpus_per_node,
+                                  cluster_gpus=cluster_gpus)
+        return profile, ""
     except (TokenError, MegatronArgError) as exc:
         return None, str(exc)
 

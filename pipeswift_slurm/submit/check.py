@@ -20,10 +20,12 @@ import re
 import shlex
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
-from pipeswift_slurm.submit.jobscript import LAUNCHER, read_header
+from pipeswift_slurm.submit.jobscript import read_header
+from pipeswift_slurm.submit.training import LAUNCHER
 from pipeswift_slurm.core.model import JobProfile
-from pipeswift_slurm.submit.psbatch import CHECK, Source, _describe, plan_job
-from pipeswift_slurm.submit.sbatch_args import own_options, strip_own_options
+from pipeswift_slurm.submit.psbatch import CHECK, Source, describe, plan_job
+from pipeswift_slurm.submit.sbatch_args import effective_options, own_options, scan_argv, strip_own_options
+from pipeswift_slurm.submit.sbatch_args import time_limit_s
 
 _OPTED_OUT = "not opted in to PipeSwift: opted out (--pipeswift=off or #PSWIFT off)"
 _NOT_MEGATRON = ("not a Megatron job: no training command found (a pretrain_*.py script, the four shape flags"
@@ -49,7 +51,7 @@ def report(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
             own = own_options(list(read_header(source.text.split("\n")).own) + pairs)
             return _unchanged(out, _OPTED_OUT if own.off else _NOT_MEGATRON)
     except Exception as exc:  # what a submission would turn into its warning line
-        return _unchanged(out, _describe(exc))
+        return _unchanged(out, describe(exc))
     profile, cmd = plan.profile, plan.command
     lines = source.text.split("\n")
     new_line = (plan.text or "").split("\n")[cmd.line]
@@ -65,7 +67,9 @@ def report(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
         "  PipeSwift may use  %s" % _freedom(profile),
         "  sbatch gets        %s" % _short(" ".join(shlex.quote(_comment_shown(a)) for a in plan.argv), 300),
     ]
-    out.write("\n".join(plan_lines) + "\n\n" + _predictions(profile, environ) + "\n")
+    header = read_header(lines).header[0]
+    limit_s = time_limit_s(effective_options(scan_argv(plan.argv).opts, header, environ).get("time"))
+    out.write("\n".join(plan_lines) + "\n\n" + _predictions(profile, environ, limit_s) + "\n")
     return 0
 
 
@@ -131,7 +135,7 @@ def gpu_counts(lo: int, hi: int, requested: int, per_node: int, limit: int = MAX
     return sorted(counts)
 
 
-def _predictions(profile: JobProfile, environ: Mapping[str, str]) -> str:
+def _predictions(profile: JobProfile, environ: Mapping[str, str], limit_s: Optional[int] = None) -> str:
     from pipeswift_slurm.core.estimator import estimator_from_env
     from pipeswift_slurm.core.fmt import duration, table
 
@@ -166,4 +170,8 @@ def _predictions(profile: JobProfile, environ: Mapping[str, str]) -> str:
         lines.append("no valid layout that fits in memory on %s GPUs" % ", ".join(str(g) for g in none))
     lines.append("%s%s. The controller picks the count that ends the job soonest, queue included."
                  % ("* fastest; " if rows else "", mine))
+    if limit_s and user_s > limit_s:
+        lines.append("warning: your config's predicted run time %s exceeds the job's time limit %s (--time):"
+                     " Slurm would stop it first%s" % (duration(user_s), duration(limit_s),
+                     "" if best is None or best[0] > limit_s else "; a faster layout above fits"))
     return "\n".join(lines)

@@ -1,23 +1,21 @@
-"""A batch script's text as psbatch reads it: ``#SBATCH`` and ``#PSWIFT`` header lines,
-its shell commands, and the Megatron training command among them.
+"""A batch script's text as psbatch reads it: ``#SBATCH`` and ``#PSWIFT`` header lines and
+its shell commands.
 
 Owns: reading the header (per ``#SBATCH hetjob`` component); a bounded, quote-aware pass
-over shell text (continuations, heredocs, plain variable assignments); recognising the
-training command; and rewriting its line to run through ``pipeswift-launch``. The script
+over shell text (continuations, heredocs, plain variable assignments) that yields each
+simple command with its words. Which command trains Megatron is ``training``. The script
 is text only, never executed. Pure: no I/O.
 
-Must not import SQLAlchemy, click, the store or any backend; ``megatron`` is imported only
-inside ``megatron_words`` (psbatch must start fast).
+Must not import SQLAlchemy, click, the store, any backend or the core (psbatch must start
+fast).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from typing import Mapping, NamedTuple, Optional, Sequence
 
-LAUNCHER = "pipeswift-launch"
 MAX_LOGICAL_LINES = 400  # physical lines one shell command may span
 
 
@@ -138,8 +136,7 @@ def _scan_shell(text: str) -> tuple[bool, list[int], str]:
 
     Segments are split at top-level ``;``, ``&``, ``|`` (and ``&&``, ``||``). The text
     is incomplete when a quote, a ``(`` or a backslash-newline continues on the next line.
-    Runs of other characters are copied whole (psbatch's resident helper parses every
-    Megatron submission with this).
+    Runs of other characters are copied whole.
     """
     starts, keep = [0], []
     quote, depth, i, n = "", 0, 0, len(text)
@@ -205,13 +202,9 @@ NOT_COMMANDS = frozenset("echo printf export declare local readonly typeset set 
                          "if elif while until for case function return eval alias".split())
 
 
-def logical_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
-    """(first physical line, text) of each shell command line; heredoc bodies skipped."""
-    return [(first, text) for first, text, _ in _scanned_lines(lines)]
-
-
 def _scanned_lines(lines: Sequence[str]) -> list[tuple[int, str, tuple[bool, list[int], str]]]:
-    """``logical_lines`` with each one's ``_scan_shell``."""
+    """(first physical line, text, its ``_scan_shell``) of each shell command line; heredoc
+    bodies skipped."""
     out: list[tuple[int, str, tuple[bool, list[int], str]]] = []
     i = 0
     while i < len(lines):
@@ -308,8 +301,7 @@ def _unquote(word: str) -> str:
 
 def shell_words(code: str) -> list[str]:
     """``shlex.split(code)`` (the same words and the same ValueError), found by regexes
-    instead of shlex's character-by-character reader: psbatch's resident helper splits
-    every line of every Megatron submission with this."""
+    instead of shlex's character-by-character reader (faster on long lines)."""
     if not ("'" in code or '"' in code or "\\" in code):
         return _BARE_RE.findall(code)
     words = _WORD_RE.findall(code)
@@ -349,65 +341,3 @@ def _strip_prefix(words: list[str]) -> list[str]:
     while i < len(words) and (_ASSIGN_RE.fullmatch(words[i]) or words[i] in PREFIX_WORDS):
         i += 1
     return words[i:]
-
-
-# ---------------------------------------------------------------- Megatron jobs
-
-SHAPE_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
-_PRETRAIN_RE = re.compile(r"(?:^|/)pretrain_[A-Za-z0-9_]*\.py$")
-LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
-
-
-def _flag_names(words: Sequence[str]) -> set[str]:
-    return {w.partition("=")[0] for w in words if w.startswith("--")}
-
-
-def is_training_command(words: Sequence[str]) -> bool:
-    """A Megatron training command: runs ``pretrain_*.py``, holds all the model-shape flags,
-    or is a torchrun with any of them."""
-    if not words or os.path.basename(words[0]) in NOT_COMMANDS:
-        return False
-    flags = _flag_names(words)
-    if all(f in flags for f in SHAPE_FLAGS) or any(_PRETRAIN_RE.search(w) for w in words):
-        return True
-    launcher = any(os.path.basename(w) in LAUNCHERS or w in LAUNCHERS for w in words[:4])
-    return launcher and any(f in flags for f in SHAPE_FLAGS)
-
-
-def find_training_command(lines: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> Optional[Command]:
-    """The first Megatron training command of a script, or None."""
-    for cmd in find_commands(lines, environ):
-        if is_training_command(cmd.words):
-            return cmd
-    return None
-
-
-def routed(cmd: Command) -> bool:
-    """Whether the command already runs through the launcher."""
-    return any(os.path.basename(w) == LAUNCHER for w in cmd.words[:3])
-
-
-def megatron_words(words: Sequence[str]) -> list[str]:
-    """Only the known Megatron flags and their values (what the profile token records);
-    paths (``--save``, ``--load``) are recorded as ``-``: only that they are given."""
-    from pipeswift_slurm.core.megatron import FLAGS
-
-    out, i = [], 0
-    while i < len(words):
-        flag, eq, _ = words[i].partition("=")
-        kind = FLAGS.get(flag)
-        width = 1 if kind is None or kind == "bool" or eq else (4 if kind == "int3" else 2)
-        if kind == "path":
-            out.extend([flag + "=-"] if eq else [flag, "-"][:width])
-        elif kind is not None:
-            out.extend(words[i:i + width])
-        i += width
-    return out
-
-
-def rewrite_lines(lines: Sequence[str], cmd: Command) -> list[str]:
-    """The script with ``pipeswift-launch -- `` inserted where the training command starts."""
-    out = list(lines)
-    line = out[cmd.line]
-    out[cmd.line] = line[:cmd.offset] + LAUNCHER + " -- " + line[cmd.offset:]
-    return out

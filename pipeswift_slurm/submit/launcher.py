@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
-from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
+from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.megatron_render import render_args
 from pipeswift_slurm.core.megatron_rules import check_config
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
@@ -160,13 +160,10 @@ def job_profile(command: Sequence[str], request: ProfileRequest, alloc: Allocati
     Raises:
         MegatronArgError: the Megatron arguments are invalid whatever the size.
     """
-    limits = dict(gpus_per_node=alloc.gpus_per_node, min_micro_batch_size=request.min_micro_batch_size,
-                  allowed_pp=request.allowed_pp, job_class=request.job_class)
-    try:
-        profile = profile_from_argv(list(command), world_size=alloc.gpus, **limits)  # type: ignore[arg-type]
-    except MegatronArgError:
-        profile = profile_from_argv(list(command), **limits)  # type: ignore[arg-type]
-    return replace(profile, min_gpus=alloc.gpus, max_gpus=alloc.gpus)
+    from pipeswift_slurm.core.request import request_profile
+
+    return request_profile(replace(request, argv=tuple(command)), world_size=alloc.gpus,
+                           gpus_per_node=alloc.gpus_per_node, allocated=True)
 
 
 def check_decision(admin_comment: str, profile: JobProfile, alloc: Allocation) -> tuple[Optional[ExecConfig], str]:

@@ -2,38 +2,34 @@
 
 Owns: the submission. It reads the script as sbatch would (``--wrap``, the script file or
 stdin); decides whether and how to enrich a Megatron job (``plan_job``): validating its
-arguments, recording its profile request in its Comment (``token.encode_profile``) and
-routing its training command through ``pipeswift-launch``; the whole submission is
-decided first (``decide``, an ``Action``: also what psbatch's resident helper answers the
-compiled front end with); then it runs the real ``sbatch`` with stdout, stderr and exit
-code passed straight through. Reading sbatch's argv is
-``sbatch_args``; reading the script's text is ``jobscript``. Everything it does not own
-reaches sbatch unchanged, and any failure of its own logic submits the job exactly as
-written, with one warning line.
+arguments (``core.request``), recording its profile request in its Comment
+(``token.encode_profile``) and routing its training command through ``pipeswift-launch``;
+the whole submission is decided first (``decide``, an ``Action``); then it runs the real
+``sbatch`` with stdout, stderr and exit code passed straight through. Reading sbatch's
+argv is ``sbatch_args``; reading the script's text is ``jobscript``. Everything it does
+not own reaches sbatch unchanged, and any failure of its own logic submits the job
+exactly as written, with one warning line.
 
-Must not import SQLAlchemy, click, the store or any backend: psbatch never touches a
-database, and it must start fast (Megatron parsing is imported only for Megatron jobs).
+Must not import logging, SQLAlchemy, click, the store or any backend: psbatch never
+touches a database, and it must start fast (the core is imported only for Megatron jobs).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from pipeswift_slurm.submit.jobscript import find_training_command, megatron_words, read_header, rewrite_lines, routed
-from pipeswift_slurm.submit.jobscript import Command, LAUNCHER, MAX_LOGICAL_LINES, Script, find_commands  # noqa: F401
-from pipeswift_slurm.submit.jobscript import is_training_command, logical_lines  # noqa: F401
-from pipeswift_slurm.submit.sbatch_args import OwnOptions, PsbatchError, Scan, _NO_STDIN, _count, effective_options, own_options
-from pipeswift_slurm.submit.sbatch_args import requested_world, scan_argv, strip_own_options
-from pipeswift_slurm.submit.sbatch_args import OWN_PREFIX, Opt  # noqa: F401
+from pipeswift_slurm.submit.jobscript import Command, read_header
+from pipeswift_slurm.submit.training import find_training_command, megatron_words, rewrite_lines, routed
+from pipeswift_slurm.submit.sbatch_args import NO_STDIN, OwnOptions, PsbatchError, Scan, effective_options
+from pipeswift_slurm.submit.sbatch_args import gpu_count, own_options, requested_world, scan_argv
+from pipeswift_slurm.submit.sbatch_args import strip_own_options
 
 if TYPE_CHECKING:
     from pipeswift_slurm.core.model import JobProfile
 
-log = logging.getLogger(__name__)
-
+NO_SBATCH = "sbatch not found (set PIPESWIFT_SBATCH or PATH)"
 MAX_SCRIPT_BYTES = 1 << 20  # bigger scripts go through unchanged (bounded effort)
 
 
@@ -45,21 +41,23 @@ def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: O
     Raises:
         megatron.MegatronArgError: the Megatron arguments are invalid for this job.
     """
-    from pipeswift_slurm.core.megatron import profile_from_argv, require_length
+    from pipeswift_slurm.core.request import request_profile
     from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 
     world, per_node = requested_world(values)
-    gpus_per_node = per_node or _count(environ.get("PIPESWIFT_GPUS_PER_NODE")) or 8
-    profile = require_length(profile_from_argv(list(words), world_size=world, gpus_per_node=gpus_per_node,
-                                               gpu_range=own.gpus, min_micro_batch_size=own.min_micro_batch_size,
-                                               allowed_pp=own.allowed_pp, job_class=own.job_class))
-    return encode_profile(ProfileRequest(tuple(megatron_words(words)), own.gpus, own.min_micro_batch_size,
-                                         own.allowed_pp, own.job_class)), profile
+    request = ProfileRequest(tuple(megatron_words(words)), own.gpus, own.min_micro_batch_size, own.allowed_pp,
+                             own.job_class)
+    asked = ProfileRequest(tuple(words), own.gpus, own.min_micro_batch_size, own.allowed_pp, own.job_class)
+    profile = request_profile(asked, world_size=world,
+                              gpus_per_node=per_node or gpu_count(environ.get("PIPESWIFT_GPUS_PER_NODE")) or 8)
+    return encode_profile(request), profile
 
 
 # ---------------------------------------------------------------- submission
 
-_MARKERS = ("--num-layers", "pretrain_", "#PSWIFT")
+# A job whose text holds none of these (and no --pipeswift option) is never enriched: the
+# compiled front end (fast/psbatch.c) passes such jobs straight to sbatch from this table.
+MARKERS = ("--num-layers", "pretrain_", "#PSWIFT")
 CHECK = ("", "check")  # --pipeswift=check: say what psbatch would do, submit nothing
 
 
@@ -81,7 +79,7 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
         PsbatchError, megatron.MegatronArgError: the job says it is a Megatron job but
             psbatch cannot enrich it (the caller submits it unchanged with a warning).
     """
-    if not pairs and not any(m in text for m in _MARKERS):
+    if not pairs and not any(m in text for m in MARKERS):
         return None
     lines = text.split("\n")
     script = read_header(lines)
@@ -190,7 +188,7 @@ def read_source(argv: Sequence[str], stdin: object) -> Source:
         except OSError:
             return Source(None, None)  # sbatch reports it
         return Source(None if len(data) > MAX_SCRIPT_BYTES else data.decode("utf-8", "surrogateescape"), None)
-    if scan.unknown or any(o.name in _NO_STDIN for o in scan.opts) or stdin is None or stdin.isatty():  # type: ignore[attr-defined]
+    if scan.unknown or any(o.name in NO_STDIN for o in scan.opts) or stdin is None or stdin.isatty():  # type: ignore[attr-defined]
         return Source(None, None)
     data = stdin.buffer.read()  # type: ignore[attr-defined]
     text = data.decode("utf-8", "surrogateescape") if len(data) <= MAX_SCRIPT_BYTES else None
@@ -201,10 +199,7 @@ class Action(NamedTuple):
     """What psbatch does, decided before anything runs: sbatch's argv (no argv[0]), the
     bytes to give it on stdin (None: stdin as it is), the script to write to a temporary
     file (argv index, file name, text) and a warning for stderr (``warning_line``).
-    ``check``: no submission, but ``--pipeswift=check``'s report (``psbatch_check``).
-
-    The Python psbatch carries it out itself (``_run``); the compiled front end gets it
-    from the resident helper (``psbatch_helper``) and carries it out in C."""
+    ``check``: no submission, but ``--pipeswift=check``'s report (``submit.check``)."""
 
     argv: list[str]
     stdin: Optional[bytes]
@@ -229,8 +224,11 @@ def decide(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
         elif pairs:
             warning = "cannot read the job script"
     except Exception as exc:  # a submission is never lost to psbatch's own bugs
-        log.debug("psbatch could not enrich the job", exc_info=True)
-        warning = _describe(exc)
+        if environ.get("PIPESWIFT_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        warning = describe(exc)
         plan = None
     if plan is None:
         return Action(argv, source.stdin, None, warning)
@@ -253,14 +251,15 @@ def submit(raw: Sequence[str], environ: Mapping[str, str], stdin: object = None)
         return report(raw, environ, lambda argv: read_source(argv, stdin), sys.stdout)
     sbatch = find_sbatch(environ)
     if sbatch is None:
-        sys.stderr.write("psbatch: error: sbatch not found (set PIPESWIFT_SBATCH or PATH)\n")
+        sys.stderr.write("psbatch: error: %s\n" % NO_SBATCH)
         return 127
     if action.warning:
         _warn(action.warning)
     return _run(sbatch, action.argv, action.stdin, action.script)
 
 
-def _describe(exc: Exception) -> str:
+def describe(exc: Exception) -> str:
+    """What an exception from enriching a job means, as the warning line says it."""
     from pipeswift_slurm.core.megatron import MegatronArgError
 
     if isinstance(exc, MegatronArgError):
@@ -272,8 +271,6 @@ def _describe(exc: Exception) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console entry point: ``psbatch [sbatch options] [--pipeswift-*] [script [args]]``."""
-    if os.environ.get("PIPESWIFT_DEBUG"):
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
     try:
         return submit(sys.argv[1:] if argv is None else argv, dict(os.environ), sys.stdin)
     except KeyboardInterrupt:

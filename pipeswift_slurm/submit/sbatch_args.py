@@ -19,14 +19,14 @@ OWN_PREFIX = "--pipeswift"
 
 # sbatch 22.05-25.11 options (slurm_opt.c; checked against 22.05 and 24.11 `sbatch --help`),
 # by how they take a value.
-_SHORT = {"a": "array", "A": "account", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task",
+SHORT = {"a": "array", "A": "account", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task",
           "C": "constraint", "d": "dependency", "D": "chdir", "e": "error", "F": "nodefile",
           "G": "gpus", "i": "input", "J": "job-name", "L": "licenses", "m": "distribution",
           "M": "clusters", "n": "ntasks", "N": "nodes", "o": "output", "p": "partition", "q": "qos",
           "S": "core-spec", "t": "time", "w": "nodelist", "x": "exclude",
           "h": "help", "H": "hold", "k": "no-kill", "O": "overcommit", "Q": "quiet",
           "s": "oversubscribe", "u": "usage", "v": "verbose", "V": "version", "W": "wait"}
-_LONG_REQUIRED = frozenset("""
+LONG_REQUIRED = frozenset("""
     account acctg-freq array batch bb bbf begin chdir cluster-constraint clusters comment constraint
     container container-id core-spec cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline
     delay-boot dependency distribution error export export-file extra extra-node-info gid gpu-bind
@@ -37,13 +37,13 @@ _LONG_REQUIRED = frozenset("""
     resv-ports segment signal sockets-per-node switches thread-spec threads-per-core time time-min
     tmp tres-bind tres-per-task uid wait-all-nodes wckey wrap exclude
     """.split())
-_LONG_OPTIONAL = frozenset("exclusive get-user-env nice no-kill oom-kill-step propagate".split())
-_LONG_FLAGS = frozenset("""
+LONG_OPTIONAL = frozenset("exclusive get-user-env nice no-kill oom-kill-step propagate".split())
+LONG_FLAGS = frozenset("""
     contiguous help hold ignore-pbs no-requeue overcommit oversubscribe parsable quiet reboot requeue
     spread-job test-only usage use-min-nodes verbose version wait
     """.split())
-_LONG_ALL = _LONG_REQUIRED | _LONG_OPTIONAL | _LONG_FLAGS
-_NO_STDIN = frozenset({"help", "usage", "version", "wrap"})  # sbatch reads no script then
+LONG_ALL = LONG_REQUIRED | LONG_OPTIONAL | LONG_FLAGS
+NO_STDIN = frozenset({"help", "usage", "version", "wrap"})  # sbatch reads no script then
 _OWN_KEYS = {"gpus": "gpus", "min-micro-batch": "min_micro_batch_size", "pp": "allowed_pp", "class": "job_class"}
 
 
@@ -74,9 +74,9 @@ class Scan(NamedTuple):
 
 def _long_name(text: str) -> Optional[str]:
     """Resolve a long option name as getopt_long does: exact, else a unique prefix."""
-    if text in _LONG_ALL:
+    if text in LONG_ALL:
         return text
-    hits = [n for n in _LONG_ALL if n.startswith(text)]
+    hits = [n for n in LONG_ALL if n.startswith(text)]
     return hits[0] if len(hits) == 1 else None
 
 
@@ -90,7 +90,7 @@ def _scan_long(argv: Sequence[str], i: int, unknown: list[str]) -> Opt:
     if name is None:
         unknown.append(argv[i])
         return Opt(body, inline if eq else None, i, i + 1)
-    if eq or name not in _LONG_REQUIRED:
+    if eq or name not in LONG_REQUIRED:
         return Opt(name, inline if eq else None, i, i + 1)
     if i + 1 >= len(argv):
         return Opt(name, None, i, i + 1)
@@ -101,11 +101,11 @@ def _scan_short(argv: Sequence[str], i: int, unknown: list[str]) -> list[Opt]:
     out: list[Opt] = []
     text = argv[i]
     for k in range(1, len(text)):
-        name = _SHORT.get(text[k])
+        name = SHORT.get(text[k])
         if name is None:
             unknown.append("-" + text[k])
             continue
-        if name in _LONG_REQUIRED:
+        if name in LONG_REQUIRED:
             rest = text[k + 1:]
             if rest:
                 return out + [Opt(name, rest, i, i + 1)]
@@ -210,7 +210,7 @@ def own_options(pairs: Sequence[tuple[str, str]]) -> OwnOptions:
     return OwnOptions(**values)  # type: ignore[arg-type]
 
 
-def _count(text: Optional[str]) -> Optional[int]:
+def gpu_count(text: Optional[str]) -> Optional[int]:
     """The GPU count of ``[type:]N`` (None when absent or unreadable)."""
     if not text:
         return None
@@ -235,20 +235,37 @@ def requested_world(values: dict[str, Optional[str]]) -> tuple[Optional[int], Op
     """
     m = re.match(r"\d+", values.get("nodes") or "1")
     nodes = max(1, int(m.group(0))) if m else 1
-    per_node = _count(values.get("gpus-per-node")) or _gres_gpus(values.get("gres"))
-    total = _count(values.get("gpus"))
+    per_node = gpu_count(values.get("gpus-per-node")) or _gres_gpus(values.get("gres"))
+    total = gpu_count(values.get("gpus"))
     if total:
         return total, (total // nodes if total % nodes == 0 else None)
     if per_node:
         return nodes * per_node, per_node
-    per_task = _count(values.get("gpus-per-task"))
-    tasks = _count(values.get("ntasks"))
-    if per_task and not tasks and _count(values.get("ntasks-per-node")):
-        tasks = nodes * (_count(values.get("ntasks-per-node")) or 1)
+    per_task = gpu_count(values.get("gpus-per-task"))
+    tasks = gpu_count(values.get("ntasks"))
+    if per_task and not tasks and gpu_count(values.get("ntasks-per-node")):
+        tasks = nodes * (gpu_count(values.get("ntasks-per-node")) or 1)
     if per_task:
         total = per_task * (tasks or 1)
         return total, (total // nodes if total % nodes == 0 else None)
     return None, None
+
+
+_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def time_limit_s(text: Optional[str]) -> Optional[int]:
+    """sbatch's ``--time`` in seconds (None: absent, unlimited or unreadable). Forms, as
+    sbatch reads them: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    m = _TIME_RE.fullmatch((text or "").strip())
+    if m is None:
+        return None
+    days, first, second, third = (int(g) if g else None for g in m.groups())
+    if days is not None:  # D-H[:M[:S]]
+        return ((days * 24 + (first or 0)) * 60 + (second or 0)) * 60 + (third or 0)
+    if third is not None:  # H:M:S
+        return ((first or 0) * 60 + (second or 0)) * 60 + third
+    return (first or 0) * 60 + (second or 0)  # M or M:S
 
 
 # sbatch's input variables that bear on the GPUs a job asks for (its man page, INPUT

@@ -555,7 +555,7 @@ def test_a_job_resumes_only_when_it_saves_and_loads_checkpoints(extra: list[str]
 
 
 def test_the_profile_token_records_that_checkpoints_exist_but_never_their_paths() -> None:
-    from pipeswift_slurm.submit.jobscript import megatron_words
+    from pipeswift_slurm.submit.training import megatron_words
 
     words = ["pretrain_gpt.py", *_BASE, "--save", "/home/alice/secret", "--load=/home/alice/secret",
              "--save-interval", "5", "--data-path", "/home/alice/data"]

@@ -474,9 +474,54 @@ def test_find_sbatch_skips_itself(tmp_path, monkeypatch):
     assert psbatch.find_sbatch({"PATH": str(tmp_path)}) == str(tmp_path / "sbatch")
 
 
-def test_import_is_light():
-    code = "import sys, pipeswift_slurm.submit.psbatch; print(sorted(m for m in sys.modules if 'sqlalchemy' in m " \
-           "or m.startswith('pipeswift_slurm.')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    # Only psbatch's own light modules (argv and script reading): no SQLAlchemy, no core.
-    assert out.strip() == "['pipeswift_slurm.submit', 'pipeswift_slurm.submit.jobscript', 'pipeswift_slurm.submit.psbatch', 'pipeswift_slurm.submit.sbatch_args']"
+def test_import_is_light(tmp_path):
+    """The submit path imports no logging, SQLAlchemy or click (and no dataclass module until
+    a Megatron job needs the core), whether or not the job is a Megatron job."""
+    script = tmp_path / "meg.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --gpus=2\ntorchrun pretrain_gpt.py --num-layers 4 --hidden-size 64"
+                      " --num-attention-heads 4 --seq-length 64 --global-batch-size 8 --train-iters 10\n")
+    code = ("import sys, pipeswift_slurm.submit.psbatch as p\n"
+            "def heavy(): return sorted(m for m in sys.modules if m.split('.')[0] in ('logging', 'sqlalchemy',"
+            " 'click', 'dataclasses') or m.startswith('pipeswift_slurm.core'))\n"
+            "print(heavy())\n"
+            "a = p.decide([sys.argv[1]], {}, lambda argv: p.read_source(argv, None))\n"
+            "assert a.argv[0].startswith('--comment=pswift1;'), a\n"
+            "print(heavy())\n")
+    out = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out[0] == "[]"  # a plain job: psbatch's own light modules only
+    assert "logging" not in out[1] and "sqlalchemy" not in out[1] and "click" not in out[1]
+    assert "pipeswift_slurm.core.request" in out[1]  # a Megatron job: validated by the core
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("90", 5400), ("90:30", 5430), ("2:00:00", 7200), ("1-0", 86400), ("1-2", 93600), ("1-2:30", 95400),
+    ("1-2:30:15", 95415), ("UNLIMITED", None), ("infinite", None), ("", None), (None, None), ("x:1", None),
+])
+def test_time_limit_is_read_as_sbatch_reads_it(text, seconds):
+    from pipeswift_slurm.submit.sbatch_args import time_limit_s
+
+    assert time_limit_s(text) == seconds
+
+
+def _user_run_time(out: str) -> str:
+    return out.split("your config: ")[1].split(" on ")[0]
+
+
+@pytest.mark.parametrize("header, argv, warned", [
+    ("#SBATCH -t 1\n", [], True),                 # one minute
+    ("#SBATCH --time=30-0\n", [], False),         # thirty days
+    ("#SBATCH -t 30-0\n", ["-t", "1"], True),     # the command line wins
+    ("#SBATCH -t 1\n", ["--time=30-0"], False),
+    ("", [], False),                              # no limit: no warning
+])
+def test_check_warns_when_the_run_time_exceeds_the_time_limit(tmp_path, header, argv, warned):
+    (tmp_path / "job.sh").write_text(CHECKED.replace("#SBATCH --gres=gpu:4\n", "#SBATCH --gres=gpu:4\n" + header))
+    done, calls = _psbatch(["--pipeswift=check", *argv, "job.sh"], tmp_path)
+    out = done.stdout.decode()
+    assert done.returncode == 0 and calls == []
+    said = [line for line in out.splitlines() if "exceeds the job's time limit" in line]
+    assert len(said) == int(warned)
+    if warned:  # one line, naming the predicted run time and the limit
+        assert said[0].startswith("warning: your config's predicted run time %s exceeds the job's time limit 60s"
+                                  % _user_run_time(out))
