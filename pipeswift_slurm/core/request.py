@@ -27,8 +27,7 @@ def request_profile(req: ProfileRequest, *, world_size: Optional[int] = None, gp
             when it carries one, wins unless ``allocated``. None: the argv's tp*pp*cp.
         gpus_per_node: GPUs per node of the job's nodes.
         cluster_gpus: the cluster's GPU count. Given (the controller, ``explain``): the
-            request's range is widened to hold the world size and clipped to the cluster.
-            None (psbatch): the range is taken as the user wrote it.
+            request's range is clipped to the cluster. None (psbatch): taken as written.
         allocated: ``world_size`` is exactly the allocation the job runs in (the launcher):
             the profile is pinned to it, the user's own layout need not fit it (the shape
             and plan are then read at the user's size), and the job need not say its length.
@@ -37,20 +36,27 @@ def request_profile(req: ProfileRequest, *, world_size: Optional[int] = None, gp
         MegatronArgError: the Megatron arguments are invalid (for a request: at this size,
             or without --train-iters/--train-samples).
     """
-    limits = dict(gpus_per_node=gpus_per_node, min_micro_batch_size=req.min_micro_batch_size,
-                  allowed_pp=req.allowed_pp, job_class=req.job_class)
     argv = list(req.argv)
+
+    def parse(world: Optional[int], gpu_range: Optional[tuple[int, int]] = None) -> JobProfile:
+        return profile_from_argv(argv, world_size=world, gpus_per_node=gpus_per_node, gpu_range=gpu_range,
+                                 min_micro_batch_size=req.min_micro_batch_size, allowed_pp=req.allowed_pp,
+                                 job_class=req.job_class)
+
     if allocated:
         try:
-            profile = profile_from_argv(argv, world_size=world_size, **limits)  # type: ignore[arg-type]
+            profile = parse(world_size)
         except MegatronArgError:
-            profile = profile_from_argv(argv, **limits)  # type: ignore[arg-type]
-        return replace(profile, min_gpus=world_size or profile.requested.gpus,
-                       max_gpus=world_size or profile.requested.gpus)
+            profile = parse(None)
+        pinned = world_size or profile.requested.gpus
+        return replace(profile, min_gpus=pinned, max_gpus=pinned)
+    # The size the user submitted, as psbatch recorded it: a job the controller resized has
+    # another size now, and the user's own layout need not fit that one.
     world = req.world_size or world_size
     gpu_range = req.gpus
-    if cluster_gpus is not None:
-        lo, hi = req.gpus or (world, world)
-        gpu_range = (max(1, min(lo, world)), min(max(hi, world), cluster_gpus or hi))  # type: ignore[type-var, arg-type]
-    return require_length(profile_from_argv(argv, world_size=world, gpu_range=gpu_range,  # type: ignore[arg-type]
-                                            **limits))
+    if cluster_gpus and gpu_range is not None:
+        # the user's range, as asked, clipped to the cluster (never widened: "gpus=16" on a
+        # 4-GPU submission means 16)
+        hi = min(gpu_range[1], cluster_gpus)
+        gpu_range = (min(gpu_range[0], hi), hi)
+    return require_length(parse(world, gpu_range))

@@ -1,7 +1,7 @@
 """``psbatch --pipeswift=check``: what psbatch would do with a submission, without submitting.
 
 Owns: the report a researcher reads before submitting. It runs the steps of a real
-submission (``psbatch.plan_job``: finding the training command, validating it with the
+submission (``plan.plan_job``: finding the training command, validating it with the
 core, the Comment token, the rewritten line) and, for a job that would be opted in, the
 planner on the GPU counts the job allows, so the researcher sees which layouts and run
 times the controller will choose from. Prints on stdout; exit 0 when the job would be
@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Optional, Sequence, TextIO
 from pipeswift_slurm.submit.jobscript import read_header
 from pipeswift_slurm.submit.training import LAUNCHER
 from pipeswift_slurm.core.model import JobProfile
-from pipeswift_slurm.submit.psbatch import CHECK, Source, describe, plan_job
+from pipeswift_slurm.submit.plan import CHECK, Source, describe, plan_job
 from pipeswift_slurm.submit.sbatch_args import effective_options, own_options, scan_argv, strip_own_options
 from pipeswift_slurm.submit.sbatch_args import time_limit_s
 
@@ -167,7 +167,9 @@ def _predictions(profile: JobProfile, environ: Mapping[str, str], limit_s: Optio
     if rows:
         lines.append(table(["GPUs", "fastest layout", "run time"], rows))
     if none:
-        lines.append("no valid layout that fits in memory on %s GPUs" % ", ".join(str(g) for g in none))
+        from pipeswift_slurm.core.planner import describe_no_layout
+
+        lines.extend(describe_no_layout(estimator.planner, profile, none))
     lines.append("%s%s. The controller picks the count that ends the job soonest, queue included."
                  % ("* fastest; " if rows else "", mine))
     if limit_s and user_s > limit_s:

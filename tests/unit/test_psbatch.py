@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.submit import jobscript
+from pipeswift_slurm.submit import jobscript, sbatch_args, training
 from pipeswift_slurm.submit import psbatch
 from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.token import decode_profile
@@ -62,14 +62,14 @@ def test_strip_own_options(argv, kept, own):
 
 
 def test_own_options_values_and_errors():
-    own = psbatch.own_options([("gpus", "4-16"), ("min-micro-batch", "2"), ("pp", "1,2,4"), ("class", "x")])
+    own = sbatch_args.own_options([("gpus", "4-16"), ("min-micro-batch", "2"), ("pp", "1,2,4"), ("class", "x")])
     assert own.gpus == (4, 16) and own.min_micro_batch_size == 2 and own.allowed_pp == (1, 2, 4)
     assert own.job_class == "x" and own.declared and not own.off
-    assert psbatch.own_options([("", "off")]).off
-    assert psbatch.own_options([("gpus", "8")]).gpus == (8, 8)
+    assert sbatch_args.own_options([("", "off")]).off
+    assert sbatch_args.own_options([("gpus", "8")]).gpus == (8, 8)
     for bad in ([("gpus", "x")], [("gpus", "9-3")], [("colour", "red")], [("", "maybe")]):
-        with pytest.raises(psbatch.PsbatchError):
-            psbatch.own_options(bad)
+        with pytest.raises(sbatch_args.PsbatchError):
+            sbatch_args.own_options(bad)
 
 
 # ---------------------------------------------------------------- script text
@@ -78,7 +78,7 @@ def test_own_options_values_and_errors():
 def test_read_header_stops_at_first_command_and_splits_hetjob():
     lines = ["#!/bin/bash", "#SBATCH -N 2 # two nodes", "# note", "#SBATCH --comment='a b'",
              "#SBATCH hetjob", "#SBATCH -n 1", "", "echo hi", "#SBATCH -p late", "#PSWIFT gpus=2-4 off"]
-    script = psbatch.read_header(lines)
+    script = jobscript.read_header(lines)
     assert script.header == [["-N", "2", "--comment=a b"], ["-n", "1"]]
     assert script.own == [("gpus", "2-4"), ("", "off")]
 
@@ -91,7 +91,7 @@ DIRECTIVES = json.loads((DATA / "directives.json").read_text())
 @pytest.mark.parametrize("case", DIRECTIVES, ids=[c["line"] for c in DIRECTIVES])
 def test_directive_words_are_split_as_sbatch_splits_them(case):
     assert jobscript.directive_words(case["line"]) == case["words"]
-    script = psbatch.read_header(["#!/bin/sh", "#SBATCH" + case["line"], "true"])
+    script = jobscript.read_header(["#!/bin/sh", "#SBATCH" + case["line"], "true"])
     assert script.header == [case["words"]]
     assert script.version_dependent == case.get("versions_differ", False)
 
@@ -100,14 +100,14 @@ def test_a_directive_slurm_versions_read_differently_keeps_the_job_as_written():
     text = ("#!/bin/bash\n#SBATCH --gpus=2\n#SBATCH --comment=run\\ 7\n"
             "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64"
             " --global-batch-size 8 --train-iters 10\n")
-    with pytest.raises(psbatch.PsbatchError, match="backslash before a blank"):
+    with pytest.raises(sbatch_args.PsbatchError, match="backslash before a blank"):
         psbatch.plan_job(["x.sh"], [], text, {})
     assert psbatch.plan_job(["x.sh"], [], text.replace("run\\ 7", "'run 7'"), {}) is not None
 
 
 def test_read_header_takes_the_old_slurm_directives_as_sbatch_does():
     lines = ["#!/bin/bash", "#SLURM --gpus=8", "#SBATCH -N 2", "srun hostname", "#SLURM -p late"]
-    assert psbatch.read_header(lines).header == [["--gpus=8", "-N", "2"]]
+    assert jobscript.read_header(lines).header == [["--gpus=8", "-N", "2"]]
 
 
 @pytest.mark.parametrize("values, expected", [
@@ -122,21 +122,21 @@ def test_read_header_takes_the_old_slurm_directives_as_sbatch_does():
     ({"gpus-per-task": "2", "ntasks-per-node": "2", "nodes": "2"}, (8, 4)),
 ])
 def test_requested_world(values, expected):
-    assert psbatch.requested_world(values) == expected
+    assert sbatch_args.requested_world(values) == expected
 
 
 def test_effective_options_precedence():
     cmdline = psbatch.scan_argv(["--gpus=8", "job.sh"]).opts
-    values = psbatch.effective_options(cmdline, ["--gpus=2", "-N", "2"], {"SBATCH_GPUS": "4"})
+    values = sbatch_args.effective_options(cmdline, ["--gpus=2", "-N", "2"], {"SBATCH_GPUS": "4"})
     assert values["gpus"] == "8" and values["nodes"] == "2"
-    assert psbatch.effective_options([], ["--gpus=2"], {"SBATCH_GPUS": "4"})["gpus"] == "4"
+    assert sbatch_args.effective_options([], ["--gpus=2"], {"SBATCH_GPUS": "4"})["gpus"] == "4"
 
 
 def test_environment_gres_counts_and_comment_does_not():
     """sbatch reads SBATCH_GRES (over #SBATCH lines) but has no SBATCH_COMMENT."""
-    values = psbatch.effective_options([], ["--gres=gpu:1", "--comment=mine"],
+    values = sbatch_args.effective_options([], ["--gres=gpu:1", "--comment=mine"],
                                        {"SBATCH_GRES": "gpu:2", "SBATCH_COMMENT": "env"})
-    assert psbatch.requested_world(values) == (2, 2) and values["comment"] == "mine"
+    assert sbatch_args.requested_world(values) == (2, 2) and values["comment"] == "mine"
     text = ("#!/bin/bash\ntorchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4"
             " --seq-length 64 --global-batch-size 8 --train-iters 10 --pipeline-model-parallel-size 4\n")
     plan = psbatch.plan_job(["x.sh"], [], text, {"SBATCH_COMMENT": "env"})
@@ -154,13 +154,13 @@ def test_environment_gres_counts_and_comment_does_not():
     ("ls -l", False),
 ])
 def test_is_training_command(text, found):
-    assert psbatch.find_training_command(text.split("\n")) is not None if found else \
-        psbatch.find_training_command(text.split("\n")) is None
+    assert training.find_training_command(text.split("\n")) is not None if found else \
+        training.find_training_command(text.split("\n")) is None
 
 
 def test_variables_expand_from_script_and_environment():
     lines = ["L=12", "torchrun pretrain_gpt.py --num-layers $L --hidden-size ${H} $REST"]
-    cmd = psbatch.find_training_command(lines, {"H": "64", "REST": "--seq-length 128"})
+    cmd = training.find_training_command(lines, {"H": "64", "REST": "--seq-length 128"})
     assert cmd is not None
     assert cmd.words[-6:] == ("--num-layers", "12", "--hidden-size", "64", "--seq-length", "128")
 
@@ -168,7 +168,7 @@ def test_variables_expand_from_script_and_environment():
 def test_declared_arrays_keep_their_flags():
     lines = ["declare -a BATCH=(--micro-batch-size 2 --global-batch-size 64)", "export -n L=12",
              'torchrun pretrain_gpt.py --num-layers $L "${BATCH[@]}"']
-    cmd = psbatch.find_training_command(lines)
+    cmd = training.find_training_command(lines)
     assert cmd is not None
     assert cmd.words[-6:] == ("--num-layers", "12", "--micro-batch-size", "2", "--global-batch-size", "64")
 
@@ -184,7 +184,7 @@ def _golden_text(script: Path) -> str:
     argv = ["-p", "gpu", script.name, "arg1"]
     try:
         plan = psbatch.plan_job(argv, [("class", "golden")], script.read_text(), {"HOME": "/home/u"})
-    except (psbatch.PsbatchError, MegatronArgError) as exc:
+    except (sbatch_args.PsbatchError, MegatronArgError) as exc:
         return "NOT OPTED IN (warning, submitted unchanged): %s\n" % exc
     comment = next(a for a in plan.argv if a.startswith("--comment="))
     request = decode_profile(comment)
@@ -414,10 +414,12 @@ def test_check_reports_what_psbatch_would_do_and_submits_nothing(tmp_path):
     assert "line 5 becomes     pipeswift-launch -- torchrun" in out
     assert "your config        4gpu=1x4 tp2 pp1 dp2 mbs2 M16" in out
     assert "2-8 GPUs" in out and "checkpoints every 100 iterations" in out
-    assert "'--comment=pswift1;args=<" in out and ";gpus=2-8' -p gpu meg.sh x" in out
+    assert "'--comment=pswift1;args=<" in out and ";gpus=2-8;world=4' -p gpu meg.sh x" in out
     rows = _rows(out)
     assert set(rows) == {2, 4, 8}  # no split of 8 heads, 8 layers and a batch of 64 over 3, 5, 6 or 7
-    assert "no valid layout that fits in memory on 3, 5, 6, 7 GPUs" in out
+    assert ("no valid layout on 3, 5, 7 GPUs: every tp x pp x dp split breaks a Megatron rule: global batch 64"
+            " not divisible by micro-batch x data-parallel size; 8 layers not divisible by the pipeline size") in out
+    assert "no valid layout on 6 GPUs: " in out and "a tensor-parallel group must fit inside a node" in out
     assert [g for g, (_, fastest) in rows.items() if fastest] == [8]
     # the same job submitted for real is what the report said
     done, calls = _psbatch(["-p", "gpu", "meg.sh", "x"], tmp_path)
@@ -525,3 +527,41 @@ def test_check_warns_when_the_run_time_exceeds_the_time_limit(tmp_path, header, 
     if warned:  # one line, naming the predicted run time and the limit
         assert said[0].startswith("warning: your config's predicted run time %s exceeds the job's time limit 60s"
                                   % _user_run_time(out))
+
+
+def test_a_job_the_controller_resized_keeps_a_valid_profile():
+    """Issue 28 item 1: -N1 --gpus-per-node=4, tp2 pp2 mbs4, global batch 256, gpus=4-16. The
+    controller resized it to 12 GPUs (a layout valid there, e.g. pp6 or tp4 pp3); on the next
+    tick it must not re-check the user's tp2 pp2 mbs4 at 12 GPUs (256 % (4*3) != 0)."""
+    from pipeswift_slurm.core.model import Job
+    from pipeswift_slurm.slurm.controller import parse_profile
+
+    text = ("#!/bin/bash\n#SBATCH -N1 --gpus-per-node=4\n#PSWIFT gpus=4-16\n"
+            "torchrun pretrain_gpt.py --num-layers 24 --hidden-size 1024 --num-attention-heads 16"
+            " --seq-length 1024 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"
+            " --micro-batch-size 4 --global-batch-size 256 --train-iters 100\n")
+    plan = psbatch.plan_job(["x.sh"], [], text, {})
+    comment = next(w.split("=", 1)[1] for w in plan.argv if w.startswith("--comment="))
+    assert decode_profile(comment).world_size == 4
+    for gpus in (4, 12, 16):
+        job = Job(1, "PENDING", 0.0, gpus=gpus, num_nodes=1 if gpus == 4 else 2, opted_in=True, comment=comment)
+        profile, why = parse_profile(job, 8, 16)
+        assert profile is not None, why
+        assert profile.requested.gpus == 4 and (profile.min_gpus, profile.max_gpus) == (4, 16)
+
+
+def test_a_range_above_the_submitted_size_is_not_widened_by_the_controller():
+    """Issue 28 item 6: '#PSWIFT gpus=16' on a 4-GPU request means 16 GPUs, as check says."""
+    from pipeswift_slurm.core.model import Job
+    from pipeswift_slurm.slurm.controller import parse_profile
+
+    text = ("#!/bin/bash\n#SBATCH --gpus=4\n#PSWIFT gpus=16\n"
+            "torchrun pretrain_gpt.py --num-layers 24 --hidden-size 1024 --num-attention-heads 16"
+            " --seq-length 1024 --global-batch-size 256 --train-iters 100\n")
+    plan = psbatch.plan_job(["x.sh"], [], text, {})
+    comment = next(w.split("=", 1)[1] for w in plan.argv if w.startswith("--comment="))
+    profile, why = parse_profile(Job(1, "PENDING", 0.0, gpus=4, opted_in=True, comment=comment), 8, 64)
+    assert profile is not None, why
+    assert (profile.min_gpus, profile.max_gpus) == (16, 16)
+    profile, why = parse_profile(Job(1, "PENDING", 0.0, gpus=4, opted_in=True, comment=comment), 8, 8)
+    assert profile is not None and (profile.min_gpus, profile.max_gpus) == (8, 8)  # clipped to the cluster

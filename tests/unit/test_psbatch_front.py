@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.submit import psbatch, sbatch_args
+from pipeswift_slurm.submit import plan, psbatch, sbatch_args
 from pipeswift_slurm.submit.fast import build as fast_build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ def bins(tmp_path_factory: pytest.TempPathFactory) -> Bins:
     (broken / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
     (work / "plain.sh").write_bytes(PLAIN)
     (work / "meg.sh").write_bytes(MEGATRON)
-    (work / "big.sh").write_bytes(MEGATRON + b"#" * psbatch.MAX_SCRIPT_BYTES)
+    (work / "big.sh").write_bytes(MEGATRON + b"#" * plan.MAX_SCRIPT_BYTES)
     return Bins(str(fast), str(no_python), str(base / "sbatch"), work, tmp, broken.parent)
 
 
@@ -268,10 +268,10 @@ def test_header_is_the_python_tables():
     for name in sbatch_args.NO_STDIN:
         assert [line for line in text.splitlines() if line.startswith("    {%s, " % fast_build.c_string(name))
                 and line.endswith("|PSB_NO_STDIN},")]
-    for marker in psbatch.MARKERS:
+    for marker in plan.MARKERS:
         assert fast_build.c_string(marker) in text
     assert '#define PSB_PYTHON "/opt/py/bin/python3"' in text
-    assert "#define PSB_MAX_SCRIPT_BYTES ((size_t)%d)" % psbatch.MAX_SCRIPT_BYTES in text
+    assert "#define PSB_MAX_SCRIPT_BYTES ((size_t)%d)" % plan.MAX_SCRIPT_BYTES in text
 
 
 def test_the_front_end_stays_small_and_knows_no_megatron_rule():
@@ -466,7 +466,7 @@ def test_hands_off_whenever_python_would_look_closer(bins, args, job, stdin, mon
     monkeypatch.chdir(bins.work)
     stripped, pairs = sbatch_args.strip_own_options(args)
     source = psbatch.read_source(stripped, _Stdin(stdin or b""))
-    python_looks = bool(pairs) or (source.text is not None and any(m in source.text for m in psbatch.MARKERS))
+    python_looks = bool(pairs) or (source.text is not None and any(m in source.text for m in plan.MARKERS))
     got = _run(bins, [bins.no_python], args, stdin)
     handed = got.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")
     assert handed or not python_looks

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pipeswift_slurm.submit import psbatch, sbatch_args
+from pipeswift_slurm.submit import plan, psbatch, sbatch_args
 
 SOURCE = Path(__file__).resolve().with_name("psbatch.c")
 CFLAGS = ("-O2", "-s", "-std=c99", "-Wall")
@@ -101,14 +101,14 @@ def header_text(python: Optional[str] = None) -> str:
         "#define %s 4" % NO_STDIN,
         "struct psb_long { const char *name; int kind; };",
         "struct psb_short { const char *name; int kind; };",
-        "#define PSB_MAX_SCRIPT_BYTES ((size_t)%d)" % psbatch.MAX_SCRIPT_BYTES,
+        "#define PSB_MAX_SCRIPT_BYTES ((size_t)%d)" % plan.MAX_SCRIPT_BYTES,
         "#define PSB_OWN_PREFIX %s" % c_string(sbatch_args.OWN_PREFIX),
         "#define PSB_DEFPATH %s" % c_string(os.defpath),
         "#define PSB_PYTHON %s" % c_string(python),
         "#define PSB_NO_SBATCH %s" % c_string(psbatch.NO_SBATCH),
         "#define PSB_WARN_FORMAT %s" % c_string(psbatch.warning_line("\0").replace("%", "%%").replace("\0", "%s")),
         "#define PSB_BOOTSTRAP %s" % c_string(BOOTSTRAP),
-        "static const char *const psb_markers[] = {%s, NULL};" % ", ".join(map(c_string, psbatch.MARKERS)),
+        "static const char *const psb_markers[] = {%s, NULL};" % ", ".join(map(c_string, plan.MARKERS)),
         "static const struct psb_long psb_long[] = {",
         *("    {%s, %s}," % (c_string(name), kind) for name, kind in sorted(kinds.items())),
         "    {NULL, 0}};",

@@ -1,0 +1,148 @@
+"""What psbatch would do with a job, decided without running anything: reading the script
+as sbatch would (``read_source``), finding and validating a Megatron training command
+(``plan_job``, with the one rule in ``core.request``), the profile token it records, and
+the warning a job that cannot be enriched gets (``describe``).
+
+Shared by the submission (``psbatch``) and ``--pipeswift=check`` (``check``); imports
+neither. Must not import logging, SQLAlchemy, click, the store or any backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
+
+from pipeswift_slurm.submit.jobscript import Command, read_header
+from pipeswift_slurm.submit.sbatch_args import NO_STDIN, OwnOptions, PsbatchError, Scan, effective_options
+from pipeswift_slurm.submit.sbatch_args import gpu_count, own_options, requested_world, scan_argv
+from pipeswift_slurm.submit.training import find_training_command, megatron_words, rewrite_lines, routed
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.core.model import JobProfile
+
+MAX_SCRIPT_BYTES = 1 << 20  # bigger scripts go through unchanged (bounded effort)
+
+
+def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: OwnOptions,
+                  environ: Mapping[str, str]) -> tuple[str, "JobProfile"]:
+    """Validate the training command with the core: the profile token, and the profile
+    as validated.
+
+    Raises:
+        megatron.MegatronArgError: the Megatron arguments are invalid for this job.
+    """
+    from pipeswift_slurm.core.request import request_profile
+    from pipeswift_slurm.core.token import ProfileRequest, encode_profile
+
+    world, per_node = requested_world(values)
+    asked = ProfileRequest(tuple(words), own.gpus, own.min_micro_batch_size, own.allowed_pp, own.job_class)
+    profile = request_profile(asked, world_size=world,
+                              gpus_per_node=per_node or gpu_count(environ.get("PIPESWIFT_GPUS_PER_NODE")) or 8)
+    # The token records the size the job was submitted with: the controller re-validates
+    # the user's arguments at that size on every tick, also after it resized the job.
+    request = ProfileRequest(tuple(megatron_words(words)), own.gpus, own.min_micro_batch_size, own.allowed_pp,
+                             own.job_class, profile.requested.gpus)
+    return encode_profile(request), profile
+
+
+# ---------------------------------------------------------------- submission
+
+# A job whose text holds none of these (and no --pipeswift option) is never enriched: the
+# compiled front end (fast/psbatch.c) passes such jobs straight to sbatch from this table.
+MARKERS = ("--num-layers", "pretrain_", "#PSWIFT")
+CHECK = ("", "check")  # --pipeswift=check: say what psbatch would do, submit nothing
+
+
+class Plan(NamedTuple):
+    """What to hand sbatch: its argv (no argv[0]) and the script text, when rewritten;
+    and what that came from: the training command and its profile as validated."""
+
+    argv: list[str]
+    text: Optional[str]
+    command: Command
+    profile: "JobProfile"
+
+
+def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
+             environ: Mapping[str, str]) -> Optional[Plan]:
+    """Enrich a Megatron job; None when the job is not one (or opted out).
+
+    Raises:
+        PsbatchError, megatron.MegatronArgError: the job says it is a Megatron job but
+            psbatch cannot enrich it (the caller submits it unchanged with a warning).
+    """
+    if not pairs and not any(m in text for m in MARKERS):
+        return None
+    lines = text.split("\n")
+    script = read_header(lines)
+    own = own_options(list(script.own) + list(pairs))
+    if own.off:
+        return None
+    scan = scan_argv(argv)
+    cmd = find_training_command(lines, environ)
+    if scan.components > 1 or len(script.header) > 1:
+        if own.declared or cmd:
+            raise PsbatchError("heterogeneous jobs are not opted in to PipeSwift")
+        return None
+    if cmd is None:
+        if own.declared:
+            raise PsbatchError("no Megatron training command found in the script")
+        return None
+    if script.version_dependent:
+        raise PsbatchError("an #SBATCH line has a backslash before a blank, which Slurm 22.05 and 24.11 "
+                           "read differently; put that value in quotes")
+    values = effective_options(scan.opts, script.header[0], environ)
+    token, profile = build_request(cmd.words, values, own, environ)
+    comment = values.get("comment")
+    new_text = text if routed(cmd) else "\n".join(rewrite_lines(lines, cmd))
+    return Plan(_with_options(argv, scan, comment + " " + token if comment else token, new_text), new_text,
+                cmd, profile)
+
+
+def _with_options(argv: Sequence[str], scan: Scan, comment: str, text: str) -> list[str]:
+    """argv with every ``--comment`` (and ``--wrap``) replaced by one new one, in front."""
+    drop = {i for o in scan.opts if o.name in ("comment", "wrap") for i in range(o.start, o.end)}
+    front = ["--comment=" + comment]
+    if any(o.name == "wrap" for o in scan.opts):
+        front.append("--wrap=" + text)
+    return front + [a for i, a in enumerate(argv) if i not in drop]
+
+
+class Source(NamedTuple):
+    """Where the job's script comes from: its text, and stdin bytes psbatch consumed."""
+
+    text: Optional[str]
+    stdin: Optional[bytes]
+
+
+def read_source(argv: Sequence[str], stdin: object) -> Source:
+    """Read the script as sbatch would: ``--wrap``, the script file, or stdin.
+
+    Stdin is read only when sbatch would read it too and it is not a terminal.
+    """
+    scan = scan_argv(argv)
+    wraps = [o.value for o in scan.opts if o.name == "wrap"]
+    if wraps:
+        return Source(wraps[-1] or "", None)
+    if scan.script_index is not None:
+        try:
+            with open(argv[scan.script_index], "rb") as fh:
+                data = fh.read(MAX_SCRIPT_BYTES + 1)
+        except OSError:
+            return Source(None, None)  # sbatch reports it
+        return Source(None if len(data) > MAX_SCRIPT_BYTES else data.decode("utf-8", "surrogateescape"), None)
+    if scan.unknown or any(o.name in NO_STDIN for o in scan.opts) or stdin is None or stdin.isatty():  # type: ignore[attr-defined]
+        return Source(None, None)
+    data = stdin.buffer.read()  # type: ignore[attr-defined]
+    text = data.decode("utf-8", "surrogateescape") if len(data) <= MAX_SCRIPT_BYTES else None
+    return Source(text, data)
+
+
+def describe(exc: Exception) -> str:
+    """What an exception from enriching a job means, as the warning line says it."""
+    from pipeswift_slurm.core.megatron import MegatronArgError
+
+    if isinstance(exc, MegatronArgError):
+        return "Megatron job not opted in to PipeSwift: invalid Megatron arguments (%s)" % exc
+    if isinstance(exc, PsbatchError):
+        return "Megatron job not opted in to PipeSwift: %s" % exc
+    return "psbatch internal error (%s: %s)" % (type(exc).__name__, exc)
