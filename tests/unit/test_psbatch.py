@@ -423,7 +423,7 @@ def test_check_reports_what_psbatch_would_do_and_submits_nothing(tmp_path):
     assert [g for g, (_, fastest) in rows.items() if fastest] == [8]
     # the same job submitted for real is what the report said
     done, calls = _psbatch(["-p", "gpu", "meg.sh", "x"], tmp_path)
-    assert done.returncode == 0 and calls[0]["argv"][0].endswith(";gpus=2-8")
+    assert done.returncode == 0 and calls[0]["argv"][0].endswith(";gpus=2-8;world=4")
     assert "pipeswift-launch -- torchrun" in calls[0]["script"]
 
 
