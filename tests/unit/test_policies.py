@@ -444,7 +444,7 @@ def test_pipeswift_preemption_is_gated_by_the_switch_cost() -> None:
     early = get_policy("pipeswift", preempt=True, preempt_min_run_s=2 * HOUR).decide(view, profiles, est)
     assert not any(d.requeue for d in early)
     # a victim already requeued preempt_max_restarts times (no ping-pong)
-    limit = get_policy("pipeswift", preempt=True).preempt_max_restarts
+    limit = get_policy("pipeswift", preempt=True).knobs.preempt_max_restarts
     jobs = tuple(replace(j, restarts=limit, attained_gpu_s=8 * 600.0) if j.running else j for j in view.jobs)
     tired = replace(view, jobs=jobs)
     assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(tired, profiles, est))
