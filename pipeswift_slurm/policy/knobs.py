@@ -90,13 +90,17 @@ def knob_fields(cls: type) -> dict[str, Any]:
     return {f.name: f for f in fields(cls)}
 
 
+def _num(value: float) -> str:
+    return "%d" % value if float(value).is_integer() else "%g" % value
+
+
 def _range_text(meta: Mapping[str, Any]) -> str:
     lo, hi, above = meta.get("lo"), meta.get("hi"), meta.get("above")
     if lo is not None and hi is not None:
-        return " in [%g, %g]" % (lo, hi)
+        return " in [%s, %s]" % (_num(lo), _num(hi))
     if above is not None:
-        return " > %g" % above
-    return " >= %g" % lo if lo is not None else ""
+        return " > %s" % _num(above)
+    return " >= %s" % _num(lo) if lo is not None else ""
 
 
 def _in_range(value: float, meta: Mapping[str, Any]) -> bool:

@@ -17,11 +17,14 @@ from typing import Any, Optional
 
 from sqlalchemy import Engine, inspect, text
 
+from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
+
 
 SIZE_ORDER = ("small", "medium", "large", "unknown")
 FINISHED_SQL = "('COMPLETED', 'COMPLETED?')"
 DEFAULT_THRESHOLD = 0.5
-DEFAULT_WAIT_BOUND_S = 24 * 3600.0  # as sql/waits.sql
+# the policy's own bound (its knob default), as in sql/waits.sql
+DEFAULT_WAIT_BOUND_S = PipeSwiftKnobs().wait_bound_s
 GROUPS = {
     "hour": "CAST(submit_time / 3600 AS INTEGER) * 3600",
     "day": "CAST(submit_time / 86400 AS INTEGER) * 86400",

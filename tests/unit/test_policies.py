@@ -700,3 +700,55 @@ def test_the_controller_acts_only_on_what_a_job_does_not_have_yet() -> None:
     assert todo == replace(wanted, site_factor=None) and todo.changes_anything
     assert wanted.site_factor == 30000  # the policy's own decision is left as it was
     assert not unchanged_parts(Decision(7, site_factor=30000, time_limit_s=3600), job).changes_anything
+
+
+# ---------------------------------------------------------------- knobs: one dataclass each, checked in one place
+
+def test_knob_defaults_are_the_dataclass_fields() -> None:
+    from dataclasses import fields
+
+    from pipeswift_slurm.policy import knob_class, knob_defaults
+    from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
+
+    assert knob_class("pipeswift") is PipeSwiftKnobs
+    assert knob_defaults("pipeswift") == {f.name: f.default for f in fields(PipeSwiftKnobs)}
+    assert len(knob_defaults("pipeswift")) == 23 and knob_defaults("fifo") == {}
+    assert get_policy("pipeswift").knobs == PipeSwiftKnobs()
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"wait_bound_s": "abc"}, ["pipeswift wait_bound_s", "> 0"]),
+    ({"wait_bound_s": -5}, ["pipeswift wait_bound_s"]),
+    ({"preempt": "yes"}, ["preempt must be true or false"]),
+    ({"risk_fraction": 7}, ["risk_fraction", "in [0, 1]"]),
+    ({"aging": float("nan")}, ["aging", "finite"]),
+    ({"plan_depth": -1}, ["plan_depth", "integer >= 1"]),
+    ({"colour": "red"}, ["pipeswift has no knob colour", "wait_bound_s"]),
+])
+def test_get_policy_refuses_bad_knobs(knobs: dict, words: list[str]) -> None:
+    from pipeswift_slurm.policy import KnobError
+
+    with pytest.raises(KnobError) as err:
+        get_policy("pipeswift", **knobs)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_tiresias_queue_limits_must_ascend_and_become_a_tuple() -> None:
+    from pipeswift_slurm.policy import KnobError, parse_policy_knob
+
+    assert get_policy("tiresias", queue_limits_gpu_s=[10, 100]).knobs.queue_limits_gpu_s == (10.0, 100.0)
+    assert parse_policy_knob("tiresias", "queue_limits_gpu_s", "5,50") == (5.0, 50.0)
+    with pytest.raises(KnobError, match="ascending"):
+        get_policy("tiresias", queue_limits_gpu_s=[100, 10])
+    with pytest.raises(KnobError, match="expected true or false"):
+        parse_policy_knob("pipeswift", "preempt", "maybe")
+    assert parse_policy_knob("pipeswift", "plan_depth", "8") == 8
+
+
+def test_presets_are_valid_knobs() -> None:
+    from pipeswift_slurm.policy import policy_knobs
+
+    for label, knobs in PRESETS.items():
+        checked = policy_knobs(label.split(":")[0], knobs)  # raises on a bad preset
+        assert {k: getattr(checked, k) for k in knobs} == knobs

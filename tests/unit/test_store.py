@@ -464,3 +464,52 @@ def test_forecast_start_of_a_pending_job_is_not_a_fact(store):
         tx.mark_vanished([1])
     assert rows(store, "SELECT state, start_time, queue_s, run_s FROM jobs") == [
         ("CANCELLED?", None, None, None)]
+
+
+# ---------------------------------------------------------------- failed ticks are recorded (issue 28 item 8)
+
+class _DownBackend:
+    """slurmctld down: the first snapshot works, later ones raise."""
+
+    name = "down"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def snapshot(self) -> ClusterView:
+        from pipeswift_slurm.slurm.backends import BackendError
+
+        self.calls += 1
+        if self.calls > 1:
+            raise BackendError("squeue: slurm_load_jobs error: Unable to contact slurm controller")
+        return ClusterView(now=1_700_000_000.0, nodes=(), jobs=())
+
+    def apply(self, decision: Decision, job: Job) -> None:
+        raise AssertionError("nothing to apply")
+
+
+def test_a_tick_that_cannot_see_the_cluster_is_recorded_as_failed() -> None:
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.estimator import Estimator
+    from pipeswift_slurm.core.hardware import get_gpu_type
+    from pipeswift_slurm.policy import get_policy
+    from pipeswift_slurm.reports.metrics import prometheus_text
+    from pipeswift_slurm.reports.queries import full_report, tick_stats
+    from pipeswift_slurm.slurm.backends import BackendError
+    from pipeswift_slurm.slurm.controller import Controller
+
+    store = Store.in_memory()
+    controller = Controller(_DownBackend(), get_policy("pipeswift"),
+                            Estimator(CostModel(get_gpu_type("A100-80GB")), 8), store)
+    controller.epoch_clock = lambda: 1_700_000_060.0
+    controller.tick()
+    ok = tick_stats(store)
+    assert (ok.n_ticks, ok.n_failed, ok.last_status) == (1, 0, "ok")
+    with pytest.raises(BackendError, match="Unable to contact"):
+        controller.tick()
+    failed = tick_stats(store)
+    assert (failed.n_ticks, failed.n_failed, failed.last_status, failed.last_tick_s) == \
+        (2, 1, "failed", 1_700_000_060.0)
+    metrics = prometheus_text(full_report(store))
+    assert "pipeswift_last_tick_ok 0" in metrics
+    assert 'pipeswift_ticks{status="failed"} 1' in metrics
