@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, JobProfile
