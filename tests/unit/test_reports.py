@@ -683,7 +683,7 @@ def test_prometheus_text_parses_and_matches(ctl_db, tmp_path):
 
 
 def test_prometheus_label_escaping():
-    m = RR._Metrics()
+    m = RR.Metrics()
     m.family("x", "gauge", "h", [({"job_class": 'a"b\\c\nd'}, 1.5)])
     assert 'x{job_class="a\\"b\\\\c\\nd"} 1.5' in m.text()
     parse_prometheus(m.text())
