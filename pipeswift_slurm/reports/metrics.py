@@ -14,13 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-from pipeswift_slurm.reports.queries import (
-    BiasReport,
-    FullReport,
-    JctReport,
-    QueueRatioReport,
-    WaitsReport,
-)
+from pipeswift_slurm.reports.base import BiasReport, JctReport, QueueRatioReport, WaitsReport
+from pipeswift_slurm.reports.queries import FullReport
 
 
 # ---------------------------------------------------------------- Prometheus text format

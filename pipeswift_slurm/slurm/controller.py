@@ -241,8 +241,8 @@ class Controller:
         if self.settings.dry_run or not items:
             return
         if isinstance(self.backend, BatchingBackend):
-            for (decision, _), outcome in zip(items, self.backend.apply_many(items), strict=True):
-                self._outcome(decision.job_id, outcome, report)
+            for (decision, _), batch_outcome in zip(items, self.backend.apply_many(items), strict=True):
+                self._outcome(decision.job_id, batch_outcome, report)
             return
         for decision, job in items:
             if report.failed is not None:
@@ -271,6 +271,7 @@ class Controller:
     def _record(self, report: TickReport, profiles: dict[int, JobProfile]) -> None:
         from pipeswift_slurm.slurm.recording import record_tick
 
+        assert self.store is not None
         record_tick(self.store, report, profiles, self._profiles, self.policy, self.estimator,
                     self.settings.dry_run)
 

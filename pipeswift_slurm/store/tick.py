@@ -20,7 +20,8 @@ from pipeswift_slurm.core.model import PENDING, RUNNING, ClusterView, Decision, 
 from pipeswift_slurm.store import rows as R
 from pipeswift_slurm.store.queries import (ACTIVE_STATES, VANISHED_STARTED, VANISHED_UNSTARTED, CalibrationEntry,
                                            Queries, SnapshotSummary, T, chunks)
-from pipeswift_slurm.store.schema import ProfileRow, size_class
+from pipeswift_slurm.core.sizeclass import size_class
+from pipeswift_slurm.store.schema import ProfileRow
 
 log = logging.getLogger(__name__)
 
