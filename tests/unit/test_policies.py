@@ -752,3 +752,26 @@ def test_presets_are_valid_knobs() -> None:
     for label, knobs in PRESETS.items():
         checked = policy_knobs(label.split(":")[0], knobs)  # raises on a bad preset
         assert {k: getattr(checked, k) for k in knobs} == knobs
+
+
+# ---------------------------------------------------------------- stable SiteFactors (the controller's, slurm/factors.py)
+
+def test_stable_factors_keep_the_jobs_already_in_order_and_fill_the_gaps() -> None:
+    from pipeswift_slurm.slurm.factors import MIN_FACTOR_GAP, stable_factors
+
+    top = 100_000_000
+    current = {1: 90_000_000, 2: 80_000_000, 3: 70_000_000}
+    order = [1, 4, 2, 3]  # a new job 4 goes between 1 and 2
+    out = stable_factors(order, current, top)
+    assert [out[j] for j in (1, 2, 3)] == [current[j] for j in (1, 2, 3)]  # unchanged: no update for them
+    assert out[1] > out[4] > out[2] and out[4] - out[2] >= MIN_FACTOR_GAP
+    assert sorted(out, key=out.__getitem__, reverse=True) == order
+
+
+def test_stable_factors_renumber_when_a_gap_is_too_narrow() -> None:
+    from pipeswift_slurm.slurm.factors import centred_factors, stable_factors
+
+    current = {1: 5_000, 2: 4_999}
+    out = stable_factors([1, 3, 2], current, 100_000_000)
+    assert out == centred_factors([1, 3, 2], 100_000_000)
+    assert sorted(out, key=out.__getitem__, reverse=True) == [1, 3, 2] and min(out.values()) >= 0
