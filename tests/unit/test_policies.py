@@ -771,7 +771,7 @@ def test_stable_factors_keep_the_jobs_already_in_order_and_fill_the_gaps() -> No
 def test_stable_factors_renumber_when_a_gap_is_too_narrow() -> None:
     from pipeswift_slurm.slurm.factors import centred_factors, stable_factors
 
-    current = {1: 5_000, 2: 4_999}
+    current = {1: 3_000, 2: 1_000}  # both kept would leave 3 a gap of 1,000 < MIN_FACTOR_GAP
     out = stable_factors([1, 3, 2], current, 100_000_000)
     assert out == centred_factors([1, 3, 2], 100_000_000)
     assert sorted(out, key=out.__getitem__, reverse=True) == [1, 3, 2] and min(out.values()) >= 0
