@@ -90,7 +90,7 @@ def knob_defaults(name: str) -> dict[str, Any]:
     return asdict(knob_class(name)())
 
 
-def policy_knobs(name: str, values: Mapping[str, Any]) -> Any:
+def make_policy_knobs(name: str, values: Mapping[str, Any]) -> Any:
     """Policy ``name``'s knob dataclass with ``values`` over the defaults, each checked.
 
     Raises:
@@ -110,15 +110,15 @@ def parse_policy_knob(name: str, knob: str, text: str) -> Any:
 
 
 def get_policy(name: str, **knobs: Any) -> Policy:
-    """Instantiate a registered policy with its knobs (checked by ``policy_knobs``).
+    """Instantiate a registered policy with its knobs (checked by ``make_policy_knobs``).
 
     Raises:
         KeyError: unknown policy name (message lists the known ones).
         KnobError: a knob it does not have, or a bad value.
     """
-    policy: Policy = _policy_class(name)(policy_knobs(name, knobs))
+    policy: Policy = _policy_class(name)(make_policy_knobs(name, knobs))
     return policy
 
 
 __all__ = ["KnobError", "PRESETS", "Policy", "get_policy", "knob_class", "knob_defaults", "knob_fields",
-           "parse_policy_knob", "policy_knobs", "policy_names"]
+           "make_policy_knobs", "parse_policy_knob", "policy_names"]

@@ -126,7 +126,7 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
 
 
 def _check_policy(cfg: ControllerConfig) -> None:
-    from pipeswift_slurm.policy import KnobError, policy_knobs as checked_knobs, policy_names
+    from pipeswift_slurm.policy import KnobError, make_policy_knobs, policy_names
     from pipeswift_slurm.policy.knobs import SITE_FACTOR_LIMIT
 
     if cfg.policy not in policy_names():
@@ -136,7 +136,7 @@ def _check_policy(cfg: ControllerConfig) -> None:
         raise ConfigError("%s: [policy] site_factor_max must be at most %d, Slurm's limit (got %d)"
                           % (cfg.source, SITE_FACTOR_LIMIT, cfg.site_factor_max))
     try:
-        checked_knobs(cfg.policy, policy_knobs(cfg))
+        make_policy_knobs(cfg.policy, policy_knobs(cfg))
     except KnobError as exc:
         raise ConfigError("%s: [policy.knobs] %s" % (cfg.source, exc)) from None
 

@@ -169,9 +169,7 @@ class Controller:
         try:
             snapshot = self.backend.snapshot()
         except BackendError as exc:
-            if self.store is not None:
-                self.store.record_failed_tick(self.epoch_clock(), self.policy.name, self.settings.dry_run,
-                                              "cannot observe the cluster: %s" % exc)
+            self._record_failed(exc)
             raise
         view = self._with_earlier_runs(snapshot)
         report = TickReport(view=view)
@@ -203,6 +201,18 @@ class Controller:
         if self.calibration is not None and not self.settings.dry_run:
             self.estimator = self.calibration.refit(view.now, self.estimator)
         return report
+
+    def _record_failed(self, exc: BackendError) -> None:
+        """A tick row with status failed, so the history (and ``pipeswift_last_tick_ok``)
+        shows the tick that could not see the cluster. Never hides the backend's error: a
+        store that cannot record it either is logged."""
+        if self.store is None:
+            return
+        try:
+            self.store.record_failed_tick(self.epoch_clock(), self.policy.name, self.settings.dry_run,
+                                          "cannot observe the cluster: %s" % exc)
+        except Exception as store_exc:  # the store's own failure must not replace the backend's
+            log.warning("could not record the failed tick either: %s", store_exc)
 
     def _with_earlier_runs(self, view: ClusterView) -> ClusterView:
         """The view with each requeued job's earlier GPU-seconds from the history, where

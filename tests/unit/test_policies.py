@@ -747,10 +747,10 @@ def test_tiresias_queue_limits_must_ascend_and_become_a_tuple() -> None:
 
 
 def test_presets_are_valid_knobs() -> None:
-    from pipeswift_slurm.policy import policy_knobs
+    from pipeswift_slurm.policy import make_policy_knobs
 
     for label, knobs in PRESETS.items():
-        checked = policy_knobs(label.split(":")[0], knobs)  # raises on a bad preset
+        checked = make_policy_knobs(label.split(":")[0], knobs)  # raises on a bad preset
         assert {k: getattr(checked, k) for k in knobs} == knobs
 
 

@@ -564,3 +564,18 @@ def test_the_controller_tick_ends_with_the_calibration_step(dry_run):
     controller.tick()
     assert step.calls == ([] if dry_run else [1_700_000_000.0])
     assert controller.estimator == ("estimator" if dry_run else ("refitted", "estimator"))
+
+
+def test_a_store_that_cannot_record_the_failed_tick_does_not_hide_the_backend_error() -> None:
+    from pipeswift_slurm.policy import get_policy
+    from pipeswift_slurm.slurm.backends import BackendError
+    from pipeswift_slurm.slurm.controller import Controller
+
+    class LockedStore:
+        def record_failed_tick(self, now, policy, dry_run, error):
+            raise StoreBusy("store is locked by another writer")
+
+    backend = _DownBackend()
+    backend.calls = 1  # already down
+    with pytest.raises(BackendError, match="Unable to contact"):
+        Controller(backend, get_policy("fifo"), None, LockedStore()).tick()
