@@ -263,8 +263,9 @@ class OnlineCalibrator:
     prediction, predicted_run_s / b, or it would chase its own corrections. The
     calibrator keeps the estimators it handed out with the time they were installed and
     divides by ``estimator.bias(job_class)`` of the one in force at the job's start (an
-    estimator installed at tick t applies to jobs started after t: the simulator
-    predicts a job's run time when it starts, before ``on_tick`` runs).
+    estimator installed at tick t applies to jobs started after t: the controller refits
+    at the end of a tick, and the simulator predicts the run time of a job started right
+    after that tick with the estimator the tick decided with).
 
     Args:
         base_estimator: the uncalibrated Estimator (anything with ``with_bias``,
