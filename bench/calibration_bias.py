@@ -4,8 +4,9 @@ The experiment of issue #7. True run times = cost model x family bias x noise
 (sim/workload.py ``Conversion``): one model FAMILY runs +30 % longer than the cost model
 predicts, another -20 % shorter. The same seeded workload runs under ``pipeswift``:
   uncalibrated  the cost model alone (the bias is unknown);
-  calibrated    OnlineCalibrator: learns from jobs as they finish, swaps
-                ``sim.controller.estimator`` every ``--refit-every`` finished jobs;
+  calibrated    OnlineCalibrator, given to the Simulation: the controller's calibration
+                step learns from jobs as they finish and refits every
+                ``--refit-every`` finished jobs (the same step cron runs on the history);
   oracle        the estimator with the true bias map (what perfect calibration gives);
   near_oracle_shrunk, near_oracle_stretched
                 controls: the true ratios moved ~1 % toward 1 (about what a converged,
@@ -200,13 +201,9 @@ def _pct(num: int, den: int) -> Optional[float]:
 def simulate(jobs: list[WorkloadJob], estimator: Estimator, cost: CostModel, settings: SimSettings,
              calibrator: Optional[OnlineCalibrator] = None,
              shadow: Optional[Estimator] = None) -> tuple[SimResult, Optional[dict[str, Any]]]:
-    sim = Simulation(jobs, get_policy("pipeswift"), estimator, cost, settings)
-    spy = None
-    if shadow is not None:
-        spy = ShadowOracle(sim.controller.policy, shadow)
-        sim.controller.policy = spy
-    if calibrator is not None:
-        calibrator.attach(sim)
+    policy = get_policy("pipeswift")
+    spy = ShadowOracle(policy, shadow) if shadow is not None else None
+    sim = Simulation(jobs, spy or policy, estimator, cost, settings, calibrator=calibrator)
     result = sim.run()
     return result, (spy.summary() if spy is not None else None)
 

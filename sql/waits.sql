@@ -3,8 +3,8 @@
 -- A started job's wait is its queue_s (start - eligible-or-submit). A job still PENDING
 -- has waited (now - eligible-or-submit) so far, where "now" is the last controller tick
 -- (so the query also works on a simulated history). max_wait_job_id names the job with
--- the longest wait in its class; n_over_24h counts waits above 24 h (86400 s: edit the
--- constant to change the starvation bound). Size class 'unknown': no run time known yet.
+-- the longest wait in its class; n_over_48h counts waits above 48 h (172800 s, the
+-- pipeswift policy's default wait_bound_s: edit the constant to match a site's own). Size class 'unknown': no run time known yet.
 --
 -- Run: sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite < sql/waits.sql
 WITH now_ AS (
@@ -26,7 +26,7 @@ SELECT
     ROUND(AVG(wait_s) / 3600.0, 3)    AS mean_wait_h,
     ROUND(MAX(wait_s) / 3600.0, 3)    AS max_wait_h,
     job_id                            AS max_wait_job_id,  -- SQLite: taken from the MAX() row
-    SUM(wait_s > 86400)               AS n_over_24h
+    SUM(wait_s > 172800)              AS n_over_48h
 FROM waits
 GROUP BY size_class
 ORDER BY max_wait_h DESC, size_class;

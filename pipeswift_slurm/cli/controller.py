@@ -2,7 +2,8 @@
 
 A tick takes a non-blocking file lock (a second tick exits 0 quietly), observes the
 cluster, decides, acts on pending opted-in jobs, records everything in one transaction,
-then refits the per-class calibration from finished jobs. Exit 0 when all is well,
+then refits the per-class calibration from finished jobs (the controller's own last step,
+``slurm/calibrate.py``). Exit 0 when all is well,
 1 on a real failure (one line on stderr), 2 on bad configuration.
 """
 
@@ -44,13 +45,16 @@ def tick_lock(path: str) -> Iterator[bool]:
 def _load(config_path: Optional[str], overrides: dict[str, Any]) -> Any:
     from dataclasses import replace
 
-    from pipeswift_slurm.slurm.config import ConfigError, load_config
+    from pipeswift_slurm.slurm.config import ConfigError, check_backend, load_config
 
     try:
         cfg = load_config(config_path)
+        cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+        if overrides.get("backend") is not None:
+            check_backend("--backend", cfg.backend)
     except ConfigError as exc:
         fail(str(exc))
-    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    return cfg
 
 
 def site_gpu(cfg: Any, obj: Obj) -> Any:
@@ -64,13 +68,16 @@ def site_gpu(cfg: Any, obj: Obj) -> Any:
 
 
 def build_controller(cfg: Any, obj: Obj) -> Any:
-    """Backend, store, policy and calibrated estimator from the config."""
-    from pipeswift_slurm.slurm.backends import BackendError, get_backend
-    from pipeswift_slurm.slurm.config import policy_knobs
-    from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
+    """Backend, store, policy and calibrated estimator from the config (the calibration
+    step, when on, ends every tick that is not a dry run)."""
+    from pipeswift_slurm.cli.common import load_layer_profile
     from pipeswift_slurm.core.costmodel import CostModel
     from pipeswift_slurm.core.estimator import Estimator
     from pipeswift_slurm.policy import get_policy
+    from pipeswift_slurm.slurm.backends import BackendError, get_backend
+    from pipeswift_slurm.slurm.calibrate import StoreCalibration
+    from pipeswift_slurm.slurm.config import policy_knobs
+    from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
     from pipeswift_slurm.store.history import Store
 
     gpu = site_gpu(cfg, obj)
@@ -79,33 +86,13 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     except BackendError as exc:
         fail(str(exc), 1)
     store = Store.from_url(cfg.db_url)
-    policy = get_policy(cfg.policy, **policy_knobs(cfg))  # names checked by load_config
+    policy = get_policy(cfg.policy, **policy_knobs(cfg))  # name and knobs checked by load_config
     gpn = cfg.gpus_per_node or 8
-    from pipeswift_slurm.cli.common import load_layer_profile
-
     estimator = Estimator(CostModel(gpu, layer_profile=load_layer_profile(cfg.layer_profile)), gpn)
-    estimator = estimator.with_bias(_bias_map(store))
+    calibration = StoreCalibration(store)
+    estimator = estimator.with_bias(calibration.bias_map())
     settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions)
-    return Controller(backend, policy, estimator, store, settings)
-
-
-def _bias_map(store: Any) -> dict[str, float]:
-    return {cls: ratio for cls, (ratio, _n) in store.calibration().items()}
-
-
-def refit_calibration(store: Any, now: float) -> int:
-    """Refit the per-class bias from finished jobs; returns the number of classes."""
-    try:
-        from pipeswift_slurm.core.calibration import Observation, fit_bias
-    except ImportError:  # calibration not installed in this build
-        return 0
-    from pipeswift_slurm.store.history import CalibrationEntry
-
-    obs = [Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time) for f in store.finished_jobs()
-           if f.job_class and f.predicted_run_s and f.run_s]
-    fitted = fit_bias(obs, now=now)
-    store.save_calibration([CalibrationEntry(c.job_class, c.n_jobs, c.log_ratio, now) for c in fitted.values()])
-    return len(fitted)
+    return Controller(backend, policy, estimator, store, settings, calibration=calibration if cfg.calibrate else None)
 
 
 def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Optional[Any]:
@@ -124,11 +111,6 @@ def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Option
             fail("slurm: %s" % exc, 1)
         except StoreBusy as exc:
             fail("database busy: %s" % exc, 1)
-        if cfg.calibrate and not cfg.dry_run:
-            refit_calibration(controller.store, report.view.now)
-            bias = _bias_map(controller.store)
-            if bias != controller.estimator.bias_by_class:  # a new estimator resets the policy's caches
-                controller.estimator = controller.estimator.with_bias(bias)
         return report
 
 

@@ -18,6 +18,7 @@ import click
 
 from pipeswift_slurm.cli.common import Obj, echo_json, fail, pass_obj
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
+from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 
 DEFAULT_DB = "/var/lib/pipeswift/pipeswift.sqlite"
 BY_CHOICES = ("hour", "day", "user", "size", "partition")
@@ -95,9 +96,9 @@ def _report_options(default_by: Optional[str]) -> Callable[..., Any]:
             click.option(
                 "--wait-bound-h",
                 type=click.FloatRange(min=0),
-                default=24.0,
+                default=PipeSwiftKnobs().wait_bound_s / 3600.0,
                 show_default=True,
-                help="Waits above this count as over the bound.",
+                help="Waits above this count as over the bound (default: the policy's wait_bound_s).",
             ),
         ]
         if default_by is not None:

@@ -27,28 +27,10 @@ def _policies(text: str) -> tuple[str, ...]:
     return names
 
 
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-def _knob_value(text: str, default: Any) -> Any:
-    """``text`` as the type of the knob's default (bool, int, float, a comma list of
-    numbers; else text)."""
-    if isinstance(default, bool):
-        if text.lower() not in _TRUE + _FALSE:
-            raise ValueError("expected true or false")
-        return text.lower() in _TRUE
-    if isinstance(default, int):
-        return int(text)
-    if isinstance(default, float):
-        return float(text)
-    if isinstance(default, tuple):
-        return tuple(float(item) for item in text.split(","))
-    return text
-
-
 def _knobs(items: tuple[str, ...], policies: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """``--knob LABEL.NAME=VALUE`` items as knobs per policy label of ``--policy``."""
-    from pipeswift_slurm.policy import knob_defaults
+    """``--knob LABEL.NAME=VALUE`` items as knobs per policy label of ``--policy``, each
+    parsed and checked by the policy registry (the same check as the config file's)."""
+    from pipeswift_slurm.policy import KnobError, knob_defaults, parse_policy_knob
 
     out: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -63,9 +45,9 @@ def _knobs(items: tuple[str, ...], policies: tuple[str, ...]) -> dict[str, dict[
             fail("--knob %r: %s has no knob %s; its knobs: %s" % (item, label.split(":")[0], name,
                                                                   ", ".join(known)))
         try:
-            out.setdefault(label, {})[name] = _knob_value(text, known[name])
-        except ValueError as exc:
-            fail("--knob %r: bad value for %s (%s)" % (item, name, str(exc).split(":")[0]))
+            out.setdefault(label, {})[name] = parse_policy_knob(label.split(":")[0], name, text)
+        except KnobError as exc:
+            fail("--knob %r: bad value for %s (%s)" % (item, name, exc))
     return out
 
 

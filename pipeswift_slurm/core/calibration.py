@@ -5,7 +5,8 @@ gives all its jobs false priority (DESIGN section 1 point 5). This module fits, 
 class, the ratio actual / predicted run time from finished jobs, robustly (decayed,
 trimmed, shrunk toward 1 while evidence is thin), and turns it into the bias map that
 ``Estimator.with_bias`` takes. ``OnlineCalibrator`` does the same online in the
-simulator, from jobs as they finish. Pure: no I/O, no SQLAlchemy, no wall clock; the
+simulator, from jobs as they finish (the controller's calibration step drives it:
+``slurm/calibrate.py``). Pure: no I/O, no SQLAlchemy, no wall clock; the
 Store (or the simulator) passes observations in and ``now`` explicitly.
 """
 
@@ -262,8 +263,9 @@ class OnlineCalibrator:
     prediction, predicted_run_s / b, or it would chase its own corrections. The
     calibrator keeps the estimators it handed out with the time they were installed and
     divides by ``estimator.bias(job_class)`` of the one in force at the job's start (an
-    estimator installed at tick t applies to jobs started after t: the simulator
-    predicts a job's run time when it starts, before ``on_tick`` runs).
+    estimator installed at tick t applies to jobs started after t: the controller refits
+    at the end of a tick, and the simulator predicts the run time of a job started right
+    after that tick with the estimator the tick decided with).
 
     Args:
         base_estimator: the uncalibrated Estimator (anything with ``with_bias``,
@@ -331,6 +333,11 @@ class OnlineCalibrator:
         log.debug("calibration refit at %.0f s on %d jobs: %s", now, len(self.observations), bias_map(self.fit))
         return self.fit
 
+    @property
+    def seen(self) -> frozenset[int]:
+        """Ids of the jobs already observed (each is learned from once)."""
+        return frozenset(self._seen)
+
     def estimator(self) -> Any:
         """The estimator of the latest fit (the base one before any fit); install it right after ``refit``."""
         return self._current
@@ -344,24 +351,3 @@ class OnlineCalibrator:
             self.refit(now)
             return True
         return False
-
-    def attach(self, sim: Any) -> None:
-        """Make a Simulation learn online: chain into its ``on_tick`` and swap
-        ``sim.controller.estimator`` after each refit."""
-        previous = sim.on_tick
-        unfinished: dict[int, Any] = {}  # scan only records not yet finished, not all of them
-        known = [0]
-
-        def on_tick(now: float, report: Any) -> None:
-            if len(sim.records) != known[0]:
-                unfinished.update((k, r) for k, r in sim.records.items() if k not in self._seen)
-                known[0] = len(sim.records)
-            done = [r for r in unfinished.values() if r.end_s is not None and r.end_s <= now]
-            for record in done:
-                del unfinished[record.job_id]
-            if self.update(done, now):
-                sim.controller.estimator = self.estimator()
-            if previous is not None:
-                previous(now, report)
-
-        sim.on_tick = on_tick

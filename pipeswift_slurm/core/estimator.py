@@ -10,7 +10,7 @@ names.
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.calibration import lookup_bias
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
@@ -18,6 +18,19 @@ from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.planner import Planner
 
 log = logging.getLogger(__name__)
+
+
+class EstimatorProtocol(Protocol):
+    """What a policy asks of an estimator (``Estimator`` is the one implementation; tests
+    and benches may pass others): predicted run times, and best configs per GPU count."""
+
+    def startup_s(self, profile: JobProfile) -> float: ...
+
+    def run_time_s(self, profile: JobProfile, config: ExecConfig, iterations: Optional[int] = None) -> float: ...
+
+    def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]: ...
+
+    def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
 
 
 class Estimator:

@@ -1,13 +1,16 @@
-"""Helpers shared by policies: predicted ends of running jobs, per-job options, SiteFactor
-ranks, rescaled time limits and a free-GPU timeline. Pure; knows no policy names."""
+"""Helpers shared by policies: predicted ends of running jobs, per-job options and plans,
+SiteFactor ranks, rescaled time limits and a free-GPU timeline. Pure; knows no policy
+names. (Keeping SiteFactors stable between ticks is the controller's job:
+``slurm/factors.py``.)"""
 
 from __future__ import annotations
 
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
+from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, JobProfile
 
 # Spacing of SiteFactor between consecutive ranks: larger than Slurm's default
@@ -27,7 +30,7 @@ class Option:
     full_run_s: Optional[float] = None
 
 
-def job_options(profile: JobProfile, estimator: Any, max_gpus: int, max_nodes: int,
+def job_options(profile: JobProfile, estimator: EstimatorProtocol, max_gpus: int, max_nodes: int,
                 iterations: Optional[int] = None) -> tuple[Option, ...]:
     """Best config and predicted run time for every GPU count the job allows that the
     cluster can hold (<= max_gpus GPUs on <= max_nodes nodes); with ``iterations``, the
@@ -49,7 +52,7 @@ def best_run_s(options: Sequence[Option]) -> float:
     return min((o.run_s for o in options), default=math.inf)
 
 
-def remaining_iterations(job: Job, profile: JobProfile, estimator: Any) -> Optional[int]:
+def remaining_iterations(job: Job, profile: JobProfile, estimator: EstimatorProtocol) -> Optional[int]:
     """Iterations a requeued job has left from its last checkpoint, or None for a job that
     never ran (or that keeps no checkpoints, so starts over). The work done is estimated
     from the GPU-seconds it attained over the GPU-seconds of the whole job in its current
@@ -70,7 +73,7 @@ def current_config(job: Job, profile: JobProfile) -> ExecConfig:
     return profile.requested
 
 
-def predicted_end_s(job: Job, profiles: Mapping[int, JobProfile], estimator: Any, now: float) -> float:
+def predicted_end_s(job: Job, profiles: Mapping[int, JobProfile], estimator: EstimatorProtocol, now: float) -> float:
     """When a running job should end: start + predicted run time for opted-in jobs (of the
     iterations it had left, for a requeued job: ``remaining_iterations``), start + time
     limit otherwise; never before ``now`` (an overdue job ends 'soon')."""
@@ -117,6 +120,15 @@ def fits_now(free: Sequence[int], config: ExecConfig) -> Optional[list[int]]:
 def priority_order(view: ClusterView, jobs: Iterable[Job]) -> list[Job]:
     """Slurm's order without a policy: higher priority first, then earlier submit."""
     return sorted(jobs, key=lambda j: (-j.priority, j.submit_time, j.job_id))
+
+
+@dataclass
+class Plan:
+    """A pending job's plan: ``option`` (None: keep its size), its predicted start, and why."""
+
+    option: Optional[Option]
+    start_s: Optional[float]
+    reason: str
 
 
 class Timeline:
@@ -170,7 +182,7 @@ class Timeline:
 
 
 def decision_for(job: Job, profile: JobProfile, option: Optional[Option], site_factor: int,
-                 reason: str, estimator: Any, start_s: Optional[float] = None) -> Decision:
+                 reason: str, estimator: EstimatorProtocol, start_s: Optional[float] = None) -> Decision:
     """A decision resizing ``job`` to ``option`` (None = keep its size) at ``site_factor``."""
     if option is None:
         return Decision(job.job_id, site_factor=site_factor, reason=reason, predicted_start_s=start_s)
@@ -180,69 +192,3 @@ def decision_for(job: Job, profile: JobProfile, option: Optional[Option], site_f
     end = None if start_s is None else start_s + option.run_s
     return Decision(job.job_id, config=option.config, site_factor=site_factor, time_limit_s=limit,
                     reason=reason, predicted_start_s=start_s, predicted_end_s=end)
-
-
-MIN_FACTOR_GAP = 2_000  # > 2x PriorityWeightAge's default reach, so age cannot swap neighbours
-
-
-def _longest_descending(order: Sequence[int], current: Mapping[int, int]) -> set[int]:
-    """Job ids of a longest chain along ``order`` whose current factors strictly decrease
-    by at least MIN_FACTOR_GAP (patience sorting on negated factors, O(n log n))."""
-    tails: list[int] = []  # tails[k] = smallest negated factor ending a chain of length k+1
-    tail_ids: list[int] = []
-    parent: dict[int, Optional[int]] = {}
-    for job_id in order:
-        if job_id not in current:
-            continue
-        value = -current[job_id]
-        k = bisect.bisect_left(tails, value - MIN_FACTOR_GAP + 1)
-        while k > 0 and tails[k - 1] > value - MIN_FACTOR_GAP:
-            k -= 1
-        parent[job_id] = tail_ids[k - 1] if k > 0 else None
-        if k == len(tails):
-            tails.append(value)
-            tail_ids.append(job_id)
-        elif value < tails[k]:
-            tails[k], tail_ids[k] = value, job_id
-    chain: set[int] = set()
-    node = tail_ids[-1] if tail_ids else None
-    while node is not None:
-        chain.add(node)
-        node = parent[node]
-    return chain
-
-
-def stable_factors(order: Sequence[int], current: Mapping[int, int], top: int) -> dict[int, int]:
-    """SiteFactors that realise ``order`` (first = highest) while changing as few jobs as
-    possible: jobs whose current factors are already in order keep them, the others are
-    spread into the gaps; when a gap is too narrow, every job gets fresh rank factors.
-    Fewer changes mean fewer ``scontrol update`` calls per tick."""
-    keep = _longest_descending(order, current)
-    out: dict[int, int] = {}
-    upper, pending_ids = top + MIN_FACTOR_GAP, []
-    for job_id in [*order, None]:
-        if job_id is not None and job_id not in keep:
-            pending_ids.append(job_id)
-            continue
-        lower = current[job_id] if job_id is not None else -MIN_FACTOR_GAP
-        if pending_ids:
-            gap = (upper - lower) // (len(pending_ids) + 1)
-            if gap < MIN_FACTOR_GAP:
-                return centred_factors(order, top)
-            for i, pid in enumerate(pending_ids):
-                out[pid] = upper - gap * (i + 1)
-            pending_ids = []
-        if job_id is not None:
-            out[job_id] = current[job_id]
-            upper = current[job_id]
-    if any(v < 0 or v > top for v in out.values()):
-        return centred_factors(order, top)
-    return out
-
-
-def centred_factors(order: Sequence[int], top: int) -> dict[int, int]:
-    """Fresh factors RANK_STEP apart, centred in [0, top] so later insertions above and
-    below the block fit without renumbering it."""
-    step = min(RANK_STEP, max(1, top // (len(order) + 1)))
-    first = min(top, top // 2 + step * len(order) // 2)
-    return {job_id: max(0, first - i * step) for i, job_id in enumerate(order)}

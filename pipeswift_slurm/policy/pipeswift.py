@@ -26,7 +26,7 @@ Each tick (pure; only ``view.now`` as the clock):
    no pending job waits, into GPUs left idle beyond ``expand_reserve_fraction`` of the
    cluster, in a shape that fits now, for jobs that checkpoint, and when the predicted
    gain exceeds the switch cost (a restart and the work since the last checkpoint) by
-   ``reshape_margin`` (``_reshapes``). It gives back their GPUs to multi-day jobs that a
+   ``reshape_margin`` (``running.reshapes``). It gives back their GPUs to multi-day jobs that a
    crowded queue started small. With ``reshape_waiting`` (on by default) a running job
    also grows while jobs wait, shortest remaining first, into GPUs idle after this tick's
    starts, when its new remaining run is shorter than every waiting job's best run time
@@ -36,7 +36,7 @@ A requeued job is planned on the work it has left from its last checkpoint
 Preemption (``preempt``, off by default; needs requeue allowed at the site): a long
 running job is requeued when the waiting saved by it exceeds what it loses (until the
 shorter jobs that start at once on its GPUs end, plus its restart and the work since its
-last checkpoint) by ``preempt_margin`` (``_preemptions``). The waiting saved is those
+last checkpoint) by ``preempt_margin`` (``running.preemptions``). The waiting saved is those
 jobs' predicted waits, plus, for every other queued job, its share of the freed
 GPU-seconds (a saturated queue drains that much sooner). Only jobs that save and resume
 checkpoints are ever requeued, never a multi-node one that once starved, and never
@@ -52,19 +52,16 @@ Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chose
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar, Collection, Mapping, Optional
 
+from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, JobProfile
-from pipeswift_slurm.policy.common import (Option, Timeline, best_run_s, current_config, decision_for, fits_now, free_by_node,
-                     job_options, predicted_end_s, rank_factors, remaining_iterations)
-
-
-@dataclass
-class _Plan:
-    option: Optional[Option]
-    start_s: Optional[float]
-    reason: str
+from pipeswift_slurm.policy.common import (Option, Plan, Timeline, best_run_s, current_config, decision_for, fits_now,
+                                           free_by_node, job_options, predicted_end_s, rank_factors,
+                                           remaining_iterations)
+from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
+from pipeswift_slurm.policy.running import idle_reserve, preemptions, reshapes
 
 
 class EarliestFit:
@@ -111,53 +108,27 @@ class PipeSwiftPolicy:
     name: ClassVar[str] = "pipeswift"
     scheduler: ClassVar[str] = "backfill"
 
-    def __init__(self, wait_bound_s: float = 48 * 3600.0, promote_fraction: float = 0.5, aging: float = 0.5,
-                 start_margin: float = 0.1, plan_depth: int = 64, site_factor_max: int = 100_000_000,
-                 reshape_running: bool = False, reshape_margin: float = 0.2, resize: bool = True,
-                 reconfigure: bool = True, expand_reserve_fraction: float = 0.1, reservations: int = 64,
-                 short_lane_fraction: float = 0.0, short_lane_max_s: float = 2 * 3600.0,
-                 preempt: bool = False, preempt_margin: float = 0.2,
-                 preempt_ratio: float = 1.5, preempt_min_run_s: float = 1800.0, preempt_per_tick: int = 8,
-                 preempt_max_restarts: int = 12, preempt_wait_share: float = 0.75, reshape_waiting: bool = True,
-                 risk_fraction: float = 0.75):
-        self.wait_bound_s = wait_bound_s
-        self.promote_fraction = promote_fraction
-        self.risk_fraction = risk_fraction
-        self.aging = aging
-        self.start_margin = start_margin
-        self.plan_depth = plan_depth
-        self.site_factor_max = site_factor_max
-        self.reshape_running = reshape_running
-        self.reshape_margin = reshape_margin
-        self.resize = resize
-        self.reconfigure = reconfigure
-        self.expand_reserve_fraction = expand_reserve_fraction
-        self.reservations = reservations
-        self.short_lane_fraction = short_lane_fraction
-        self.short_lane_max_s = short_lane_max_s
-        self.preempt = preempt
-        self.preempt_margin = preempt_margin
-        self.preempt_ratio = preempt_ratio
-        self.preempt_min_run_s = preempt_min_run_s
-        self.preempt_per_tick = preempt_per_tick
-        self.preempt_max_restarts = preempt_max_restarts
-        self.preempt_wait_share = preempt_wait_share
-        self.reshape_waiting = reshape_waiting
+    def __init__(self, knobs: PipeSwiftKnobs = PipeSwiftKnobs()):
+        self.knobs = knobs
         self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...], Any, Optional[int]]] = {}
 
     @property
     def promote_s(self) -> float:
-        """Queue time from which a job starves by age (goes first; never a multi-node
-        preemption victim)."""
-        return self.promote_fraction * self.wait_bound_s
+        """Queue time from which a job starves by age (``PipeSwiftKnobs.promote_s``)."""
+        return self.knobs.promote_s
+
+    @property
+    def site_factor_max(self) -> int:
+        return self.knobs.site_factor_max
 
     @property
     def preempts(self) -> bool:
         """Whether it may requeue running jobs (the simulator then keeps ticking)."""
-        return self.preempt
+        return self.knobs.preempt
 
     # ------------------------------------------------------------ options and order
-    def options(self, job: Job, profile: JobProfile, estimator: Any, cluster: tuple[int, int]) -> tuple[Option, ...]:
+    def options(self, job: Job, profile: JobProfile, estimator: EstimatorProtocol,
+                cluster: tuple[int, int]) -> tuple[Option, ...]:
         """Cached per job (the profile and estimator objects, the cluster's (GPUs,
         nodes) and, for a requeued job, the iterations it has left must match: a
         calibration refit brings a new estimator)."""
@@ -168,17 +139,17 @@ class PipeSwiftPolicy:
             self._options[job.job_id] = hit
         return hit[2]
 
-    def _job_options(self, profile: JobProfile, estimator: Any, cluster: tuple[int, int],
+    def _job_options(self, profile: JobProfile, estimator: EstimatorProtocol, cluster: tuple[int, int],
                      iterations: Optional[int] = None) -> tuple[Option, ...]:
         """All counts and best configs (run times of ``iterations``, what a requeued job
         has left, when given); ablations keep the user's count (no resize) or the user's
         config (no reconfigure)."""
         user = profile.requested
-        if not self.reconfigure:
+        if not self.knobs.reconfigure:
             full = estimator.run_time_s(profile, user)
             return (Option(user.gpus, user, full if iterations is None else estimator.run_time_s(profile, user, iterations),
                            None if iterations is None else full),)
-        if not self.resize:
+        if not self.knobs.resize:
             profile = profile.with_range(user.gpus, user.gpus)
         return job_options(profile, estimator, *cluster, iterations=iterations)
 
@@ -188,7 +159,7 @@ class PipeSwiftPolicy:
         bound, or at risk (``earliest_fit`` given and ``risk_fraction`` > 0): even first in
         the queue, the earliest any of their GPU counts could start would leave them
         waiting ``risk_fraction`` of the bound or more."""
-        risk_s = self.risk_fraction * self.wait_bound_s
+        risk_s = self.knobs.risk_fraction * self.knobs.wait_bound_s
         out = set()
         for job in pending:
             queued_s = job.queued_s(now)
@@ -207,13 +178,13 @@ class PipeSwiftPolicy:
         rest = [j for j in pending if j.job_id not in starving_ids]
 
         def key(job: Job) -> tuple[float, float, int]:
-            return best_run_s(opts[job.job_id]) - self.aging * job.queued_s(now), job.submit_time, job.job_id
+            return best_run_s(opts[job.job_id]) - self.knobs.aging * job.queued_s(now), job.submit_time, job.job_id
 
         return starving + sorted(rest, key=key)
 
     # ------------------------------------------------------------ planning
     def _plan(self, job: Job, options: tuple[Option, ...], free: list[int], timeline: Timeline,
-              now: float, starving: bool, user_gpus: int) -> _Plan:
+              now: float, starving: bool, user_gpus: int) -> Plan:
         """Start now or wait, and on how many GPUs (see the module's step 3). A job that is
         not starving never waits for a start that would take its wait past
         ``risk_fraction`` of the bound while it has another choice; with none, it waits
@@ -221,11 +192,11 @@ class PipeSwiftPolicy:
         best_now: Optional[Option] = None
         best_wait: Optional[tuple[float, Option]] = None
         late: Optional[tuple[float, Option]] = None  # the earliest start past that point
-        deadline_s = math.inf if starving or self.risk_fraction <= 0 else \
-            now + self.risk_fraction * self.wait_bound_s - job.queued_s(now)
-        reserve = self.expand_reserve_fraction * self._total
+        deadline_s = math.inf if starving or self.knobs.risk_fraction <= 0 else \
+            now + self.knobs.risk_fraction * self.knobs.wait_bound_s - job.queued_s(now)
+        reserve = self.knobs.expand_reserve_fraction * self._total
         for opt in options:
-            long_job = opt.run_s > self.short_lane_max_s
+            long_job = opt.run_s > self.knobs.short_lane_max_s
             lane_full = long_job and not starving and self._long_busy + opt.gpus > self._long_cap
             if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
@@ -246,71 +217,71 @@ class PipeSwiftPolicy:
         if best_now is not None:
             wait_jct = float("inf") if best_wait is None else (
                 best_wait[0] if not starving else best_wait[0] + best_wait[1].run_s) - now
-            if starving or best_now.run_s <= wait_jct * (1 + self.start_margin):
+            if starving or best_now.run_s <= wait_jct * (1 + self.knobs.start_margin):
                 nodes = fits_now(free, best_now.config) or []
                 for node in nodes:
                     free[node] -= best_now.config.gpus_per_node
                 timeline.take(now, now + best_now.run_s, best_now.gpus)
-                if best_now.run_s > self.short_lane_max_s:
+                if best_now.run_s > self.knobs.short_lane_max_s:
                     self._long_busy += best_now.gpus
-                return _Plan(best_now, now, "start now on %d GPUs" % best_now.gpus)
+                return Plan(best_now, now, "start now on %d GPUs" % best_now.gpus)
         if best_wait is None:
-            return _Plan(None, None, "no GPU count fits in the predicted future")
+            return Plan(None, None, "no GPU count fits in the predicted future")
         opt = best_wait[1]
         start = best_wait[0] - (0 if starving else opt.run_s)
-        if self._reserved < self.reservations:
+        if self._reserved < self.knobs.reservations:
             timeline.take(start, start + opt.run_s, opt.gpus)
             self._reserved += 1
         if start - now < 1:
-            return _Plan(opt, start, "wait for %d GPUs (free now, but not on enough whole nodes)" % opt.gpus)
-        return _Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
+            return Plan(opt, start, "wait for %d GPUs (free now, but not on enough whole nodes)" % opt.gpus)
+        return Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
 
-    def _hold(self, job: Job, plan: _Plan, now: float, starving: bool) -> Optional[bool]:
+    def _hold(self, job: Job, plan: Plan, now: float, starving: bool) -> Optional[bool]:
         """The short-job lane: hold a long job that waits while long jobs fill their share
         of the cluster (Slurm would otherwise start it as soon as it fits); release it
         once the plan starts it now or the lane has room. None: leave as is."""
-        if self.short_lane_fraction <= 0 or plan.option is None:
+        if self.knobs.short_lane_fraction <= 0 or plan.option is None:
             return False if job.held else None
-        long_job = plan.option.run_s > self.short_lane_max_s
+        long_job = plan.option.run_s > self.knobs.short_lane_max_s
         lane_full = self._long_busy + plan.option.gpus > self._long_cap
         if long_job and plan.start_s != now and lane_full and not starving:
             return None if job.held else True
         return False if job.held else None
 
-    def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any) -> list[Decision]:
+    def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: EstimatorProtocol) -> list[Decision]:
         now = view.now
         pending = [j for j in view.pending if j.job_id in profiles]
         live = {j.job_id for j in pending}
         for gone in [k for k in self._options if k not in live]:
             del self._options[gone]
         if not pending:
-            return self._reshapes(view, profiles, estimator, free_by_node(view), self._idle_reserve(view)) \
-                if self.reshape_running else []
+            return reshapes(self.knobs, view, profiles, estimator, free_by_node(view), idle_reserve(self.knobs, view)) \
+                if self.knobs.reshape_running else []
         total = self._total = view.total_gpus
         cluster = (total, sum(1 for n in view.nodes if n.usable))
         opts = {j.job_id: self.options(j, profiles[j.job_id], estimator, cluster) for j in pending}
         ends = {r.job_id: predicted_end_s(r, profiles, estimator, now) for r in view.running}
         free = free_by_node(view)
-        starving = self.starving(pending, opts, now, EarliestFit(view, free, ends) if self.risk_fraction > 0 else None)
+        starving = self.starving(pending, opts, now, EarliestFit(view, free, ends) if self.knobs.risk_fraction > 0 else None)
         ordered = self.order(pending, opts, now, starving)
         timeline = Timeline(now, sum(free), [(ends[r.job_id], r.gpus) for r in view.running])
         self._reserved = 0
-        self._long_cap = (1.0 - self.short_lane_fraction) * total
+        self._long_cap = (1.0 - self.knobs.short_lane_fraction) * total
         self._long_busy = sum(r.gpus for r in view.running
-                              if ends[r.job_id] - (now if r.start_time is None else r.start_time) > self.short_lane_max_s)
-        plans: dict[int, _Plan] = {}
-        for job in ordered[:self.plan_depth]:
+                              if ends[r.job_id] - (now if r.start_time is None else r.start_time) > self.knobs.short_lane_max_s)
+        plans: dict[int, Plan] = {}
+        for job in ordered[:self.knobs.plan_depth]:
             plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,
                                            profiles[job.job_id].requested.gpus)
         # Jobs planned to start now go first: they fit, so Slurm starts them before it
         # reserves for the first job that waits (the timeline already checked that they
         # do not delay the planned reservations).
         preempted: list[Decision] = []
-        if self.preempt:
-            preempted = self._preemptions(view, profiles, estimator, ordered, plans, free)
+        if self.knobs.preempt:
+            preempted = preemptions(self.knobs, view, profiles, estimator, ordered, plans, free)
         starting = [j for j in ordered if j.job_id in plans and plans[j.job_id].start_s == now]
         final = starting + [j for j in ordered if j not in starting]
-        factors = rank_factors([j.job_id for j in final], self.site_factor_max)
+        factors = rank_factors([j.job_id for j in final], self.knobs.site_factor_max)
         out = []
         for rank, job in enumerate(final):
             plan = plans.get(job.job_id)
@@ -327,161 +298,14 @@ class PipeSwiftPolicy:
             out.append(replace(decision, hold=hold) if hold is not None and decision.config is not None else decision)
         out += preempted
         nobody_waits = len(plans) == len(ordered) and all(p.start_s == now for p in plans.values())
-        if self.reshape_running and nobody_waits:
-            out += self._reshapes(view, profiles, estimator, free, self._idle_reserve(view))
-        elif self.reshape_running and self.reshape_waiting:
+        if self.knobs.reshape_running and nobody_waits:
+            out += reshapes(self.knobs, view, profiles, estimator, free, idle_reserve(self.knobs, view))
+        elif self.knobs.reshape_running and self.knobs.reshape_waiting:
             # shortest remaining first: a running job grows into GPUs idle now only when it
             # would then end before any waiting job could run (with no reserve kept: the
             # queue is what those GPUs would be kept for)
             waiting_best = min((best_run_s(opts[j.job_id]) for j in ordered
                                 if j.job_id not in plans or plans[j.job_id].start_s != now), default=math.inf)
-            out += self._reshapes(view, profiles, estimator, free, 0, shorter_than_s=waiting_best,
+            out += reshapes(self.knobs, view, profiles, estimator, free, 0, shorter_than_s=waiting_best,
                                   skip={d.job_id for d in preempted})
-        return out
-
-    def _preemptions(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
-                     ordered: list[Job], plans: dict[int, _Plan], free: list[int]) -> list[Decision]:
-        """Switch-cost-gated preemption (``preempt``): requeue a long running job when the
-        short jobs that would start at once on its GPUs, and the queue behind them, save
-        more waiting, in total, than the victim loses: until they end, plus its restart
-        (startup) and the work since its last checkpoint (half its save interval,
-        expected), times (1 + ``preempt_margin``).
-        Victims, longest predicted remaining first: opted-in jobs that checkpoint and
-        resume (``--save``, ``--load``, ``--save-interval``), have run
-        ``preempt_min_run_s`` since their last start, were requeued fewer than
-        ``preempt_max_restarts`` times, that never starved if they span several nodes
-        (queued ``promote_fraction`` of the wait bound: requeued, such a job may wait
-        hours for whole nodes again), and whose queue time plus this loss stays within
-        ``preempt_wait_share`` of the wait bound. Beneficiaries: planned jobs that wait and
-        are ``preempt_ratio`` times shorter than the victim's remaining run. The jobs
-        packed onto the freed GPUs are re-planned to start now; ``free`` is updated."""
-        now = view.now
-
-        def waits(job: Job) -> bool:
-            plan = plans.get(job.job_id)
-            return plan is not None and plan.option is not None and plan.start_s is not None and plan.start_s > now
-
-        waiting = [j for j in ordered if waits(j)]
-        if not waiting:
-            return []
-        # jobs that wait, planned or beyond the planning depth: each gets the freed
-        # GPU-seconds' share of the cluster sooner (a saturated queue drains that much faster)
-        queued = sum(1 for j in ordered if j.job_id not in plans or waits(j))
-        total_gpus = max(view.total_gpus, 1)
-        index = {n.name: i for i, n in enumerate(view.nodes)}
-        victims = sorted(((predicted_end_s(r, profiles, estimator, now) - now, r) for r in view.running
-                          if r.job_id in profiles and profiles[r.job_id].plan.save_interval
-                          and r.restarts < self.preempt_max_restarts
-                          and r.start_time is not None and now - r.start_time >= self.preempt_min_run_s
-                          and (r.queued_s(now) < self.promote_s or len(r.node_list) == 1) and r.node_list),
-                         key=lambda pair: (-pair[0], pair[1].job_id))
-        out: list[Decision] = []
-        for remaining_s, victim in victims:
-            if len(out) >= self.preempt_per_tick or not waiting:
-                break
-            trial = list(free)
-            per_node = victim.gpus // len(victim.node_list)
-            for name in victim.node_list:
-                if name in index:
-                    trial[index[name]] += per_node
-            packed, saved_s, longest_s = [], 0.0, 0.0
-            for job in waiting:
-                plan = plans[job.job_id]
-                opt = plan.option
-                assert opt is not None and plan.start_s is not None
-                if opt.run_s * self.preempt_ratio > remaining_s:
-                    continue
-                nodes = fits_now(trial, opt.config)
-                if nodes is None:
-                    continue
-                for node in nodes:
-                    trial[node] -= opt.config.gpus_per_node
-                packed.append(job)
-                saved_s += plan.start_s - now
-                longest_s = max(longest_s, opt.run_s)
-            saved_s += (queued - len(packed)) * victim.gpus * longest_s / total_gpus
-            lost_s = longest_s + self._restart_cost_s(victim, profiles[victim.job_id], estimator, now)
-            if not packed or saved_s < (1 + self.preempt_margin) * lost_s:
-                continue
-            if victim.queued_s(now) + (1 + self.preempt_margin) * lost_s > self.preempt_wait_share * self.wait_bound_s:
-                continue  # the victim's own wait bound comes first
-            queued -= len(packed)
-            free[:] = trial
-            for job in packed:
-                plan = plans[job.job_id]
-                plans[job.job_id] = _Plan(plan.option, now, "start now on GPUs freed by requeueing job %d"
-                                          % victim.job_id)
-            waiting = [j for j in waiting if j not in packed]
-            out.append(Decision(victim.job_id, requeue=True, site_factor=0,
-                                reason="requeued for %d shorter jobs: they save %.0f s of waiting, it loses %.0f s"
-                                % (len(packed), saved_s, lost_s)))
-        return out
-
-    @staticmethod
-    def _restart_cost_s(job: Job, profile: JobProfile, estimator: Any, now: float) -> float:
-        """What a requeue costs a job besides waiting: its startup, and the work since its
-        last checkpoint (``_lost_work_s``)."""
-        return float(estimator.startup_s(profile)) + PipeSwiftPolicy._lost_work_s(job, profile, estimator, now)
-
-    @staticmethod
-    def _lost_work_s(job: Job, profile: JobProfile, estimator: Any, now: float) -> float:
-        """The work a requeue loses: since the last checkpoint, half a save interval on
-        average, at most what the job ran since its last start."""
-        config = current_config(job, profile)
-        iter_s = float(estimator.run_time_s(profile, config, 1) - estimator.run_time_s(profile, config, 0))
-        ran_s = now - (job.start_time if job.start_time is not None else now)
-        return min(ran_s, 0.5 * (profile.plan.save_interval or 0) * iter_s)
-
-    def _idle_reserve(self, view: ClusterView) -> int:
-        """GPUs a reshape leaves idle for new jobs when nobody waits."""
-        return int(self.expand_reserve_fraction * view.total_gpus)
-
-    def _reshapes(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any,
-                  free: list[int], reserve: int, shorter_than_s: float = math.inf,
-                  skip: Collection[int] = ()) -> list[Decision]:
-        """Requeue a running flexible job into a bigger shape when that is predicted to
-        finish it sooner than continuing by more than the switch cost times (1 +
-        reshape_margin). The new run counts its startup and the work since the job's last
-        checkpoint (``_lost_work_s``); a job without checkpoints would start over and is
-        never reshaped. The new shape must fit now on whole nodes (``free``: GPUs free per
-        node after this tick's starts, updated here) plus the job's own GPUs: a requeued job
-        that cannot restart at once would be planned again, often smaller. ``reserve`` GPUs
-        stay idle for new jobs. Shortest predicted remaining first; jobs in ``skip`` (this
-        tick's preemption victims) are left alone, and the new run must be shorter than
-        ``shorter_than_s``."""
-        now, out = view.now, []
-        index = {n.name: i for i, n in enumerate(view.nodes)}
-        ends = {j.job_id: predicted_end_s(j, profiles, estimator, now) for j in view.running}
-        for job in sorted(view.running, key=lambda j: (ends[j.job_id], j.job_id)):
-            idle_gpus = sum(free) - reserve
-            profile = profiles.get(job.job_id)
-            if job.job_id in skip or profile is None or not profile.flexible or idle_gpus <= 0 or job.start_time is None \
-                    or not profile.plan.save_interval:
-                continue
-            config = current_config(job, profile)
-            iter_s = max(1e-9, float(estimator.run_time_s(profile, config, 1) - estimator.run_time_s(profile, config, 0)))
-            left_s = ends[job.job_id] - now
-            redo = math.ceil((left_s + self._lost_work_s(job, profile, estimator, now)) / iter_s)
-            trial = list(free)
-            for name in job.node_list:
-                if name in index:
-                    trial[index[name]] += job.gpus // len(job.node_list)
-            best: Optional[tuple[float, Any, list[int]]] = None
-            for gpus in range(min(profile.gpu_range[1], job.gpus + idle_gpus), job.gpus, -1):
-                est = estimator.best(profile, gpus)
-                nodes = fits_now(trial, est.config) if est is not None else None
-                if est is None or nodes is None:
-                    continue
-                new_s = float(estimator.run_time_s(profile, est.config, min(redo, profile.plan.iterations)))
-                if best is None or new_s < best[0]:
-                    best = (new_s, est.config, nodes)
-            if best is None or best[0] * (1 + self.reshape_margin) >= left_s or best[0] >= shorter_than_s:
-                continue
-            new_s, new_config, nodes = best
-            for node in nodes:
-                trial[node] -= new_config.gpus_per_node
-            free[:] = trial
-            out.append(Decision(job.job_id, requeue=True, config=new_config, site_factor=self.site_factor_max,
-                                reason="reshape to %d GPUs: %.0f s instead of %.0f s left"
-                                % (new_config.gpus, new_s, left_s)))
         return out

@@ -3,10 +3,12 @@ the users' configs, non-preemptive. Its only lever is the queue order (SiteFacto
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
+from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, JobProfile
 from pipeswift_slurm.policy.common import rank_factors
+from pipeswift_slurm.policy.knobs import SjfKnobs
 
 
 class SjfPolicy:
@@ -14,10 +16,14 @@ class SjfPolicy:
     scheduler: ClassVar[str] = "backfill"
     preempts: ClassVar[bool] = False
 
-    def __init__(self, site_factor_max: int = 100_000_000):
-        self.site_factor_max = site_factor_max
+    def __init__(self, knobs: SjfKnobs = SjfKnobs()):
+        self.knobs = knobs
 
-    def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any) -> list[Decision]:
+    @property
+    def site_factor_max(self) -> int:
+        return self.knobs.site_factor_max
+
+    def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: EstimatorProtocol) -> list[Decision]:
         pending = [j for j in view.pending if j.job_id in profiles]
         keyed = sorted(pending, key=lambda j: (estimator.run_time_s(profiles[j.job_id], profiles[j.job_id].requested),
                                                j.submit_time, j.job_id))

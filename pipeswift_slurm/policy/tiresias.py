@@ -11,10 +11,12 @@ have run at least ``min_run_s`` are requeued, latest-started first, until it fit
 from __future__ import annotations
 
 import bisect
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import ClassVar, Mapping
 
+from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.policy.common import free_by_node, rank_factors
+from pipeswift_slurm.policy.knobs import TiresiasKnobs
 
 
 class TiresiasPolicy:
@@ -22,15 +24,12 @@ class TiresiasPolicy:
     scheduler: ClassVar[str] = "backfill"
     preempts: ClassVar[bool] = True
 
-    def __init__(self, queue_limits_gpu_s: Sequence[float] = (36000.0, 360000.0), promote_factor: float = 8.0,
-                 min_wait_s: float = 3600.0, min_run_s: float = 1800.0, preempt: bool = True,
-                 site_factor_max: int = 100_000_000):
-        self.queue_limits_gpu_s = tuple(queue_limits_gpu_s)
-        self.promote_factor = promote_factor
-        self.min_wait_s = min_wait_s
-        self.min_run_s = min_run_s
-        self.preempt = preempt
-        self.site_factor_max = site_factor_max
+    def __init__(self, knobs: TiresiasKnobs = TiresiasKnobs()):
+        self.knobs = knobs
+
+    @property
+    def site_factor_max(self) -> int:
+        return self.knobs.site_factor_max
 
     def attained_gpu_s(self, job: Job, now: float) -> float:
         running = (now - job.start_time) * job.gpus if job.running and job.start_time is not None else 0.0
@@ -38,22 +37,22 @@ class TiresiasPolicy:
 
     def service_queue(self, job: Job, now: float) -> int:
         """Queue by attained service alone (no starvation promotion)."""
-        return bisect.bisect_right(self.queue_limits_gpu_s, self.attained_gpu_s(job, now))
+        return bisect.bisect_right(self.knobs.queue_limits_gpu_s, self.attained_gpu_s(job, now))
 
     def queue_of(self, job: Job, now: float) -> int:
         if job.pending and job.ran_before_s > 0:
-            if job.wait_s(now) > max(self.min_wait_s, self.promote_factor * job.ran_before_s):
+            if job.wait_s(now) > max(self.knobs.min_wait_s, self.knobs.promote_factor * job.ran_before_s):
                 return 0
-        return bisect.bisect_right(self.queue_limits_gpu_s, self.attained_gpu_s(job, now))
+        return bisect.bisect_right(self.knobs.queue_limits_gpu_s, self.attained_gpu_s(job, now))
 
-    def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: Any) -> list[Decision]:
+    def decide(self, view: ClusterView, profiles: Mapping[int, JobProfile], estimator: EstimatorProtocol) -> list[Decision]:
         now = view.now
         queued = sorted((self.queue_of(j, now), j.submit_time, j.job_id, j) for j in view.pending
                         if j.job_id in profiles)
         factors = rank_factors([job_id for _, _, job_id, _ in queued], self.site_factor_max)
         out = [Decision(job_id, site_factor=factors[job_id], reason="2D-LAS queue %d" % queue)
                for queue, _, job_id, _ in queued]
-        if self.preempt and queued:
+        if self.knobs.preempt and queued:
             out += self._preemptions(view, queued[0][3], profiles)
         return out
 
@@ -70,7 +69,7 @@ class TiresiasPolicy:
         # ordered first but does not evict others (that would make jobs ping-pong).
         head_queue = self.service_queue(head, now)
         victims = sorted((r for r in view.running if r.job_id in profiles and self.service_queue(r, now) > head_queue
-                          and r.start_time is not None and now - r.start_time >= self.min_run_s),
+                          and r.start_time is not None and now - r.start_time >= self.knobs.min_run_s),
                          key=lambda r: (-(r.start_time if r.start_time is not None else 0.0), -r.job_id))
         index = {n.name: i for i, n in enumerate(view.nodes)} if victims else {}
         chosen = []

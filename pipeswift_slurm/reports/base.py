@@ -1,11 +1,11 @@
 """What every admin report shares: the result dataclasses (rows and reports), the report
-window and its time parsing (``parse_time``), the size and grouping vocabulary, and the
-small SQL helpers the queries run through.
+window and its time parsing (``parse_time``), and the size and grouping vocabulary
+(group labels and their order).
 
-Owns the shapes of report results (frozen dataclasses, numbers in seconds) and how a
-``Store`` or ``Engine`` is queried; the queries themselves are ``reports`` and
-``report_audit``. Must not import matplotlib, click, any Slurm backend, or ``reports`` /
-``report_audit`` (they build on it).
+Owns the shapes of report results (frozen dataclasses, numbers in seconds); the reads
+are ``store.reads``, the reports built from them ``reports.queries`` and
+``reports.audit``. Must not import matplotlib, click, SQLAlchemy, any Slurm backend, or
+``reports.queries`` / ``reports.audit`` (they build on it).
 """
 
 from __future__ import annotations
@@ -15,22 +15,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Optional
 
-from sqlalchemy import Engine, inspect, text
+from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
+from pipeswift_slurm.store.reads import GROUP_SQL
 
 
 SIZE_ORDER = ("small", "medium", "large", "unknown")
-FINISHED_SQL = "('COMPLETED', 'COMPLETED?')"
 DEFAULT_THRESHOLD = 0.5
-DEFAULT_WAIT_BOUND_S = 24 * 3600.0  # as sql/waits.sql
-GROUPS = {
-    "hour": "CAST(submit_time / 3600 AS INTEGER) * 3600",
-    "day": "CAST(submit_time / 86400 AS INTEGER) * 86400",
-    "user": "COALESCE(NULLIF(user, ''), '(none)')",
-    "size": "COALESCE(size_class, 'unknown')",
-    "partition": "COALESCE(NULLIF(partition, ''), '(none)')",
-    "all": "'all'",
-}
-_WINDOW = "(:since IS NULL OR submit_time >= :since) AND (:until IS NULL OR submit_time < :until)"
+# the policy's own bound (its knob default), as in sql/waits.sql
+DEFAULT_WAIT_BOUND_S = PipeSwiftKnobs().wait_bound_s
+GROUPS = tuple(GROUP_SQL)  # hour, day, user, size, partition, all
 _RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
@@ -208,23 +201,18 @@ class JobCount:
 # ---------------------------------------------------------------- helpers
 
 
-def _engine(src: Any) -> Engine:
-    return src if isinstance(src, Engine) else src.engine
+def check_group(by: str) -> str:
+    """``by`` when it is a grouping (see GROUPS).
+
+    Raises:
+        ReportError: an unknown grouping.
+    """
+    if by not in GROUPS:
+        raise ReportError("unknown grouping %r; one of: %s" % (by, ", ".join(GROUPS)))
+    return by
 
 
-def _rows(src: Any, sql: str, params: dict[str, Any]) -> list[Any]:
-    with _engine(src).connect() as conn:
-        return list(conn.execute(text(sql), params))
-
-
-def _group_sql(by: str) -> str:
-    try:
-        return GROUPS[by]
-    except KeyError:
-        raise ReportError("unknown grouping %r; one of: %s" % (by, ", ".join(GROUPS))) from None
-
-
-def _label(by: str, value: Any) -> tuple[str, Optional[float]]:
+def group_label(by: str, value: Any) -> tuple[str, Optional[float]]:
     """Human group label, and the bucket start for time groups."""
     if by not in ("hour", "day") or value is None:
         return str(value), None
@@ -232,17 +220,12 @@ def _label(by: str, value: Any) -> tuple[str, Optional[float]]:
     return stamp.strftime("%Y-%m-%d %H:00" if by == "hour" else "%Y-%m-%d"), float(value)
 
 
-def _sort_key(by: str, row: Any) -> tuple[Any, ...]:
+def group_sort_key(by: str, row: Any) -> tuple[Any, ...]:
+    """Rows by size class in SIZE_ORDER, others by label (hour and day labels sort
+    chronologically)."""
     if by == "size":
         return (SIZE_ORDER.index(row.group) if row.group in SIZE_ORDER else len(SIZE_ORDER), row.group)
-    return (row.group,)  # hour and day labels sort chronologically
-
-
-def has_history_tables(src: Any) -> bool:
-    """True when the database has the controller's ``jobs`` and ``ticks`` tables."""
-    with _engine(src).connect() as conn:
-        names = set(inspect(conn).get_table_names())
-    return {"jobs", "ticks", "decisions"} <= names
+    return (row.group,)
 
 
 def parse_time(value: Optional[str], latest_s: Optional[float] = None) -> Optional[float]:

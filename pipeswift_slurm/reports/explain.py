@@ -16,10 +16,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from sqlalchemy import text
-
 from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, RUNNING, ExecConfig, JobProfile
 from pipeswift_slurm.reports.queries import history_now_s
+from pipeswift_slurm.store import reads
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +92,9 @@ class _Cluster:
     free_gpus: Optional[int]
 
 
-def _job_row(store: Any, job_id: int) -> Optional[dict[str, Any]]:
-    with store.engine.connect() as conn:
-        row = conn.execute(text("SELECT * FROM jobs WHERE job_id = :id"), {"id": job_id}).mappings().first()
-    return dict(row) if row is not None else None
-
-
 def _cluster(store: Any, gpus_per_node: Optional[int]) -> _Cluster:
     """Cluster shape from the last tick snapshot (GPUs per node = total / nodes)."""
-    with store.engine.connect() as conn:
-        snap = conn.execute(
-            text("SELECT n_nodes, total_gpus, free_gpus FROM tick_snapshots ORDER BY tick_id DESC LIMIT 1")
-        ).first()
+    snap = reads.last_snapshot(store)
     if snap is None:
         return _Cluster(gpus_per_node or DEFAULT_GPUS_PER_NODE, 0, None)
     gpn = gpus_per_node or (snap.total_gpus // snap.n_nodes if snap.n_nodes else DEFAULT_GPUS_PER_NODE)
@@ -236,7 +226,7 @@ def explain_job(
     Raises:
         UnknownJob: the id is not in the database.
     """
-    row = _job_row(store, job_id)
+    row = reads.job_row(store, job_id)
     if row is None:
         raise UnknownJob(job_id)
     cluster = _cluster(store, gpus_per_node)

@@ -14,13 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-from pipeswift_slurm.reports.queries import (
-    BiasReport,
-    FullReport,
-    JctReport,
-    QueueRatioReport,
-    WaitsReport,
-)
+from pipeswift_slurm.reports.base import BiasReport, JctReport, QueueRatioReport, WaitsReport
+from pipeswift_slurm.reports.queries import FullReport
 
 
 # ---------------------------------------------------------------- Prometheus text format
@@ -30,7 +25,7 @@ def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-class _Metrics:
+class Metrics:
     """Collects metric families; ``text()`` renders the exposition format."""
 
     def __init__(self) -> None:
@@ -67,7 +62,7 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def _jct_metrics(m: _Metrics, rep: JctReport) -> None:
+def _jct_metrics(m: Metrics, rep: JctReport) -> None:
     rows = rep.rows + ([rep.overall] if rep.overall else [])
     m.family(
         "pipeswift_jct_seconds",
@@ -90,7 +85,7 @@ def _jct_metrics(m: _Metrics, rep: JctReport) -> None:
     )
 
 
-def _wait_metrics(m: _Metrics, rep: WaitsReport) -> None:
+def _wait_metrics(m: Metrics, rep: WaitsReport) -> None:
     rows = rep.rows + ([rep.overall] if rep.overall else [])
     over = rep.overall.n_over_bound if rep.overall else 0
     m.family(
@@ -125,7 +120,7 @@ def _wait_metrics(m: _Metrics, rep: WaitsReport) -> None:
     )
 
 
-def _queue_metrics(m: _Metrics, rep: QueueRatioReport, by_size: QueueRatioReport) -> None:
+def _queue_metrics(m: Metrics, rep: QueueRatioReport, by_size: QueueRatioReport) -> None:
     m.family(
         "pipeswift_queue_ratio",
         "gauge",
@@ -147,7 +142,7 @@ def _queue_metrics(m: _Metrics, rep: QueueRatioReport, by_size: QueueRatioReport
     )
 
 
-def _bias_metrics(m: _Metrics, rep: BiasReport) -> None:
+def _bias_metrics(m: Metrics, rep: BiasReport) -> None:
     m.family(
         "pipeswift_estimator_bias",
         "gauge",
@@ -168,7 +163,7 @@ def _bias_metrics(m: _Metrics, rep: BiasReport) -> None:
     )
 
 
-def _tick_metrics(m: _Metrics, rep: FullReport) -> None:
+def _tick_metrics(m: Metrics, rep: FullReport) -> None:
     t, d = rep.ticks, rep.decisions
     m.family(
         "pipeswift_last_tick_timestamp_seconds",
@@ -212,7 +207,7 @@ def _tick_metrics(m: _Metrics, rep: FullReport) -> None:
 
 def prometheus_text(rep: FullReport) -> str:
     """Every headline figure of a FullReport in the Prometheus text exposition format."""
-    m = _Metrics()
+    m = Metrics()
     _queue_metrics(m, rep.queue_ratio, rep.queue_ratio_by_size)
     _jct_metrics(m, rep.jct)
     _wait_metrics(m, rep.waits)

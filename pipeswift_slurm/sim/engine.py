@@ -20,9 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from pipeswift_slurm.slurm.backends.sim import SimBackend, SimJob
-from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
+from pipeswift_slurm.core.calibration import OnlineCalibrator
 from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.slurm.backends.sim import SimBackend, SimJob
+from pipeswift_slurm.slurm.calibrate import OnlineCalibration
+from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
 from pipeswift_slurm.core.model import ExecConfig
 from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 from pipeswift_slurm.sim.workload import WorkloadJob
@@ -103,12 +105,15 @@ class Simulation:
         truth: the cost model that defines true iteration times.
         settings: cluster shape and loop settings.
         store: optional Store; every tick is then recorded as the real controller does.
-        on_tick: optional callback(now, report) (progress bars, online calibration).
+        on_tick: optional callback(now, report) (progress bars).
+        calibrator: optional online calibrator: the controller's calibration step then
+            learns from the jobs finished so far, as cron's learns from the history.
     """
 
     def __init__(self, jobs: list[WorkloadJob], policy: Any, estimator: Any, truth: CostModel,
                  settings: SimSettings, store: Any = None,
-                 on_tick: Optional[Callable[[float, Any], None]] = None):
+                 on_tick: Optional[Callable[[float, Any], None]] = None,
+                 calibrator: Optional[OnlineCalibrator] = None):
         self.jobs = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
         self.by_id = {j.job_id: j for j in self.jobs}
         self.policy = policy
@@ -119,7 +124,9 @@ class Simulation:
                                   allow_requeue=settings.allow_requeue, gpu_type=truth.gpu.name)
         self.controller = Controller(self.backend, policy, estimator, store,
                                      ControllerSettings(allow_requeue=settings.allow_requeue),
-                                     clock=time.perf_counter)
+                                     clock=time.perf_counter,
+                                     calibration=OnlineCalibration(calibrator, lambda: self.records)
+                                     if calibrator is not None else None)
         self.on_tick = on_tick
         self.records: dict[int, JobRecord] = {}
         self._heap: list[tuple[float, int, int, int]] = []
@@ -147,7 +154,9 @@ class Simulation:
                                               wjob.profile.job_class, wjob.category, wjob.submit_s, wjob.gpus,
                                               flexible=wjob.profile.flexible)
 
-    def _started(self, sim: SimJob, now: float) -> None:
+    def _started(self, sim: SimJob, now: float, estimator: Any) -> None:
+        """A job (re)started at ``now``; its prediction is by ``estimator``, the one in
+        force when the tick decided (a refit at the tick's end applies after ``now``)."""
         wjob, rec = self.by_id[sim.job_id], self.records[sim.job_id]
         config = self._config_of(sim, wjob)
         run_s = self._true_run_s(wjob, rec, config)
@@ -155,7 +164,7 @@ class Simulation:
             rec.first_start_s = now
         rec.gpus, rec.config, rec.run_started_s, rec.run_true_s = sim.gpus, config, now, run_s
         rec.restarts = sim.restarts
-        rec.predicted_run_s = self.controller.estimator.run_time_s(wjob.profile, config)
+        rec.predicted_run_s = estimator.run_time_s(wjob.profile, config)
         heapq.heappush(self._heap, (now + run_s, self._seq, sim.job_id, sim.restarts))
         self._seq += 1
 
@@ -180,20 +189,21 @@ class Simulation:
     def _tick(self, now: float, result: SimResult) -> None:
         running_before = set(self.backend.running)
         self.backend.now = now
+        in_force = self.controller.estimator
         report = self.controller.tick()
         result.ticks += 1
         result.decide_s.append(report.decide_s)
         for job_id in running_before - set(self.backend.running):
             self._stopped(job_id, now, completed=False)  # requeued by the tick
         for sim in self.backend.schedule(now):
-            self._started(sim, now)
+            self._started(sim, now, in_force)
         if self.on_tick is not None:
             self.on_tick(now, report)
 
     def _wants_periodic(self) -> bool:
         if not self.backend.pending:
             return False
-        return getattr(self.policy, "preempts", False) or any(f > 0 for f in self.backend.free)
+        return self.policy.preempts or any(f > 0 for f in self.backend.free)
 
     def run(self) -> SimResult:
         """Run to completion (every job finishes) and return the records."""

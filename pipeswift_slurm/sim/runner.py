@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import GpuType
-from pipeswift_slurm.policy import PRESETS, get_policy
+from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
 from pipeswift_slurm.sim.metrics import lower_bound_s, summarize
 from pipeswift_slurm.sim.workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
@@ -133,7 +133,7 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     for name in spec.policies:
         base = name.split(":")[0]
         knobs = {**PRESETS.get(name, {}), **spec.policy_knobs.get(name, {})}
-        if base == "pipeswift":
+        if "wait_bound_s" in knob_defaults(base):
             knobs.setdefault("wait_bound_s", spec.wait_bound_s)
         policy = get_policy(base, **knobs)
         store = store_for(name) if store_for else None

@@ -1,10 +1,14 @@
 """The controller's TOML configuration: one file (``/etc/pipeswift/config.toml`` or
-``$PIPESWIFT_CONFIG``), every key optional, validated with errors that name the file and
-the key. Pure apart from reading the file. Example: ``wrappers/config.example.toml``.
+``$PIPESWIFT_CONFIG``), every key optional, validated at load with errors that name the
+file and the key: types, ranges, the backend (one the controller can drive, and
+importable), the policy and its knobs (checked by the policy registry, the one place
+knobs are checked). Pure apart from reading the file and looking for pyslurm. Example:
+``wrappers/config.example.toml``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -57,6 +61,27 @@ _SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
 }
 
 
+# backends a controller can drive (``sim`` is the simulator's in-memory cluster)
+CONTROLLER_BACKENDS = ("auto", "cli", "pyslurm")
+
+
+def check_backend(source: str, name: str) -> None:
+    """Refuse a backend the controller cannot use here.
+
+    Raises:
+        ConfigError: unknown name, ``sim``, or ``pyslurm`` when it is not installed.
+    """
+    where = "%s: [slurm] backend" % source
+    if name == "sim":
+        raise ConfigError("%s = 'sim' is the simulator's in-memory cluster, not a Slurm cluster; use one of %s"
+                          % (where, ", ".join(CONTROLLER_BACKENDS)))
+    if name not in CONTROLLER_BACKENDS:
+        raise ConfigError("%s %r unknown; use one of %s" % (where, name, ", ".join(CONTROLLER_BACKENDS)))
+    if name == "pyslurm" and importlib.util.find_spec("pyslurm") is None:
+        raise ConfigError("%s = 'pyslurm', but the pyslurm module is not installed for this Python; install the"
+                          " pyslurm matching the site's Slurm, or use backend = 'cli'" % where)
+
+
 def _check(path: str, section: str, key: str, value: Any, kind: type) -> Any:
     if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ConfigError("%s: [%s] %s must be a non-negative integer (got %r)" % (path, section, key, value))
@@ -93,23 +118,35 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
                                   % (chosen, section, key, ", ".join(_SCHEMA[section])))
             attr, kind = _SCHEMA[section][key]
             values[attr] = _check(chosen, section, key, value, kind)
-    from pipeswift_slurm.policy import knob_defaults, policy_names
+    if "backend" in values:
+        check_backend(chosen, values["backend"])
+    cfg = ControllerConfig(**values)
+    _check_policy(cfg)
+    return cfg
 
-    policy = values.get("policy", "pipeswift")
-    if policy not in policy_names():
-        raise ConfigError("%s: [policy] name %r unknown; known: %s" % (chosen, policy, ", ".join(policy_names())))
-    known = knob_defaults(policy)
-    unknown = sorted(set(values.get("policy_knobs", {})) - set(known))
-    if unknown:
-        raise ConfigError("%s: [policy.knobs] %s has no knob %s; its knobs: %s"
-                          % (chosen, policy, ", ".join(unknown), ", ".join(known)))
-    return ControllerConfig(**values)
+
+def _check_policy(cfg: ControllerConfig) -> None:
+    from pipeswift_slurm.policy import KnobError, make_policy_knobs, policy_names
+    from pipeswift_slurm.policy.knobs import SITE_FACTOR_LIMIT
+
+    if cfg.policy not in policy_names():
+        raise ConfigError("%s: [policy] name %r unknown; known: %s"
+                          % (cfg.source, cfg.policy, ", ".join(policy_names())))
+    if cfg.site_factor_max > SITE_FACTOR_LIMIT:
+        raise ConfigError("%s: [policy] site_factor_max must be at most %d, Slurm's limit (got %d)"
+                          % (cfg.source, SITE_FACTOR_LIMIT, cfg.site_factor_max))
+    try:
+        make_policy_knobs(cfg.policy, policy_knobs(cfg))
+    except KnobError as exc:
+        raise ConfigError("%s: [policy.knobs] %s" % (cfg.source, exc)) from None
 
 
 def policy_knobs(cfg: ControllerConfig) -> dict[str, Any]:
-    """The knobs the controller gives its policy: ``[policy.knobs]``, and the SiteFactor
-    bound for the policies that set SiteFactors (all but fifo and slurm)."""
+    """The knobs the controller gives its policy: ``[policy.knobs]``, and ``[policy]
+    site_factor_max`` for the policies that have that knob (those that set SiteFactors)."""
+    from pipeswift_slurm.policy import knob_defaults
+
     knobs = dict(cfg.policy_knobs)
-    if cfg.policy not in ("fifo", "slurm"):
+    if "site_factor_max" in knob_defaults(cfg.policy):
         knobs.setdefault("site_factor_max", cfg.site_factor_max)
     return knobs

@@ -1,7 +1,9 @@
 """The controller tick: observe -> ingest -> decide -> act -> record.
 
 One function serves cron, the daemon and the simulator; only the backend (real Slurm or
-the in-memory one) and the clock differ. Rules it enforces whatever the policy says:
+the in-memory one), the clock and where calibration learns from differ. A tick ends with
+the calibration step (``slurm/calibrate.py``), so a refit applies from the next tick on;
+a tick that cannot observe the cluster is recorded as failed. Rules it enforces whatever the policy says:
 only opted-in jobs are touched; running jobs are never resized (only requeued, and only
 when the site allows it); a decision equal to what the job already has is not re-issued
 (idempotent ticks); the profile a user put in the job is parsed with bounded effort and
@@ -14,14 +16,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone
+from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
-from pipeswift_slurm.policy.common import stable_factors
 from pipeswift_slurm.core.request import request_profile
 from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller
+from pipeswift_slurm.policy import Policy
+from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone
+from pipeswift_slurm.slurm.factors import stable_factors
+from pipeswift_slurm.slurm.seams import BatchingBackend, Calibration, HistoryStore
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +101,22 @@ class Controller:
 
     Keeps parsed profiles between ticks (map from job_id to (comment, profile)), so a
     long-running controller or the simulator parses each job once; a cron tick starts
-    empty and parses what it sees.
+    empty and parses what it sees. ``calibration`` (None: none) ends every recorded tick
+    that was not a dry run, and replaces ``estimator`` for the next one. ``clock`` times
+    the tick; ``epoch_clock`` dates a tick that failed before it could see the cluster.
     """
 
-    def __init__(self, backend: Backend, policy: Any, estimator: Any, store: Any = None,
-                 settings: ControllerSettings = ControllerSettings(), clock: Any = time.monotonic):
+    def __init__(self, backend: Backend, policy: Policy, estimator: Estimator, store: Optional[HistoryStore] = None,
+                 settings: ControllerSettings = ControllerSettings(), *, clock: Callable[[], float] = time.monotonic,
+                 calibration: Optional[Calibration] = None):
         self.backend = backend
         self.policy = policy
         self.estimator = estimator
         self.store = store
         self.settings = settings
         self.clock = clock
+        self.epoch_clock: Callable[[], float] = time.time
+        self.calibration = calibration
         self._profiles: dict[int, tuple[str, Optional[JobProfile], str]] = {}
 
     def _ingest(self, view: ClusterView) -> dict[int, JobProfile]:
@@ -146,13 +156,18 @@ class Controller:
         """One tick.
 
         Raises:
-            BackendError: the cluster could not be observed (nothing is recorded), or it
-                stopped answering while acting (acting stops, or with a batching backend
-                the rest of the batch fails; what was applied, and the failures, are
-                recorded so the database matches Slurm).
+            BackendError: the cluster could not be observed (a failed tick row is recorded,
+                nothing else), or it stopped answering while acting (acting stops, or with
+                a batching backend the rest of the batch fails; what was applied, and the
+                failures, are recorded so the database matches Slurm).
         """
         started = self.clock()
-        view = self._with_earlier_runs(self.backend.snapshot())
+        try:
+            snapshot = self.backend.snapshot()
+        except BackendError as exc:
+            self._record_failed(exc)
+            raise
+        view = self._with_earlier_runs(snapshot)
         report = TickReport(view=view)
         profiles = self._ingest(view)
         t0 = self.clock()
@@ -179,7 +194,21 @@ class Controller:
             self._record(report, profiles)
         if report.failed is not None:
             raise BackendError(report.failed)
+        if self.calibration is not None and not self.settings.dry_run:
+            self.estimator = self.calibration.refit(view.now, self.estimator)
         return report
+
+    def _record_failed(self, exc: BackendError) -> None:
+        """A tick row with status failed, so the history (and ``pipeswift_last_tick_ok``)
+        shows the tick that could not see the cluster. Never hides the backend's error: a
+        store that cannot record it either is logged."""
+        if self.store is None:
+            return
+        try:
+            self.store.record_failed_tick(self.epoch_clock(), self.policy.name, self.settings.dry_run,
+                                          "cannot observe the cluster: %s" % exc)
+        except Exception as store_exc:  # the store's own failure must not replace the backend's
+            log.warning("could not record the failed tick either: %s", store_exc)
 
     def _with_earlier_runs(self, view: ClusterView) -> ClusterView:
         """The view with each requeued job's earlier GPU-seconds from the history, where
@@ -205,7 +234,7 @@ class Controller:
             return decisions
         order = [d.job_id for _, d in sorted(ranked, key=lambda x: (-(x[1].site_factor or 0), x[0]))]
         current = {j: by_id[j].site_factor for j in order if by_id[j].site_factor > 0}
-        top = getattr(self.policy, "site_factor_max", max(d.site_factor or 0 for _, d in ranked))
+        top = self.policy.site_factor_max or max(d.site_factor or 0 for _, d in ranked)
         factors = stable_factors(order, current, top)
         out = list(decisions)
         for i, d in ranked:
@@ -217,10 +246,9 @@ class Controller:
         else one ``apply`` each, stopping at the first failure (slurmctld gone)."""
         if self.settings.dry_run or not items:
             return
-        apply_many = getattr(self.backend, "apply_many", None)
-        if apply_many is not None:
-            for (decision, _), outcome in zip(items, apply_many(items), strict=True):
-                self._outcome(decision.job_id, outcome, report)
+        if isinstance(self.backend, BatchingBackend):
+            for (decision, _), batch_outcome in zip(items, self.backend.apply_many(items), strict=True):
+                self._outcome(decision.job_id, batch_outcome, report)
             return
         for decision, job in items:
             if report.failed is not None:
@@ -249,10 +277,12 @@ class Controller:
     def _record(self, report: TickReport, profiles: dict[int, JobProfile]) -> None:
         from pipeswift_slurm.slurm.recording import record_tick
 
+        assert self.store is not None
         record_tick(self.store, report, profiles, self._profiles, self.policy, self.estimator,
                     self.settings.dry_run)
 
 
-def tick(backend: Backend, store: Any, policy: Any, estimator: Any, *, dry_run: bool = False) -> TickReport:
+def tick(backend: Backend, store: Optional[HistoryStore], policy: Policy, estimator: Estimator, *,
+         dry_run: bool = False) -> TickReport:
     """One stateless tick (what cron runs): a fresh Controller, one observe-decide-act."""
     return Controller(backend, policy, estimator, store, ControllerSettings(dry_run=dry_run)).tick()

@@ -6,14 +6,20 @@ Imported only when a Store is in use (it pulls in SQLAlchemy through the store).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
+from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.model import JobProfile
+from pipeswift_slurm.policy import Policy
 from pipeswift_slurm.policy.common import current_config
+from pipeswift_slurm.slurm.seams import HistoryStore
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.slurm.controller import TickReport
 
 
-def record_tick(store: Any, report: Any, profiles: Mapping[int, JobProfile],
-                parsed: Mapping[int, tuple[str, Optional[JobProfile], str]], policy: Any, estimator: Any,
+def record_tick(store: HistoryStore, report: "TickReport", profiles: Mapping[int, JobProfile],
+                parsed: Mapping[int, tuple[str, Optional[JobProfile], str]], policy: Policy, estimator: Estimator,
                 dry_run: bool) -> None:
     """Write ``report`` (a controller TickReport) into ``store`` as one tick."""
     view = report.view

@@ -1,10 +1,11 @@
 """The controller's history: jobs, profiles, state changes, ticks, decisions, calibration.
 
 ``Store`` owns every read and write of the database and speaks only domain types
-(``model.py``) and the small frozen dataclasses of ``store_queries``; ORM rows never leave
+(``model.py``) and the small frozen dataclasses of ``store.queries``; ORM rows never leave
 the store modules. This module owns the engine (SQLite tuning), ``Store`` and
-``StoreBusy``; the queries live in ``store_queries`` and one tick's writes in
-``store_tick`` (``TickTx``). One tick is one transaction
+``StoreBusy``; the domain queries live in ``store.queries``, the reports' reads in
+``store.reads``, one tick's writes in ``store.tick`` (``TickTx``) over the rows and
+statements of ``store.rows``. One tick is one transaction
 (``with store.tick(now, policy, dry_run) as tx:``): if its body raises, nothing of it
 remains, the tick row included. Writes are bulk (one statement per table per tick) so the
 simulator can record ~100k ticks.
@@ -41,11 +42,12 @@ from sqlalchemy.schema import CreateColumn
 
 from pipeswift_slurm.core.model import Decision, Job
 from pipeswift_slurm.store.schema import Base, TickRow
-from pipeswift_slurm.store.queries import CalibrationEntry, T, _Queries
+from pipeswift_slurm.store.queries import CalibrationEntry, Queries, T
 from pipeswift_slurm.store.queries import (ACTIVE_STATES, CALIBRATION_STATES, CONFIG_FIELDS,  # noqa: F401
                             VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision,
                             SnapshotSummary)
-from pipeswift_slurm.store.tick import _SELECT_IDS, TickTx, _inserted_id, _save_calibration, earlier_runs
+from pipeswift_slurm.store.rows import SELECT_IDS, earlier_runs, inserted_id, save_calibration
+from pipeswift_slurm.store.tick import TickTx
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,7 @@ def _is_locked(exc: OperationalError) -> bool:
 
 # ---------------------------------------------------------------- the store
 
-class Store(_Queries):
+class Store(Queries):
     """History of jobs and decisions over SQLAlchemy (SQLite by default).
 
     Use ``Store.from_url(path_or_url)`` in the controller, ``Store.in_memory()`` in the
@@ -165,7 +167,7 @@ class Store(_Queries):
         wanted = {j.job_id: j for j in jobs}
         if not wanted:
             return {}
-        rows = self._read(lambda s: {r[0]: dict(r._mapping) for r in s.execute(_SELECT_IDS, {"ids": list(wanted)})})
+        rows = self._read(lambda s: {r[0]: dict(r._mapping) for r in s.execute(SELECT_IDS, {"ids": list(wanted)})})
         return {i: earlier_runs(rows.get(i), job, now) for i, job in wanted.items()}
 
     @classmethod
@@ -199,7 +201,7 @@ class Store(_Queries):
             with Session(self._write_engine) as session, session.begin():
                 tx = TickTx(session, now, policy, dry_run)
                 yield tx
-                if not tx._finished:
+                if not tx.finished:
                     tx.finish()
         except OperationalError as exc:
             if _is_locked(exc):
@@ -217,9 +219,9 @@ class Store(_Queries):
             result = s.execute(insert(TickRow).values(
                 started_at=now, finished_at=now, duration_s=0.0, policy=policy,
                 dry_run=dry_run, status="failed", error=error[:10000]))
-            return _inserted_id(result)
+            return inserted_id(result)
 
     def save_calibration(self, rows: Iterable[CalibrationEntry]) -> None:
         """Replace the calibration of the job classes in ``rows`` (others are kept)."""
         with Session(self._write_engine) as s, s.begin():
-            _save_calibration(s, list(rows))
+            save_calibration(s, list(rows))

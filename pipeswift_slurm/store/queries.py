@@ -1,7 +1,7 @@
 """The read side of the Store: the queries (session -> domain types), the result
 dataclasses they return, and the job-state vocabulary the history is kept in.
 
-Owns: ``_Queries``, the read methods shared by ``Store`` (its own read transaction) and
+Owns: ``Queries``, the read methods shared by ``Store`` (its own read transaction) and
 ``TickTx`` (the tick's, so they see its uncommitted writes); the frozen results
 (``FinishedJob``, ``CalibrationEntry``, ``RecordedDecision``, ``SnapshotSummary``);
 ``ACTIVE_STATES``, ``CONFIG_FIELDS`` and the vanished-job states. ORM rows never leave it.
@@ -90,7 +90,7 @@ class SnapshotSummary:
     vanished: tuple[int, ...]
 
 
-def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
+def chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
     for i in range(0, len(ids), _IN_CHUNK):
         yield ids[i:i + _IN_CHUNK]
 
@@ -106,7 +106,7 @@ def _known_jobs(s: Session, active_only: bool) -> dict[int, str]:
 
 def _profile_texts(s: Session, job_ids: Iterable[int]) -> dict[int, str]:
     out: dict[int, str] = {}
-    for chunk in _chunks(sorted(set(job_ids))):
+    for chunk in chunks(sorted(set(job_ids))):
         rows = s.execute(select(ProfileRow.job_id, ProfileRow.raw_text)
                          .where(ProfileRow.job_id.in_(chunk)))
         out.update({job_id: text for job_id, text in rows})
@@ -126,7 +126,7 @@ def _decision_of(row: DecisionRow) -> Decision:
 
 def _last_applied_for(s: Session, job_ids: Iterable[int]) -> dict[int, Decision]:
     out: dict[int, Decision] = {}
-    for chunk in _chunks(sorted(set(job_ids))):
+    for chunk in chunks(sorted(set(job_ids))):
         latest = (select(func.max(DecisionRow.id))
                   .where(DecisionRow.job_id.in_(chunk), DecisionRow.applied.is_(True))
                   .group_by(DecisionRow.job_id))
@@ -164,7 +164,7 @@ def _calibration(s: Session) -> dict[str, tuple[float, int]]:
     return {job_class: (ratio, n_jobs) for job_class, ratio, n_jobs in rows}
 
 
-class _Queries:
+class Queries:
     """Read methods shared by Store (own read transaction) and TickTx (the tick's)."""
 
     def _read(self, fn: Callable[..., T], *args: Any) -> T:

@@ -153,7 +153,7 @@ def test_online_calibrator_divides_by_the_bias_in_force_at_start(cost):
     assert cal.update([_record(2, 200.0, 330.0, 130.0)], now=330.0)
     assert cal.observations[-1].predicted_run_s == pytest.approx(100.0)
     assert cal.fit["gpt-<2B"].ratio == pytest.approx(1.3)
-    # started in the very tick of the install (before on_tick swapped): the old bias applies
+    # started in the very tick of the install (the refit applies from the next tick): the old bias
     assert cal.bias_in_force("gpt-<2B", 130.0) == 1.0
     assert cal.bias_in_force("gpt-<2B", 130.5) == pytest.approx(1.3)
 
@@ -187,12 +187,11 @@ def test_simulation_learns_the_bias_of_a_biased_class(cost):
     jobs = build_workload(rows, conv)
     assert sum(j.profile.job_class == "gpt-<2B" for j in jobs) >= 10
     base = Estimator(cost, gpn)
-    sim = Simulation(jobs, get_policy("pipeswift"), base, cost, SimSettings(2, gpn))
     cal = OnlineCalibrator(base, refit_every=3)
+    sim = Simulation(jobs, get_policy("pipeswift"), base, cost, SimSettings(2, gpn), calibrator=cal)
     peeked = []
     sim.on_tick = lambda now, report: peeked.extend(  # every observation is of a job already finished
         o for o in cal.observations if sim.records[_job_of(sim, o)].end_s is None)
-    cal.attach(sim)
     sim.run()
     assert not peeked and cal.refits >= 3
     learned = sim.controller.estimator.bias("gpt-<2B")

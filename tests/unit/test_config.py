@@ -43,3 +43,81 @@ def test_controller_cli_reports_bad_config_in_one_line(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "bogus" in out.stderr
+
+
+@pytest.mark.parametrize("knob, value, words", [
+    ("wait_bound_s", '"abc"', ["wait_bound_s", "number > 0", "'abc'"]),
+    ("wait_bound_s", "-5", ["wait_bound_s", "number > 0", "-5"]),
+    ("preempt", '"yes"', ["preempt", "true or false"]),
+    ("risk_fraction", "7", ["risk_fraction", "in [0, 1]"]),
+    ("aging", "nan", ["aging", "finite number"]),
+    ("plan_depth", "-1", ["plan_depth", "integer >= 1"]),
+    ("plan_depth", "2.5", ["plan_depth", "integer"]),
+    ("site_factor_max", "66666667333", ["site_factor_max", "in [0, 2147483647]"]),
+])
+def test_bad_knob_values_are_refused_at_load(tmp_path, knob, value, words):
+    path = tmp_path / "c.toml"
+    path.write_text("[policy]\nname = 'pipeswift'\n[policy.knobs]\n%s = %s\n" % (knob, value))
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    message = str(err.value)
+    assert message.startswith("%s: [policy.knobs] pipeswift " % path) and "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_good_knobs_load_and_reach_the_policy(tmp_path):
+    from pipeswift_slurm.policy import get_policy
+    from pipeswift_slurm.slurm.config import policy_knobs
+
+    path = tmp_path / "c.toml"
+    path.write_text("[policy]\nname = 'pipeswift'\nsite_factor_max = 5000\n[policy.knobs]\n"
+                    "wait_bound_s = 3600\npreempt = true\nrisk_fraction = 0\n")
+    cfg = load_config(str(path))
+    policy = get_policy(cfg.policy, **policy_knobs(cfg))
+    assert (policy.knobs.wait_bound_s, policy.knobs.preempt, policy.knobs.risk_fraction) == (3600.0, True, 0.0)
+    assert policy.site_factor_max == 5000 and isinstance(policy.knobs.wait_bound_s, float)
+
+
+def test_site_factor_max_above_slurms_range_is_refused(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[policy]\nsite_factor_max = 66666667333\n")
+    with pytest.raises(ConfigError, match=r"\[policy\] site_factor_max must be at most 2147483647"):
+        load_config(str(path))
+
+
+@pytest.mark.parametrize("backend, words", [
+    ("foo", ["[slurm] backend 'foo' unknown", "auto, cli, pyslurm"]),
+    ("sim", ["[slurm] backend = 'sim'", "simulator", "auto, cli, pyslurm"]),
+    ("pyslurm", ["[slurm] backend = 'pyslurm'", "not installed", "backend = 'cli'"]),
+])
+def test_bad_backend_is_one_line_naming_file_and_key(tmp_path, monkeypatch, backend, words):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyslurm" else real(name, *a))
+    path = tmp_path / "c.toml"
+    path.write_text("[slurm]\nbackend = '%s'\n" % backend)
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[policy.knobs]\nwait_bound_s = 'abc'\n", "wait_bound_s"),
+    ("[slurm]\nbackend = 'foo'\n", "backend 'foo'"),
+    ("[slurm]\nbackend = 'sim'\n", "backend = 'sim'"),
+])
+def test_controller_cli_exits_2_on_bad_values(tmp_path, text, needle):
+    import subprocess
+    import sys
+
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    out = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli", "controller", "tick", "--config", str(path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and needle in out.stderr and str(path) in out.stderr
+    assert "Traceback" not in out.stderr

@@ -444,7 +444,7 @@ def test_pipeswift_preemption_is_gated_by_the_switch_cost() -> None:
     early = get_policy("pipeswift", preempt=True, preempt_min_run_s=2 * HOUR).decide(view, profiles, est)
     assert not any(d.requeue for d in early)
     # a victim already requeued preempt_max_restarts times (no ping-pong)
-    limit = get_policy("pipeswift", preempt=True).preempt_max_restarts
+    limit = get_policy("pipeswift", preempt=True).knobs.preempt_max_restarts
     jobs = tuple(replace(j, restarts=limit, attained_gpu_s=8 * 600.0) if j.running else j for j in view.jobs)
     tired = replace(view, jobs=jobs)
     assert not any(d.requeue for d in get_policy("pipeswift", preempt=True).decide(tired, profiles, est))
@@ -700,3 +700,78 @@ def test_the_controller_acts_only_on_what_a_job_does_not_have_yet() -> None:
     assert todo == replace(wanted, site_factor=None) and todo.changes_anything
     assert wanted.site_factor == 30000  # the policy's own decision is left as it was
     assert not unchanged_parts(Decision(7, site_factor=30000, time_limit_s=3600), job).changes_anything
+
+
+# ---------------------------------------------------------------- knobs: one dataclass each, checked in one place
+
+def test_knob_defaults_are_the_dataclass_fields() -> None:
+    from dataclasses import fields
+
+    from pipeswift_slurm.policy import knob_class, knob_defaults
+    from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
+
+    assert knob_class("pipeswift") is PipeSwiftKnobs
+    assert knob_defaults("pipeswift") == {f.name: f.default for f in fields(PipeSwiftKnobs)}
+    assert len(knob_defaults("pipeswift")) == 23 and knob_defaults("fifo") == {}
+    assert get_policy("pipeswift").knobs == PipeSwiftKnobs()
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"wait_bound_s": "abc"}, ["pipeswift wait_bound_s", "> 0"]),
+    ({"wait_bound_s": -5}, ["pipeswift wait_bound_s"]),
+    ({"preempt": "yes"}, ["preempt must be true or false"]),
+    ({"risk_fraction": 7}, ["risk_fraction", "in [0, 1]"]),
+    ({"aging": float("nan")}, ["aging", "finite"]),
+    ({"plan_depth": -1}, ["plan_depth", "integer >= 1"]),
+    ({"colour": "red"}, ["pipeswift has no knob colour", "wait_bound_s"]),
+])
+def test_get_policy_refuses_bad_knobs(knobs: dict, words: list[str]) -> None:
+    from pipeswift_slurm.policy import KnobError
+
+    with pytest.raises(KnobError) as err:
+        get_policy("pipeswift", **knobs)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_tiresias_queue_limits_must_ascend_and_become_a_tuple() -> None:
+    from pipeswift_slurm.policy import KnobError, parse_policy_knob
+
+    assert get_policy("tiresias", queue_limits_gpu_s=[10, 100]).knobs.queue_limits_gpu_s == (10.0, 100.0)
+    assert parse_policy_knob("tiresias", "queue_limits_gpu_s", "5,50") == (5.0, 50.0)
+    with pytest.raises(KnobError, match="ascending"):
+        get_policy("tiresias", queue_limits_gpu_s=[100, 10])
+    with pytest.raises(KnobError, match="expected true or false"):
+        parse_policy_knob("pipeswift", "preempt", "maybe")
+    assert parse_policy_knob("pipeswift", "plan_depth", "8") == 8
+
+
+def test_presets_are_valid_knobs() -> None:
+    from pipeswift_slurm.policy import make_policy_knobs
+
+    for label, knobs in PRESETS.items():
+        checked = make_policy_knobs(label.split(":")[0], knobs)  # raises on a bad preset
+        assert {k: getattr(checked, k) for k in knobs} == knobs
+
+
+# ---------------------------------------------------------------- stable SiteFactors (the controller's, slurm/factors.py)
+
+def test_stable_factors_keep_the_jobs_already_in_order_and_fill_the_gaps() -> None:
+    from pipeswift_slurm.slurm.factors import MIN_FACTOR_GAP, stable_factors
+
+    top = 100_000_000
+    current = {1: 90_000_000, 2: 80_000_000, 3: 70_000_000}
+    order = [1, 4, 2, 3]  # a new job 4 goes between 1 and 2
+    out = stable_factors(order, current, top)
+    assert [out[j] for j in (1, 2, 3)] == [current[j] for j in (1, 2, 3)]  # unchanged: no update for them
+    assert out[1] > out[4] > out[2] and out[4] - out[2] >= MIN_FACTOR_GAP
+    assert sorted(out, key=out.__getitem__, reverse=True) == order
+
+
+def test_stable_factors_renumber_when_a_gap_is_too_narrow() -> None:
+    from pipeswift_slurm.slurm.factors import centred_factors, stable_factors
+
+    current = {1: 3_000, 2: 1_000}  # both kept would leave 3 a gap of 1,000 < MIN_FACTOR_GAP
+    out = stable_factors([1, 3, 2], current, 100_000_000)
+    assert out == centred_factors([1, 3, 2], 100_000_000)
+    assert sorted(out, key=out.__getitem__, reverse=True) == [1, 3, 2] and min(out.values()) >= 0

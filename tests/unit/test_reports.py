@@ -548,7 +548,7 @@ def test_sql_files_agree_with_reports(db):
     waits = {r.group: r for r in R.waits(store).rows}
     for s in run_sql(db, "waits.sql"):
         r = waits[s["size_class"]]
-        assert (s["n_jobs"], s["n_pending"], s["n_over_24h"]) == (r.n_jobs, r.n_pending, r.n_over_bound)
+        assert (s["n_jobs"], s["n_pending"], s["n_over_48h"]) == (r.n_jobs, r.n_pending, r.n_over_bound)
         assert (s["mean_wait_h"], s["max_wait_h"]) == (hours(r.mean_s), hours(r.max_s))
     bias = {r.job_class: r for r in R.bias(store).rows}
     for s in run_sql(db, "estimator_bias.sql"):
@@ -686,7 +686,7 @@ def test_prometheus_text_parses_and_matches(ctl_db, tmp_path):
 
 
 def test_prometheus_label_escaping():
-    m = RR._Metrics()
+    m = RR.Metrics()
     m.family("x", "gauge", "h", [({"job_class": 'a"b\\c\nd'}, 1.5)])
     assert 'x{job_class="a\\"b\\\\c\\nd"} 1.5' in m.text()
     parse_prometheus(m.text())
@@ -803,3 +803,23 @@ def test_cli_rejects_a_file_that_is_not_a_history(tmp_path):
     sqlite3.connect(path).execute("CREATE TABLE t (x)").connection.close()
     result = invoke("report", "bias", "--db", str(path))
     assert result.exit_code == 2 and "not a pipeswift history database" in result.output
+
+
+def test_one_wait_bound_the_policys_in_reports_metrics_cli_and_sql() -> None:
+    """Issue 28 item 9: the reports, Prometheus metrics, ``report --wait-bound-h`` and
+    sql/waits.sql all count waits over the pipeswift policy's own default bound."""
+    from pipeswift_slurm.policy import knob_defaults
+    from pipeswift_slurm.reports.base import DEFAULT_WAIT_BOUND_S
+    from pipeswift_slurm.reports.metrics import prometheus_text
+
+    policy_s = knob_defaults("pipeswift")["wait_bound_s"]
+    assert DEFAULT_WAIT_BOUND_S == policy_s == 48 * 3600.0
+    assert R.waits(Store.in_memory()).wait_bound_s == policy_s
+    assert "pipeswift_wait_bound_seconds 172800" in prometheus_text(R.full_report(Store.in_memory()))
+    sql = (Path(__file__).resolve().parents[2] / "sql" / "waits.sql").read_text()
+    assert [float(x) for x in re.findall(r"SUM\(wait_s > (\d+)\)", sql)] == [policy_s]
+    report_cmd = pipeswift.commands["report"]
+    for command in getattr(report_cmd, "commands", {"": report_cmd}).values():
+        for param in command.params:
+            if param.name == "wait_bound_h":
+                assert param.default * 3600.0 == policy_s, command.name

@@ -30,7 +30,7 @@ def _make_jobs(rng: random.Random) -> list[dict]:
         submit = T0 + rng.uniform(0, 3 * 3600)
         eligible = submit + rng.choice([0.0, 0.0, rng.uniform(1, 600)])
         gpus = rng.choice([1, 2, 4, 8, 16, 32])
-        queue = rng.uniform(0, 5 * 3600) if job_id % 9 else 30 * 3600.0 + job_id  # a few starve
+        queue = rng.uniform(0, 5 * 3600) if job_id % 9 else 50 * 3600.0 + job_id  # a few starve (> 48 h)
         run = rng.uniform(60, 6 * 3600)
         state = rng.choice(["COMPLETED"] * 6 + ["COMPLETED?", "FAILED", "RUNNING", "PENDING"])
         job = {"job_id": job_id, "user": "u%d" % (job_id % 4), "state": state, "gpus": gpus,
@@ -173,8 +173,8 @@ def test_waits(history):
                                                    abs=1e-3)
         assert row["max_wait_h"] == pytest.approx(_hours(longest[0]), abs=1e-3)
         assert row["max_wait_job_id"] == longest[1]
-        assert row["n_over_24h"] == sum(1 for e in entries if e[0] > 86400)
-    assert sum(r["n_over_24h"] for r in got) > 0  # the data has starved jobs
+        assert row["n_over_48h"] == sum(1 for e in entries if e[0] > 172800)
+    assert sum(r["n_over_48h"] for r in got) > 0  # the data has starved jobs
 
 
 def test_estimator_bias(history):

@@ -464,3 +464,118 @@ def test_forecast_start_of_a_pending_job_is_not_a_fact(store):
         tx.mark_vanished([1])
     assert rows(store, "SELECT state, start_time, queue_s, run_s FROM jobs") == [
         ("CANCELLED?", None, None, None)]
+
+
+# ---------------------------------------------------------------- failed ticks are recorded (issue 28 item 8)
+
+class _DownBackend:
+    """slurmctld down: the first snapshot works, later ones raise."""
+
+    name = "down"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def snapshot(self) -> ClusterView:
+        from pipeswift_slurm.slurm.backends import BackendError
+
+        self.calls += 1
+        if self.calls > 1:
+            raise BackendError("squeue: slurm_load_jobs error: Unable to contact slurm controller")
+        return ClusterView(now=1_700_000_000.0, nodes=(), jobs=())
+
+    def apply(self, decision: Decision, job: Job) -> None:
+        raise AssertionError("nothing to apply")
+
+
+def test_a_tick_that_cannot_see_the_cluster_is_recorded_as_failed() -> None:
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.estimator import Estimator
+    from pipeswift_slurm.core.hardware import get_gpu_type
+    from pipeswift_slurm.policy import get_policy
+    from pipeswift_slurm.reports.metrics import prometheus_text
+    from pipeswift_slurm.reports.queries import full_report, tick_stats
+    from pipeswift_slurm.slurm.backends import BackendError
+    from pipeswift_slurm.slurm.controller import Controller
+
+    store = Store.in_memory()
+    controller = Controller(_DownBackend(), get_policy("pipeswift"),
+                            Estimator(CostModel(get_gpu_type("A100-80GB")), 8), store)
+    controller.epoch_clock = lambda: 1_700_000_060.0
+    controller.tick()
+    ok = tick_stats(store)
+    assert (ok.n_ticks, ok.n_failed, ok.last_status) == (1, 0, "ok")
+    with pytest.raises(BackendError, match="Unable to contact"):
+        controller.tick()
+    failed = tick_stats(store)
+    assert (failed.n_ticks, failed.n_failed, failed.last_status, failed.last_tick_s) == \
+        (2, 1, "failed", 1_700_000_060.0)
+    metrics = prometheus_text(full_report(store))
+    assert "pipeswift_last_tick_ok 0" in metrics
+    assert 'pipeswift_ticks{status="failed"} 1' in metrics
+
+
+# ---------------------------------------------------------------- the controller's calibration step
+
+def test_store_calibration_refits_from_finished_jobs_and_keeps_an_unchanged_estimator(store):
+    from pipeswift_slurm.core.calibration import fit_bias, Observation
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.estimator import Estimator
+    from pipeswift_slurm.core.hardware import get_gpu_type
+    from pipeswift_slurm.slurm.calibrate import StoreCalibration
+
+    with store.tick(1000.0, "pipeswift") as tx:
+        _finish(tx, 1, 0.0, 1000.0, 800.0, "gpt-1b")
+    with store.tick(2000.0, "pipeswift") as tx:
+        _finish(tx, 2, 500.0, 2000.0, 1000.0, "gpt-1b")
+    base = Estimator(CostModel(get_gpu_type("A100-80GB")), 8)
+    step = StoreCalibration(store)
+    fitted = step.refit(2000.0, base)
+    expected = fit_bias([Observation("gpt-1b", 800.0, 1000.0, 1000.0), Observation("gpt-1b", 1000.0, 1500.0, 2000.0)],
+                        now=2000.0)["gpt-1b"].ratio
+    assert fitted is not base and fitted.bias("gpt-1b") == pytest.approx(expected) and expected > 1.0
+    assert store.calibration()["gpt-1b"][1] == 2
+    assert step.refit(2000.0, fitted) is fitted  # nothing new: the same estimator (policy caches kept)
+
+
+class _Step:
+    """A calibration step that records its calls and hands back a marked estimator."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    def refit(self, now, estimator):
+        self.calls.append(now)
+        return ("refitted", estimator)
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_the_controller_tick_ends_with_the_calibration_step(dry_run):
+    from pipeswift_slurm.policy import get_policy
+    from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
+
+    class Up(_DownBackend):
+        def snapshot(self):
+            return ClusterView(now=1_700_000_000.0, nodes=(), jobs=())
+
+    step = _Step()
+    controller = Controller(Up(), get_policy("fifo"), "estimator", Store.in_memory(),
+                            ControllerSettings(dry_run=dry_run), calibration=step)
+    controller.tick()
+    assert step.calls == ([] if dry_run else [1_700_000_000.0])
+    assert controller.estimator == ("estimator" if dry_run else ("refitted", "estimator"))
+
+
+def test_a_store_that_cannot_record_the_failed_tick_does_not_hide_the_backend_error() -> None:
+    from pipeswift_slurm.policy import get_policy
+    from pipeswift_slurm.slurm.backends import BackendError
+    from pipeswift_slurm.slurm.controller import Controller
+
+    class LockedStore:
+        def record_failed_tick(self, now, policy, dry_run, error):
+            raise StoreBusy("store is locked by another writer")
+
+    backend = _DownBackend()
+    backend.calls = 1  # already down
+    with pytest.raises(BackendError, match="Unable to contact"):
+        Controller(backend, get_policy("fifo"), None, LockedStore()).tick()

@@ -1,0 +1,61 @@
+"""The seams the controller tick runs through, as Protocols: the history store it records
+into (``HistoryStore``, one transaction per tick through a ``TickWriter``), a backend that
+applies a tick's decisions in one batch (``BatchingBackend``), and the calibration step
+that ends a tick (``Calibration``). ``store.history.Store`` and the backends implement
+them; tests pass fakes. No SQLAlchemy here (the controller must not import it).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence, runtime_checkable
+
+from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
+from pipeswift_slurm.slurm.backends import Backend, BackendError
+
+
+class TickWriter(Protocol):
+    """One tick's writes, inside the tick's transaction (``store.tick.TickTx``)."""
+
+    def save_snapshot(self, view: ClusterView) -> Any: ...
+
+    def mark_vanished(self, job_ids: Iterable[int], now: Optional[float] = None) -> int: ...
+
+    def profile_texts(self, job_ids: Iterable[int]) -> dict[int, str]: ...
+
+    def upsert_profiles(self, items: Sequence[tuple[int, str, Optional[JobProfile], Optional[str]]]) -> None: ...
+
+    def set_predicted_runs(self, predicted_run_s: Mapping[int, float]) -> None: ...
+
+    def record_decisions(self, decisions: Sequence[Decision], applied: Optional[Mapping[int, Optional[bool]]] = None,
+                         errors: Optional[Mapping[int, str]] = None) -> None: ...
+
+    def finish(self, status: str = "ok", error: Optional[str] = None, duration_s: Optional[float] = None,
+               **counts: int) -> None: ...
+
+
+class HistoryStore(Protocol):
+    """What the controller needs of the history (``store.history.Store``)."""
+
+    def tick(self, now: float, policy: str, dry_run: bool = False) -> AbstractContextManager[TickWriter]: ...
+
+    def record_failed_tick(self, now: float, policy: str, dry_run: bool, error: str) -> int: ...
+
+    def earlier_runs(self, now: float, jobs: Iterable[Job]) -> dict[int, tuple[float, float]]: ...
+
+
+@runtime_checkable
+class BatchingBackend(Backend, Protocol):
+    """A backend that applies many decisions in one call, one outcome per item (None:
+    applied; a BackendError otherwise)."""
+
+    def apply_many(self, items: Sequence[tuple[Decision, Job]]) -> list[Optional[BackendError]]: ...
+
+
+class Calibration(Protocol):
+    """The step that ends every recorded tick: learn from finished jobs and return the
+    estimator for the next tick (the same object when nothing changed, which keeps the
+    policy's caches)."""
+
+    def refit(self, now: float, estimator: Estimator) -> Estimator: ...

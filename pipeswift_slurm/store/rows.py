@@ -1,0 +1,165 @@
+"""The rows a tick writes and the statements that write them, built once at import
+(building and hashing a statement costs more than running it): a job's observed and
+derived values (queue and run times, earlier runs before a requeue), profile and
+decision rows, calibration rows, and the column lists the tick's reads select.
+
+Pure functions of their arguments plus the prepared statements; ``store.tick.TickTx``
+runs them inside the tick's transaction and ``store.history.Store`` for its own small
+writes. Must not import ``store.history`` or ``store.tick`` (they build on it).
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.orm import Session
+
+from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, RUNNING, Decision, Job, JobProfile
+from pipeswift_slurm.store.queries import ACTIVE_STATES, CONFIG_FIELDS, CalibrationEntry
+from pipeswift_slurm.store.schema import Base, CalibrationRow
+
+
+
+TABLES = Base.metadata.tables
+JOBS = TABLES["jobs"]
+DECISIONS = TABLES["decisions"]
+# Fields copied from the observed Job, plus those derived from them.
+OBSERVED = ("user", "name", "partition", "submit_time", "eligible_time", "start_time",
+             "end_time", "state", "state_reason", "num_nodes", "gpus", "opted_in")
+DERIVED = ("queue_s", "run_s", "size_class", "restarts", "ran_s", "attained_gpu_s")
+SET_JOB_CLASS = update(JOBS).where(JOBS.c.job_id == bindparam("b_job_id")).values(
+    job_class=bindparam("b_job_class"))
+
+
+def earlier_runs(old: Optional[Mapping[str, Any]], job: Job, now: float) -> tuple[float, float]:
+    """(wall seconds, GPU-seconds) of a job's runs before its latest requeue, from its
+    stored row and this view of it: what was recorded, plus the run that ended since it was
+    last seen running, when it is now pending again (it ran from its start to about now)
+    or running from a later start (requeued and restarted between two looks)."""
+    if old is None:
+        return 0.0, 0.0
+    ran_s, gpu_s = float(old.get("ran_s") or 0.0), float(old.get("attained_gpu_s") or 0.0)
+    started = old.get("start_time")
+    if old.get("state") == RUNNING and started is not None:
+        if job.state == PENDING:
+            ended: Optional[float] = now
+        elif job.state == RUNNING and job.start_time is not None and job.start_time > started:
+            ended = job.start_time
+        else:
+            ended = None
+        if ended is not None:
+            run_s = max(0.0, ended - started)
+            ran_s, gpu_s = ran_s + run_s, gpu_s + run_s * (old.get("gpus") or 0)
+    return ran_s, gpu_s
+
+
+def profile_values(raw_text: str, profile: Optional[JobProfile], parse_error: Optional[str],
+                    now: float) -> dict[str, Any]:
+    values: dict[str, Any] = {"raw_text": raw_text, "parse_error": parse_error, "updated_at": now,
+                              "job_class": None,
+                              **dict.fromkeys(("num_layers", "hidden_size", "seq_length", "global_batch_size",
+                                               "train_iters", "min_gpus", "max_gpus", "requested_config"))}
+    if profile is not None:
+        lo, hi = profile.gpu_range
+        values.update(job_class=profile.job_class, num_layers=profile.shape.num_layers,
+                      hidden_size=profile.shape.hidden_size, seq_length=profile.shape.seq_length,
+                      global_batch_size=profile.plan.global_batch_size, train_iters=profile.plan.iterations,
+                      min_gpus=lo, max_gpus=hi, requested_config=profile.requested.short())
+    return values
+GET_OBSERVED = attrgetter(*OBSERVED)
+
+
+def inserted_id(result: Any) -> int:
+    """The primary key of the row a single-row INSERT made."""
+    return int(result.inserted_primary_key[0])
+
+
+def save_calibration(s: Session, rows: Iterable[CalibrationEntry]) -> None:
+    values = [{"job_class": r.job_class, "n_jobs": r.n_jobs, "log_ratio": r.log_ratio,
+               "ratio": r.ratio, "updated_at": r.updated_at} for r in rows]
+    if not values:
+        return
+    s.execute(TABLES["calibration"].delete()
+              .where(CalibrationRow.job_class.in_([v["job_class"] for v in values])))
+    s.execute(insert(CalibrationRow), values)
+
+
+def queue_run_s(values: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
+    """(start - eligible-or-submit, end - start) from a jobs row; None where unknown."""
+    queue_s = run_s = None
+    start, end = values["start_time"], values["end_time"]
+    if start is not None:
+        eligible = values["eligible_time"]
+        queue_s = max(0.0, start - (eligible if eligible is not None else values["submit_time"]))
+        if end is not None:
+            run_s = max(0.0, end - start)
+    return queue_s, run_s
+
+
+def transition_at(job: Job, from_state: Optional[str], now: float) -> float:
+    """When the new state began: the job's own time for it where Slurm gives one."""
+    if job.state == PENDING and from_state is None:
+        return job.submit_time
+    if job.state == RUNNING and job.start_time is not None:
+        return job.start_time
+    if job.state in FINISHED_STATES and job.end_time is not None:
+        return job.end_time
+    return now
+
+
+def decision_kind(d: Decision) -> str:
+    parts = [name for name, on in (("resize", d.config is not None),
+                                   ("site_factor", d.site_factor is not None),
+                                   ("time_limit", d.time_limit_s is not None),
+                                   ("requeue", d.requeue)) if on]
+    return "+".join(parts) or "none"
+
+
+def decision_values(d: Decision, tick_id: int, at: float, applied: Optional[bool],
+                     error: Optional[str]) -> dict[str, Any]:
+    c = d.config
+    values: dict[str, Any] = {name: getattr(c, name) if c else None for name in CONFIG_FIELDS}
+    values.update(
+        tick_id=tick_id, job_id=d.job_id, at=at, kind=decision_kind(d),
+        config=c.short() if c else None, gpus=c.gpus if c else None,
+        site_factor=d.site_factor, time_limit_s=d.time_limit_s, requeue=d.requeue,
+        reason=d.reason, predicted_start_s=d.predicted_start_s,
+        predicted_end_s=d.predicted_end_s, intended=d.changes_anything,
+        applied=False if (error and applied is None) else applied, error=error)
+    return values
+
+
+def update_jobs_by_id(keys: Sequence[str]) -> Any:
+    """UPDATE jobs SET key = :b_key ... WHERE job_id = :b_job_id (for executemany)."""
+    return (update(JOBS).where(JOBS.c.job_id == bindparam("b_job_id"))
+            .values({k: bindparam("b_" + k) for k in keys}))
+
+
+def prefixed(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"b_" + k: v for k, v in row.items()}
+
+
+# Statements built once: building and hashing a statement costs more than running it.
+TICKS = TABLES["ticks"]
+TRANSITIONS = TABLES["state_transitions"]
+TICK_COUNTS = ("n_pending", "n_running", "n_decisions", "n_applied", "n_errors")
+JOB_COLS = (JOBS.c.job_id, *(JOBS.c[k] for k in OBSERVED + DERIVED), JOBS.c.predicted_run_s)
+SELECT_ACTIVE = select(*JOB_COLS).where(JOBS.c.state.in_(ACTIVE_STATES))
+SELECT_IDS = select(*JOB_COLS).where(JOBS.c.job_id.in_(bindparam("ids", expanding=True)))
+TOUCH_JOBS = (update(JOBS).where(JOBS.c.job_id.in_(bindparam("ids", expanding=True)))
+               .values(last_seen_tick=bindparam("seen_tick")))
+UPDATE_OBSERVED = update_jobs_by_id(OBSERVED + DERIVED)
+UPDATE_VANISHED = update_jobs_by_id(("state", "end_time", "run_s", "size_class"))
+UPDATE_PREDICTED = update_jobs_by_id(("predicted_run_s", "size_class"))
+INSERT_JOBS = insert(JOBS)
+INSERT_TRANSITIONS = insert(TRANSITIONS)
+INSERT_DECISIONS = insert(DECISIONS)
+INSERT_SNAPSHOT = insert(TABLES["tick_snapshots"])
+INSERT_TICK = insert(TICKS)
+FINISH_TICK = (update(TICKS).where(TICKS.c.tick_id == bindparam("b_tick_id"))
+                .values({k: bindparam("b_" + k) for k in
+                         ("finished_at", "duration_s", "status", "error") + TICK_COUNTS}))
+
+
