@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from pipeswift_slurm.slurm.backends.slurm_cli import parse_kv_line
+from pipeswift_slurm.slurm.backends.slurm_parse import parse_kv_line
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import builtin_gpu_types

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from tiny_megatron import TRAINER, free_port, megatron_missing, parse_log, run_tiny
 
-from pipeswift_slurm.slurm.backends.slurm_cli import parse_kv_line
+from pipeswift_slurm.slurm.backends.slurm_parse import parse_kv_line
 from pipeswift_slurm.core.token import decode_decision, decode_profile
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.e2e]

@@ -17,7 +17,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from pipeswift_slurm.slurm.backends.slurm_cli import SubprocessRunner, parse_kv_line
+from pipeswift_slurm.slurm.backends.slurm_cli import SubprocessRunner
+from pipeswift_slurm.slurm.backends.slurm_parse import parse_kv_line
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
 from testbed_env import cluster_env  # noqa: E402  (tests/slurm/testbed_env.py)

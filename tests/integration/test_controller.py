@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 
 from pipeswift_slurm.core import token
-from pipeswift_slurm.slurm.backends.slurm_cli import SlurmCliBackend, SubprocessRunner, parse_kv_line, parse_sprio
+from pipeswift_slurm.slurm.backends.slurm_cli import SlurmCliBackend, SubprocessRunner, parse_sprio
+from pipeswift_slurm.slurm.backends.slurm_parse import parse_kv_line
 from pipeswift_slurm.slurm.controller import Controller
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from pipeswift_slurm.slurm.backends.slurm_cli import gres_value
+from pipeswift_slurm.slurm.backends.scontrol_argv import gres_value
 from pipeswift_slurm.core.model import GpuRequest
 
 DEFAULT_TESTBED = "/tmp/pipeswift-testbed"

@@ -14,6 +14,7 @@ import pytest
 from pipeswift_slurm.core import token
 from pipeswift_slurm.slurm.backends import BackendError, JobGone
 from pipeswift_slurm.slurm.backends import detect
+from pipeswift_slurm.slurm.backends import scontrol_argv, slurm_parse
 from pipeswift_slurm.slurm.backends import slurm_cli as cli
 from pipeswift_slurm.slurm.controller import Controller
 from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
@@ -153,12 +154,12 @@ def test_scontrol_text_matches_json(version: str) -> None:
 
 
 def test_kv_line_and_durations() -> None:
-    kv = cli.parse_kv_line("NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=5 Comment=a;b=c d")
+    kv = slurm_parse.parse_kv_line("NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=5 Comment=a;b=c d")
     assert kv == {"NodeName": "n1", "OS": "Linux 6.1 #1 SMP", "RealMemory": "5", "Comment": "a;b=c d"}
-    assert cli.parse_duration_s("01:00:00") == 3600
-    assert cli.parse_duration_s("2-00:30:00") == 2 * 86400 + 1800
-    assert cli.parse_duration_s("30") == 1800
-    assert cli.parse_duration_s("UNLIMITED") is None
+    assert slurm_parse.parse_duration_s("01:00:00") == 3600
+    assert slurm_parse.parse_duration_s("2-00:30:00") == 2 * 86400 + 1800
+    assert slurm_parse.parse_duration_s("30") == 1800
+    assert slurm_parse.parse_duration_s("UNLIMITED") is None
 
 
 @pytest.mark.parametrize("version", ["22.05", "24.11"])
@@ -167,11 +168,11 @@ def test_nodes_text_json_and_typed(version: str) -> None:
     assert [(n.name, n.gpus, n.gpus_alloc) for n in nodes] == [("node%d" % i, 8, 8) for i in range(1, 5)]
     assert nodes[0].partitions == ("gpu",) and nodes[0].state == "ALLOCATED"
     if version == "22.05":  # (24.11's sinfo --json has another shape; the backend reads the text)
-        assert [(n.gpus, n.gpus_alloc) for n in cli.parse_nodes_json(read("sinfo-22.05.json"))] == [(8, 8)] * 4
+        assert [(n.gpus, n.gpus_alloc) for n in slurm_parse.parse_nodes_json(read("sinfo-22.05.json"))] == [(8, 8)] * 4
     typed = cli.parse_scontrol_nodes(read("scontrol-nodes-%s-typed.txt" % version))
     assert [(n.gpu_type, n.gpus, n.gpus_alloc, n.gpus_free) for n in typed] == \
         [("a100", 8, 2, 6), ("a100", 8, 0, 8)]
-    new = cli.parse_nodes_json(read("scontrol-nodes-24.11.json"))
+    new = slurm_parse.parse_nodes_json(read("scontrol-nodes-24.11.json"))
     assert [(n.gpus, n.gpus_alloc, n.usable) for n in new] == [(8, 3, True), (8, 0, True), (8, 0, True),
                                                                (8, 0, False)]
 
@@ -200,13 +201,13 @@ def test_sprio_and_gres_and_hostlist() -> None:
     assert cli.parse_sprio(read("sprio-24.11.txt")) == {4: 0, 5: 5000, 7: 0, 8: 0, 9: 0}
     assert cli.parse_sprio(read("sprio-22.05-empty.txt")) == {}
     assert cli.parse_sprio("7_1|1000|3\nbad line\n8|x|y") == {}
-    assert cli.parse_gres("gres:gpu") == GpuRequest(count=1)
-    assert cli.parse_gres("gres:mps:100,gres/gpu:h100:4") == GpuRequest(count=4, gpu_type="h100", slash=True)
-    assert cli.parse_gres("gpu:2(IDX:0,3)") == GpuRequest(count=2)
-    assert cli.parse_gres("gres/shard:2") is None and cli.parse_gres("(null)") is None
-    assert cli.expand_hostlist("node[1-2,5],gpu[08-10],login") == (
+    assert slurm_parse.parse_gres("gres:gpu") == GpuRequest(count=1)
+    assert slurm_parse.parse_gres("gres:mps:100,gres/gpu:h100:4") == GpuRequest(count=4, gpu_type="h100", slash=True)
+    assert slurm_parse.parse_gres("gpu:2(IDX:0,3)") == GpuRequest(count=2)
+    assert slurm_parse.parse_gres("gres/shard:2") is None and slurm_parse.parse_gres("(null)") is None
+    assert slurm_parse.expand_hostlist("node[1-2,5],gpu[08-10],login") == (
         "node1", "node2", "node5", "gpu08", "gpu09", "gpu10", "login")
-    assert cli.expand_hostlist("(null)") == () and cli.expand_hostlist("") == ()
+    assert slurm_parse.expand_hostlist("(null)") == () and slurm_parse.expand_hostlist("") == ()
 
 
 # ------------------------------------------------------------------ argv builders (golden)
@@ -243,7 +244,7 @@ def test_update_argv_refuses_unresizable() -> None:
     with pytest.raises(BackendError, match="whole GPU count"):
         cli.update_argv(Decision(1, config=odd), pending(1), NOW)
     with pytest.raises(BackendError, match="whitespace"):
-        cli._argv_value("AdminComment", "a b")
+        scontrol_argv._argv_value("AdminComment", "a b")
 
 
 # ------------------------------------------------------------------ backend

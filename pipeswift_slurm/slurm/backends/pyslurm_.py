@@ -19,8 +19,9 @@ from typing import Any, Callable, Iterable, Optional
 from pipeswift_slurm.core import token
 from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, ClusterView, Decision, GpuRequest, Job, Node
 from pipeswift_slurm.slurm.backends import BackendError, applicable
-from pipeswift_slurm.slurm.backends.slurm_cli import (Runner, classify_error, decision_config, expand_hostlist, parse_gres,
-                        read_site_factors, resize_fields, subprocess_runner)
+from pipeswift_slurm.slurm.backends.slurm_cli import Runner, classify_error, read_site_factors, subprocess_runner
+from pipeswift_slurm.slurm.backends.slurm_parse import decision_config, expand_hostlist, parse_gres
+from pipeswift_slurm.slurm.backends.scontrol_argv import resize_fields
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ that executes them, and ``SlurmCliBackend`` which joins them with the pure parse
 
 Owns: reading jobs (``squeue --json`` in the 22.05 and 24.11+ dialects, with ``scontrol -o show
 job`` text as fallback), nodes (``scontrol -d -o show node``) and site factors (``sprio``), and
-turning a Decision into ``scontrol update`` argv. Many updates go to one ``scontrol`` process
+running the ``scontrol`` commands a Decision becomes (``scontrol_argv``). Many updates go to one ``scontrol`` process
 on stdin (``apply_many``): one process per job is the slowest part of a tick with hundreds of
 pending jobs. Commands run without a shell, each argument one argv item (on stdin, one
 command a line). Parsing their output is ``slurm_parse``'s job. Must not import pyslurm,
@@ -21,13 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
-from pipeswift_slurm.core import token
-from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, GpuRequest, Job
+from pipeswift_slurm.core.model import ClusterView, Decision, Job
 from pipeswift_slurm.slurm.backends import BackendError, JobGone, applicable
-from pipeswift_slurm.slurm.backends.slurm_parse import _JSON_REPORTED, parse_batch_errors, parse_scontrol_jobs, parse_scontrol_nodes
+from pipeswift_slurm.slurm.backends.scontrol_argv import BATCH_MAX_LINES, BATCH_PROCESSES, SCONTROL_BATCH_ARGV
+from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, batch_text, update_argv
+from pipeswift_slurm.slurm.backends.slurm_parse import JSON_REPORTED, parse_batch_errors, parse_scontrol_jobs
+from pipeswift_slurm.slurm.backends.slurm_parse import parse_scontrol_nodes
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_sprio, parse_squeue_json
-from pipeswift_slurm.slurm.backends.slurm_parse import decision_config, expand_hostlist, gpu_request_of, parse_duration_s  # noqa: F401
-from pipeswift_slurm.slurm.backends.slurm_parse import parse_gres, parse_kv_line, parse_nodes_json  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -123,102 +123,6 @@ def classify_error(exc: BackendError, job_id: int) -> BackendError:
     return exc
 
 
-# ------------------------------------------------------------------------------------ argv builders
-def gres_value(req: GpuRequest, count: int) -> str:
-    """``gres:gpu[:type]:count`` in the job's own spelling family (``gres/`` for 24.11+ jobs);
-    the type is kept because 22.05 rejects switching between typed and untyped GRES."""
-    kind = "gpu" if not req.gpu_type else "gpu:" + req.gpu_type
-    return "%s%s:%d" % ("gres/" if req.slash else "gres:", kind, count)
-
-
-def resize_fields(config: ExecConfig, job: Job) -> list[str]:
-    """``NumNodes=a-a`` (always min-max: 22.05 rejects a bare count above the old maximum) and
-    the GPU request in the job's own field (per node, or per job for ``--gpus`` jobs).
-
-    Raises:
-        BackendError: the config has no per-node GPU count, or the job asks GPUs per task or
-            per socket (those requests are not resized).
-    """
-    nodes = max(1, config.num_nodes)
-    per_node = config.gpus_per_node or (config.gpus // nodes if config.gpus % nodes == 0 else 0)
-    if per_node <= 0:
-        raise BackendError("job %d: config %s has no whole GPU count per node" % (job.job_id, config.short()))
-    req = job.gpu_request
-    if req.field == "tres_per_job":
-        gpu_field = "TresPerJob=" + gres_value(req, nodes * per_node)
-    elif req.field == "tres_per_node":
-        gpu_field = "TresPerNode=" + gres_value(req, per_node)
-    else:
-        raise BackendError("job %d asks GPUs via %s; only per-node or per-job requests are resized"
-                           % (job.job_id, req.field))
-    return ["NumNodes=%d-%d" % (nodes, nodes), gpu_field]
-
-
-def _argv_value(name: str, value: str) -> str:
-    if not value or any(ch.isspace() for ch in value):
-        raise BackendError("refusing %s value with whitespace or empty: %r" % (name, value))
-    return "%s=%s" % (name, value)
-
-
-def update_argv(decision: Decision, job: Job, now: float) -> Optional[list[str]]:
-    """The ``scontrol update JobId=N ...`` argv for a decision, or None if it changes nothing
-    an update can (a requeue alone). ``now`` (epoch s) stamps the decision token."""
-    fields: list[str] = []
-    if decision.config is not None:
-        fields += resize_fields(decision.config, job)
-    if decision.time_limit_s is not None:
-        fields.append("TimeLimit=%d" % max(1, -(-int(decision.time_limit_s) // 60)))
-    if decision.site_factor is not None:
-        fields.append("SiteFactor=%d" % int(decision.site_factor))
-    if decision.config is not None:
-        fields.append(_argv_value("AdminComment", token.encode_decision(decision.config, int(now),
-                                                                        held=bool(decision.hold))))
-    return ["scontrol", "update", "JobId=%d" % job.job_id, *fields] if fields else None
-
-
-def requeue_argv(job_id: int) -> list[str]:
-    """``scontrol requeue N``: stop a running job and put it back in the queue."""
-    return ["scontrol", "requeue", str(int(job_id))]
-
-
-def apply_argvs(decision: Decision, job: Job, now: float) -> list[list[str]]:
-    """Every command a decision needs, in order: requeue first (the job must be pending
-    again before it can be resized), then the update."""
-    argvs = [requeue_argv(job.job_id)] if decision.requeue else []
-    if decision.hold:  # hold before resizing, so the job cannot start in between
-        argvs.append(["scontrol", "hold", str(int(job.job_id))])
-    update = update_argv(decision, job, now)
-    argvs += [update] if update else []
-    if decision.hold is False:  # release last: the job becomes eligible at its new size
-        argvs.append(["scontrol", "release", str(int(job.job_id))])
-    return argvs
-
-
-# ------------------------------------------------------------------------------------ batches
-SCONTROL_BATCH_ARGV = ["scontrol"]
-BATCH_MAX_LINES = 1000  # commands per scontrol process: bounds a batch's run time and re-runs
-# scontrol processes fed at once: slurmctld serialises the updates, but each client spends
-# as long again on its own side (credential, connect), which runs in parallel (measured on
-# 22.05: 500 updates take about half as long with 4 processes as with 1).
-BATCH_PROCESSES = 4
-
-
-def batch_text(argvs: Sequence[list[str]]) -> str:
-    """The stdin of one ``scontrol`` process running ``argvs`` (each ``["scontrol", ...]``),
-    one command a line. Our values never hold whitespace (``_argv_value`` refuses it), so a
-    line splits back into exactly the argv it came from.
-
-    Raises:
-        BackendError: an argv is not an ``scontrol`` command, or a word holds whitespace.
-    """
-    lines = []
-    for argv in argvs:
-        if argv[:1] != ["scontrol"] or any(not w or any(c.isspace() for c in w) for w in argv[1:]):
-            raise BackendError("cannot batch %r" % (argv,))
-        lines.append(" ".join(argv[1:]))
-    return "".join(line + "\n" for line in lines)
-
-
 @dataclass(frozen=True)
 class _Update:
     """One job's ``scontrol update`` inside a batch, and where its outcome goes."""
@@ -304,7 +208,7 @@ class SlurmCliBackend:
         try:
             return parse_squeue_json(self._run(list(SQUEUE_JSON_ARGV)))
         except BackendError as exc:
-            if str(exc).startswith(_JSON_REPORTED) or _CTLD_UNREACHABLE in str(exc):
+            if str(exc).startswith(JSON_REPORTED) or _CTLD_UNREACHABLE in str(exc):
                 self._ping(exc)
             if self._job_source == "json" or not _json_unsupported(str(exc)):
                 raise

@@ -135,7 +135,7 @@ def decision_config(admin_comment: str, job_id: int) -> Optional[ExecConfig]:
 
 
 # ------------------------------------------------------------------------------------ squeue --json
-_JSON_REPORTED = "squeue --json reported: "
+JSON_REPORTED = "squeue --json reported: "
 
 
 def _json_errors(data: Mapping[str, Any]) -> list[str]:
@@ -159,7 +159,7 @@ def parse_squeue_json(text: str) -> list[Job]:
         raise BackendError("squeue --json gave no JSON: %s" % exc) from None
     errors = _json_errors(data)
     if errors:
-        raise BackendError("%s%s" % (_JSON_REPORTED, "; ".join(errors)))
+        raise BackendError("%s%s" % (JSON_REPORTED, "; ".join(errors)))
     return [job for job in (_job_from_json(rec) for rec in data.get("jobs") or []) if job]
 
 
