@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.submit import psbatch
+from pipeswift_slurm.submit import jobscript, psbatch
 from pipeswift_slurm.submit import sbatch_args
 
 PSBATCH = [sys.executable, "-m", "pipeswift_slurm.submit.psbatch"]
@@ -213,7 +213,7 @@ def test_directives_are_read_as_the_real_sbatch_reads_them(tmp_path, submitted):
         script.write_text("#!/bin/bash\n#SBATCH" + case["line"] + "\nsrun hostname\n")
         done = _submit(["sbatch"], ["-H", "--parsable", script.name], tmp_path)
         if case.get("versions_differ"):  # psbatch does not guess: it keeps such a job as written
-            assert psbatch.read_header(script.read_text().split("\n")).version_dependent, case
+            assert jobscript.read_header(script.read_text().split("\n")).version_dependent, case
             if done.returncode == 0:  # 24.11: the blank stays in the word
                 submitted.append(done.stdout.decode().strip())
                 stored = subprocess.run(["squeue", "-h", "-j", submitted[-1], "-o", "%k"],
@@ -227,8 +227,8 @@ def test_directives_are_read_as_the_real_sbatch_reads_them(tmp_path, submitted):
             continue
         job_id = done.stdout.decode().strip()
         submitted.append(job_id)
-        header = psbatch.read_header(script.read_text().split("\n")).header[0]
-        ours = psbatch.effective_options([], header, {})
+        header = jobscript.read_header(script.read_text().split("\n")).header[0]
+        ours = sbatch_args.effective_options([], header, {})
         fields = _fields(job_id)
         stored_comment = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%k"], capture_output=True,
                                         text=True, check=False).stdout.rstrip("\n")
@@ -252,7 +252,7 @@ _script = st.lists(st.sampled_from(_SCRIPT_LINES) | st.text(max_size=20), max_si
 
 def _check_outcome(raw: list[str], sent_argv: list[str]) -> None:
     """Submitted as written (own options removed) or enriched (comment in front)."""
-    stripped = psbatch.strip_own_options(raw)[0]
+    stripped = sbatch_args.strip_own_options(raw)[0]
     if sent_argv != stripped and sent_argv != raw:
         assert sent_argv[0].startswith("--comment=") and "pswift1;" in sent_argv[0]
 
