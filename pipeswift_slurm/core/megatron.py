@@ -39,6 +39,26 @@ FLAGS: dict[str, str] = {
 }
 REQUIRED_SHAPE_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
 
+# The largest value each integer flag may take. Arguments are user text that the controller
+# (running as the Slurm admin) reads every tick: a number past any real model (a world size
+# of 10^9, a batch of 10^18, 10^300 iterations) would cost seconds of arithmetic or overflow
+# a float, so it is refused, naming the flag, like any other invalid argument. The limits are
+# orders of magnitude above the largest published runs (Llama 3.1 405B: 126 layers, hidden
+# 16384, 16,384 GPUs, global batch 2,048 at 8,192 tokens).
+MAX_INT_DIGITS = 15
+INT_LIMITS: dict[str, int] = {
+    "--num-layers": 10_000, "--hidden-size": 1_000_000, "--ffn-hidden-size": 10_000_000,
+    "--kv-channels": 1_000_000, "--num-attention-heads": 100_000, "--num-query-groups": 100_000,
+    "--seq-length": 100_000_000, "--max-position-embeddings": 100_000_000, "--vocab-size": 100_000_000,
+    "--make-vocab-size-divisible-by": 1_000_000,
+    "--tensor-model-parallel-size": 65_536, "--pipeline-model-parallel-size": 65_536,
+    "--context-parallel-size": 65_536, "--model-parallel-size": 65_536,
+    "--num-layers-per-virtual-pipeline-stage": 10_000, "--num-virtual-stages-per-pipeline-rank": 10_000,
+    "--decoder-first-pipeline-num-layers": 10_000, "--decoder-last-pipeline-num-layers": 10_000,
+    "--micro-batch-size": 100_000_000, "--global-batch-size": 100_000_000, "--rampup-batch-size": 100_000_000,
+    "--train-iters": 10_000_000_000, "--train-samples": 10_000_000_000_000, "--save-interval": 10_000_000_000,
+}
+
 
 class MegatronArgError(ValueError):
     """A Megatron argument that is malformed or contradicts another; names the flag."""
@@ -65,10 +85,17 @@ def split_flag(arg: str) -> tuple[str, Optional[str]]:
 
 
 def _to_int(flag: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise MegatronArgError(flag, "%r is not an integer" % text) from None
+    """A whole number written in ASCII digits (``int()`` also reads ``+2``, ``1_000``,
+    Arabic or fullwidth digits: argparse in Megatron would read those differently or not at
+    all), within the flag's limit."""
+    digits = text[1:] if text.startswith("-") else text
+    if not digits or len(digits) > MAX_INT_DIGITS or not all("0" <= c <= "9" for c in digits):
+        raise MegatronArgError(flag, "%r is not a whole number written in digits 0-9" % text[:40])
+    value = int(text)
+    limit = INT_LIMITS.get(flag, 10 ** MAX_INT_DIGITS)
+    if abs(value) > limit:
+        raise MegatronArgError(flag, "%d is beyond any real run (at most %d)" % (value, limit))
+    return value
 
 
 def flag_width(kind: Optional[str], inline: Optional[str]) -> int:

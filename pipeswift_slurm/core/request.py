@@ -16,6 +16,10 @@ from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv, r
 from pipeswift_slurm.core.model import JobProfile
 from pipeswift_slurm.core.token import ProfileRequest
 
+# GPU counts in a request are user text too: past the largest clusters, they only cost the
+# planner time (a prime world size of 10^9 kept node_shape busy for 30 s).
+MAX_GPUS = 131_072
+
 
 def request_profile(req: ProfileRequest, *, world_size: Optional[int] = None, gpus_per_node: int = 8,
                     cluster_gpus: Optional[int] = None, allocated: bool = False) -> JobProfile:
@@ -37,6 +41,11 @@ def request_profile(req: ProfileRequest, *, world_size: Optional[int] = None, gp
             or without --train-iters/--train-samples).
     """
     argv = list(req.argv)
+    for what, count in (("world size", world_size), ("recorded world size", req.world_size),
+                        ("GPU range", max(req.gpus or (0, 0)))):
+        if count is not None and count > MAX_GPUS:
+            raise MegatronArgError("--pipeswift-gpus", "%s %d is beyond any cluster (at most %d)"
+                                   % (what, count, MAX_GPUS))
 
     def parse(world: Optional[int], gpu_range: Optional[tuple[int, int]] = None) -> JobProfile:
         return profile_from_argv(argv, world_size=world, gpus_per_node=gpus_per_node, gpu_range=gpu_range,

@@ -67,11 +67,14 @@ def _kv(text: str, prefix: str) -> dict[str, str]:
     return pairs
 
 
+# Numbers in a token: GPU counts, sizes and epoch seconds; anything longer is not one of ours.
+MAX_TOKEN_INT = 10 ** 12
+
+
 def _int(value: str, what: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise TokenError("%s=%r is not an integer" % (what, value)) from None
+    if not value or len(value) > 13 or not all("0" <= c <= "9" for c in value) or int(value) > MAX_TOKEN_INT:
+        raise TokenError("%s=%r is not a whole number in digits 0-9 up to %d" % (what, value[:40], MAX_TOKEN_INT))
+    return int(value)
 
 
 def encode_profile(req: ProfileRequest) -> str:
@@ -100,8 +103,8 @@ def decode_profile(text: str) -> ProfileRequest:
     kv = _kv(text, PROFILE_PREFIX)
     try:
         argv = json.loads(base64.urlsafe_b64decode(kv.get("args", "").encode()).decode())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TokenError("args is not base64 JSON: %s" % exc) from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise TokenError("args is not base64 JSON: %s" % str(exc)[:200]) from None
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise TokenError("args is not a list of strings")
     gpus = None

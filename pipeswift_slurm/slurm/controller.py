@@ -78,8 +78,10 @@ def parse_profile(job: Job, gpus_per_node: int, cluster_gpus: int) -> tuple[Opti
         profile = request_profile(decode_profile(job.comment), world_size=job.gpus, gpus_per_node=gpus_per_node,
                                   cluster_gpus=cluster_gpus)
         return profile, ""
-    except (TokenError, MegatronArgError) as exc:
-        return None, str(exc)
+    except (TokenError, MegatronArgError, ArithmeticError, RecursionError) as exc:
+        # Requests are user text: whatever one holds, the job is left as submitted with the
+        # reason, and every other job of the tick is handled as usual.
+        return None, str(exc)[:500]
 
 
 def unchanged_parts(decision: Decision, job: Job) -> Decision:
