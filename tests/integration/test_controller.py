@@ -490,7 +490,7 @@ def test_slurmctld_stopped_tick_fails_with_one_line_and_is_recorded_as_failed(
         # Nothing about the jobs changes; the failed tick itself is recorded, so the metrics
         # (pipeswift_last_tick_ok, the failed-tick counter) see it (issue 28 item 8).
         assert {t: site.count(t) for t in counts} == dict(counts, ticks=counts["ticks"] + 1)
-        last = site.rows("SELECT status, error FROM ticks ORDER BY id DESC LIMIT 1")[0]
+        last = site.rows("SELECT status, error FROM ticks ORDER BY tick_id DESC LIMIT 1")[0]
         assert last["status"] == "failed" and "slurmctld is not answering" in last["error"], dict(last)
     finally:
         subprocess.run(["/usr/sbin/slurmctld", "-f", site.env["SLURM_CONF"]], env=site.env, check=True, timeout=30)

@@ -263,7 +263,7 @@ def test_fuzz_never_crashes_fake_sbatch(raw, text, monkeypatch, tmp_path):
     (tmp_path / "job.sh").write_text(text, errors="surrogateescape")
     monkeypatch.chdir(tmp_path)
     sent = []
-    monkeypatch.setattr(psbatch, "_run", lambda sbatch, argv, stdin, script: sent.append(argv) or 0)
+    monkeypatch.setattr(psbatch, "_run", lambda sbatch, argv, stdin, script, environ: sent.append(argv) or 0)
 
     class Stdin:
         buffer = __import__("io").BytesIO(text.encode("utf-8", "surrogateescape"))
