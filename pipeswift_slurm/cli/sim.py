@@ -110,7 +110,7 @@ def _run(spec: Any, db: Optional[str]) -> Any:
         path = Path(db) if len(spec.policies) == 1 else Path(db).with_name(
             "%s.%s%s" % (Path(db).stem, policy.replace(":", "-"), Path(db).suffix or ".sqlite"))
         path.unlink(missing_ok=True)
-        stores[policy] = Store.from_url(str(path))
+        stores[policy] = Store.from_url(str(path), journal_mode="WAL")
         return stores[policy]
 
     progress = Progress(len(spec.policies), on_terminal())
@@ -377,5 +377,5 @@ def _demo_history(spec: Any, db: str, progress: Progress) -> None:
     from pipeswift_slurm.store.history import Store
 
     Path(db).unlink(missing_ok=True)
-    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(db),
+    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(db, journal_mode="WAL"),
                    on_tick=progress.tick, on_start=progress.start)
