@@ -364,3 +364,17 @@ def test_a_dated_trace_keeps_its_own_dates(runner: CliRunner, tmp_path: Path) ->
 
 def test_bad_start_date_is_one_error_line(runner: CliRunner) -> None:
     assert_one_error_line(invoke(runner, "simulate", *SMALL, "--start", "May 1"), "--start", "YYYY-MM-DD")
+
+
+def test_flex_sets_the_share_of_flexible_jobs(runner: CliRunner, tmp_path: Path) -> None:
+    """docs/results.md: ``--flex 0.5`` makes about half the jobs flexible (seeded)."""
+    counts = {}
+    for flex in ("0", "0.5", "1"):
+        out = tmp_path / ("f%s.json" % flex)
+        result = invoke(runner, "simulate", *SMALL, "--jobs", "40", "--policy", "fifo", "--flex", flex,
+                        "--json", str(out))
+        assert result.exit_code == 0, result.output
+        data = json.loads(out.read_text())
+        assert data["spec"]["flex"] == float(flex)
+        counts[flex] = data["workload"]["flexible_jobs"]
+    assert counts["0"] == 0 and counts["1"] == 40 and 0 < counts["0.5"] < 40
