@@ -43,6 +43,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     queue_s         REAL,                          -- start_time - coalesce(eligible, submit)
     run_s           REAL,                          -- end_time - start_time
     predicted_run_s REAL,                          -- latest estimate for the config it runs with
+    run_config      TEXT,                          -- that config (NULL: the controller cannot know it)
+    calibration_skip TEXT,                         -- why it must not feed calibration (NULL: it may)
     first_seen_tick INTEGER,
     last_seen_tick  INTEGER,
     restarts        INTEGER NOT NULL DEFAULT 0,    -- requeues seen (or reported by Slurm)

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 @contextmanager
 def tick_lock(path: str) -> Iterator[bool]:
     """Hold an exclusive flock on ``path`` for the block; yields False when another process
-    holds it (the lock dies with its holder, so a killed tick never blocks the next)."""
+    holds it (the lock dies with its holder, so a killed tick never blocks the next). The
+    holder writes ``<pid> <epoch s>`` into the file, so a tick that finds the lock taken
+    can say who holds it and since when (``lock_holder``)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -37,9 +39,20 @@ def tick_lock(path: str) -> Iterator[bool]:
         except BlockingIOError:
             yield False
             return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d %d\n" % (os.getpid(), int(time.time())), 0)
         yield True
     finally:
         os.close(fd)
+
+
+def lock_holder(path: str, now_s: float) -> str:
+    """Who holds the tick lock at ``path`` and for how long, as words ("" when unknown)."""
+    try:
+        pid, since = Path(path).read_text().split()[:2]
+        return "held by pid %d for %.0f s" % (int(pid), max(0.0, now_s - int(since)))
+    except (OSError, ValueError):
+        return ""
 
 
 def _load(config_path: Optional[str], overrides: dict[str, Any]) -> Any:
@@ -85,14 +98,16 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
         backend = get_backend(cfg.backend, partitions=cfg.partitions or None)
     except BackendError as exc:
         fail(str(exc), 1)
-    store = Store.from_url(cfg.db_url)
+    store = Store.from_url(cfg.db_url) if cfg.db_url else None
     policy = get_policy(cfg.policy, **policy_knobs(cfg))  # name and knobs checked by load_config
     gpn = cfg.gpus_per_node or 8
     estimator = Estimator(CostModel(gpu, layer_profile=load_layer_profile(cfg.layer_profile)), gpn)
-    calibration = StoreCalibration(store)
-    estimator = estimator.with_bias(calibration.bias_map())
+    calibration = StoreCalibration(store, cfg.calibration_exclude_partitions) if store is not None else None
+    if calibration is not None:
+        estimator = estimator.with_bias(calibration.bias_map())
     settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions)
-    return Controller(backend, policy, estimator, store, settings, calibration=calibration if cfg.calibrate else None)
+    return Controller(backend, policy, estimator, store, settings,
+                      calibration=calibration if cfg.calibrate else None)
 
 
 def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Optional[Any]:
@@ -102,7 +117,9 @@ def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Option
 
     with tick_lock(cfg.lock_file) as got:
         if not got:
-            log.info("another controller tick is running (lock %s); nothing to do", cfg.lock_file)
+            held = lock_holder(cfg.lock_file, time.time())
+            log.warning("another controller tick is running (lock %s%s); nothing to do this time",
+                        cfg.lock_file, ", " + held if held else "")
             return None
         controller = controller or build_controller(cfg, obj)
         try:
@@ -112,6 +129,24 @@ def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Option
         except StoreBusy as exc:
             fail("database busy: %s" % exc, 1)
         return report
+
+
+def dry_run_note(cfg: Any, flag: Optional[bool]) -> str:
+    """The one line that says a tick is a dry run, why, and how to go live ("" when live)."""
+    from pipeswift_slurm.slurm.config import DEFAULT_PATH
+
+    if not cfg.dry_run:
+        return ""
+    if flag:
+        why, live = "--dry-run", "drop --dry-run"
+    elif not cfg.from_file:
+        why = "no config file at %s or $PIPESWIFT_CONFIG" % DEFAULT_PATH
+        live = ("write one (example: wrappers/config.example.toml) with [controller] dry_run = false"
+                " and [store] url")
+    else:
+        why, live = "[controller] dry_run = true in %s" % cfg.source, "set it to false"
+    recorded = "history in %s" % cfg.db_url if cfg.db_url else "no history written"
+    return "dry run (%s): nothing is changed in Slurm, %s; to go live, %s" % (why, recorded, live)
 
 
 def _summary(report: Any, dry_run: bool) -> None:
@@ -137,18 +172,23 @@ _config_option = click.option("--config", "config_path", envvar="PIPESWIFT_CONFI
 _db_option = click.option("--db", "db_url", envvar="PIPESWIFT_DB", help="Override [store] url [env PIPESWIFT_DB].")
 _backend_option = click.option("--backend", envvar="PIPESWIFT_BACKEND",
                                type=click.Choice(["auto", "cli", "pyslurm"]), help="Override [slurm] backend.")
+_dry_run_option = click.option("--dry-run", is_flag=True, default=None,
+                               help="Decide and print; change nothing in Slurm (the default without a config file).")
 
 
 @controller.command("tick")
 @_config_option
 @_db_option
 @_backend_option
-@click.option("--dry-run", is_flag=True, default=None, help="Decide and print; change nothing in Slurm.")
+@_dry_run_option
 @pass_obj
 def tick_cmd(obj: Obj, config_path: Optional[str], db_url: Optional[str], backend: Optional[str],
              dry_run: Optional[bool]) -> None:
     """Run one controller tick (cron-safe: overlapping ticks exit quietly)."""
     cfg = _load(config_path, {"db_url": db_url, "backend": backend, "dry_run": dry_run})
+    note = dry_run_note(cfg, dry_run)
+    if note:
+        click.echo(note, err=True)
     report = run_one_tick(cfg, obj)
     if report is not None:
         _summary(report, cfg.dry_run)
@@ -161,11 +201,15 @@ def tick_cmd(obj: Obj, config_path: Optional[str], db_url: Optional[str], backen
 @click.option("--interval", "interval_s", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds between ticks.")
 @click.option("--max-ticks", type=click.IntRange(min=1), help="Stop after this many ticks (tests).")
+@_dry_run_option
 @pass_obj
 def run_cmd(obj: Obj, config_path: Optional[str], db_url: Optional[str], backend: Optional[str],
-            interval_s: float, max_ticks: Optional[int]) -> None:
+            interval_s: float, max_ticks: Optional[int], dry_run: Optional[bool]) -> None:
     """Tick every --interval seconds until SIGTERM/SIGINT; a failed tick is logged and retried."""
-    cfg = _load(config_path, {"db_url": db_url, "backend": backend})
+    cfg = _load(config_path, {"db_url": db_url, "backend": backend, "dry_run": dry_run})
+    note = dry_run_note(cfg, dry_run)
+    if note:
+        click.echo(note, err=True)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     controller_obj = build_controller(cfg, obj)

@@ -20,12 +20,24 @@ def _profile(megatron_args: Sequence[str], world: Optional[int], gpus_per_node: 
 
     if not megatron_args:
         fail("no Megatron arguments given; put them after '--', e.g. -- --num-layers 24 ...")
+    unread = unread_flags(megatron_args)
+    if unread:
+        click.echo("warning: not read by the cost model (no effect on this answer): %s" % " ".join(unread), err=True)
     try:
         return profile_from_argv(list(megatron_args), world_size=world, gpus_per_node=gpus_per_node,
                                  gpu_range=gpu_range)
     except MegatronArgError as exc:
         fail("%s (in the Megatron arguments; fix that flag)" % exc)
 
+
+
+def unread_flags(argv: Sequence[str]) -> list[str]:
+    """The ``--flags`` in ``argv`` that the cost model does not read (``megatron.FLAGS``),
+    in order, each once: a typo, or a flag Megatron reads and the estimate ignores."""
+    from pipeswift_slurm.core.megatron import FLAGS, split_flag
+
+    flags = [split_flag(a)[0] for a in argv if a.startswith("--") and len(a) > 2]
+    return list(dict.fromkeys(f for f in flags if f not in FLAGS))
 
 
 GPU_TYPE_ENV = "PIPESWIFT_GPU_TYPE"
@@ -80,6 +92,10 @@ def estimate_dict(est: Any, profile: Any, cost: Any) -> dict[str, Any]:
 def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: int, as_json: bool,
              layer_profile: Optional[str], megatron_args: tuple[str, ...]) -> None:
     """Predict iteration time, TFLOP/s, memory and bubble of a Megatron command line.
+
+    Exits 1 when the config does not fit in the GPU's memory (the figures are still
+    printed, marked DOES NOT FIT), 2 on bad arguments. Flags the cost model does not read
+    are named in a warning.
 
     Example: pipeswift estimate --num-gpus 8 -- --num-layers 24 --hidden-size 2048
     --num-attention-heads 16 --seq-length 2048 --global-batch-size 512 --train-iters 1000 --bf16
@@ -141,7 +157,10 @@ def parse_gpu_range(text: str) -> tuple[int, int]:
 @pass_obj
 def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, explain: bool,
          as_json: bool, layer_profile: Optional[str], megatron_args: tuple[str, ...]) -> None:
-    """Rank every valid config of a Megatron job over a GPU count or range."""
+    """Rank every valid config of a Megatron job over a GPU count or range.
+
+    Exits 1 when no config is valid in the range. The JSON has ``excluded`` (every
+    excluded config and why) only with --explain."""
     from pipeswift_slurm.core.costmodel import CostModel
     from pipeswift_slurm.core.planner import Planner, no_layout_groups
 
@@ -157,8 +176,8 @@ def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, 
         echo_json({"gpu_type": gpu.name, "gpu_type_source": gpu_type_source(), "gpus": [lo, hi],
                    "valid_configs": len(result.ranked), "configs": rows,
                    "no_layout": [{"gpus": counts, "reason": why} for counts, why in none],
-                   "excluded": [{"gpus": x.gpus, "config": x.config and _config_dict(x.config),
-                                 "reason": x.reason} for x in result.excluded]})
+                   **({"excluded": [{"gpus": x.gpus, "config": x.config and _config_dict(x.config),
+                                     "reason": x.reason} for x in result.excluded]} if explain else {})})
         return
     click.echo("GPU type: %s" % gpu_type_note(gpu, gpu_type_source()))
     if not result.ranked:

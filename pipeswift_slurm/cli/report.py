@@ -9,6 +9,7 @@ matplotlib is imported only when a plot or HTML file is asked for.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,23 +26,37 @@ BY_CHOICES = ("hour", "day", "user", "size", "partition")
 
 
 def open_history(db: str) -> Any:
-    """A read-only-in-practice Store over ``db``; one error line (exit 2) when unusable."""
+    """The Store over ``db`` opened read-only (a user who may read the file may run every
+    report); one error line (exit 2) when unusable."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from pipeswift_slurm.reports.queries import has_history_tables
-    from pipeswift_slurm.store.history import Store, make_engine
+    from pipeswift_slurm.store.history import Store
 
+    path = None
     if "://" not in db or db.startswith("sqlite:///"):
         path = Path(db.removeprefix("sqlite:///"))
         if not path.is_file():
             fail("no history database at %s (give --db FILE or set PIPESWIFT_DB)" % path)
     try:
-        engine = make_engine(db)
-        if not has_history_tables(engine):
+        store = Store.reader(db)
+        if not has_history_tables(store.engine):
             fail("%s is not a pipeswift history database (no jobs/ticks/decisions tables)" % db)
-        return Store(engine, create=False)
+        return store
     except SQLAlchemyError as exc:
-        fail("cannot read %s: %s" % (db, getattr(exc, "orig", None) or exc))
+        fail("cannot read %s: %s%s" % (db, getattr(exc, "orig", None) or exc, wal_hint(path)))
+
+
+def wal_hint(path: Optional[Path]) -> str:
+    """Why a read-only user cannot open a WAL database, and what helps ("" otherwise)."""
+    try:
+        if path is None or path.read_bytes()[18:20] != b"\x02\x02" or os.access(path.parent, os.W_OK):
+            return ""
+    except OSError:
+        return ""
+    return ("; it is in WAL mode, which a reader can only open with write access to %s: run one controller"
+            " tick of this release (it switches the history to journal_mode DELETE), or read it as its owner"
+            % path.parent)
 
 
 def _db_option(fn: Callable[..., Any]) -> Callable[..., Any]:

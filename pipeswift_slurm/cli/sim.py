@@ -8,7 +8,7 @@ import sys
 from datetime import datetime, timezone
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import click
 
@@ -98,19 +98,31 @@ class Progress:
             self.bar = None
 
 
+def history_paths(db: str, policies: Sequence[str]) -> dict[str, Path]:
+    """Where each policy's history goes: pipeswift's (else the first policy's) to exactly
+    ``db``, so ``pipeswift report ... --db`` with the same path reads it; each other one
+    beside it as ``<stem>.<policy><suffix>``."""
+    main = "pipeswift" if "pipeswift" in policies else policies[0]
+    first = Path(db)
+    return {p: first if p == main else first.with_name(
+        "%s.%s%s" % (first.stem, p.replace(":", "-"), first.suffix or ".sqlite")) for p in policies}
+
+
 def _run(spec: Any, db: Optional[str]) -> Any:
     from pipeswift_slurm.sim.runner import run_comparison
     from pipeswift_slurm.sim.workload import WorkloadError
 
     stores: dict[str, Any] = {}
+    paths = history_paths(db, spec.policies) if db else {}
+    if len(paths) > 1:
+        click.echo("histories: %s" % ", ".join("%s in %s" % (p, path) for p, path in paths.items()), err=True)
 
     def store_for(policy: str) -> Any:
         from pipeswift_slurm.store.history import Store
 
-        path = Path(db) if len(spec.policies) == 1 else Path(db).with_name(
-            "%s.%s%s" % (Path(db).stem, policy.replace(":", "-"), Path(db).suffix or ".sqlite"))
+        path = paths[policy]
         path.unlink(missing_ok=True)
-        stores[policy] = Store.from_url(str(path))
+        stores[policy] = Store.from_url(str(path), journal_mode="WAL")
         return stores[policy]
 
     progress = Progress(len(spec.policies), on_terminal())
@@ -280,7 +292,8 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Log-normal sigma of per-job truth noise.")
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
-@click.option("--db", help="Write the controller history to this SQLite file (one per policy).")
+@click.option("--db", help="Write the controller history of pipeswift (else of the first policy) to this SQLite"
+              " file, and each other policy's beside it as STEM.POLICY.sqlite.")
 @click.option("--plot", help="Draw the JCT CDF per policy to this PNG.")
 @pass_obj
 def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: Optional[int],
@@ -377,5 +390,5 @@ def _demo_history(spec: Any, db: str, progress: Progress) -> None:
     from pipeswift_slurm.store.history import Store
 
     Path(db).unlink(missing_ok=True)
-    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(db),
+    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(db, journal_mode="WAL"),
                    on_tick=progress.tick, on_start=progress.start)

@@ -169,7 +169,10 @@ def _summary(row: dict[str, Any], now_s: Optional[float]) -> tuple[str, Optional
         because = " (%s)" % reason if reason else ""
         return "pending%s, waiting for %s so far" % (because, _dur(wait)), wait
     if state == RUNNING:
-        return ("running on %s GPUs since %s queued" % (row["gpus"], _dur(row["queue_s"])), row["queue_s"])
+        ran = None if now_s is None or row["start_time"] is None else max(0.0, now_s - row["start_time"])
+        so_far = "" if ran is None else " for %s so far" % _dur(ran)
+        return ("running on %s GPUs%s, after %s in the queue" % (row["gpus"], so_far, _dur(row["queue_s"])),
+                row["queue_s"])
     if state in FINISHED_STATES or state.endswith("?"):
         return (
             "%s: queued %s, ran %s, JCT %s"

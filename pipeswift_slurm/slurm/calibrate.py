@@ -9,7 +9,7 @@ at the end of tick t applies from tick t+1 on.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from pipeswift_slurm.core.calibration import Observation, OnlineCalibrator, fit_bias
 from pipeswift_slurm.core.estimator import Estimator
@@ -18,13 +18,30 @@ from pipeswift_slurm.core.estimator import Estimator
 class StoreCalibration:
     """Refit from the store's finished jobs, save the fit there, and use the stored bias.
 
+    Only jobs whose run says something true about the cost model are learned from: a
+    job recorded with ``calibration_skip`` (it ran a config the controller cannot know:
+    ``slurm/recording.py``) is left out, and so is every job of an excluded partition.
+    Why partitions: an emulated run (``pipeswift-launch --emulate``) sleeps a fraction of
+    the prediction, and nothing the controller can trust tells it so (the launcher only
+    sees the user's side, and whatever it could write there a user could write too). The
+    site knows where it runs emulations: its test partitions, listed in ``[calibration]
+    exclude_partitions``; on a test cluster that only emulates, ``[controller] calibrate
+    = false`` turns the step off.
+
     Args:
         store: a ``store.history.Store`` (``finished_jobs``, ``save_calibration``,
             ``calibration``).
+        exclude_partitions: partitions whose jobs never feed calibration.
     """
 
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, exclude_partitions: Sequence[str] = ()):
         self.store = store
+        self.exclude_partitions = frozenset(exclude_partitions)
+
+    def learns_from(self, job: Any) -> bool:
+        """Whether a finished job (``store.queries.FinishedJob``) may feed calibration."""
+        return bool(job.job_class and job.predicted_run_s and job.run_s and not job.calibration_skip
+                    and job.partition not in self.exclude_partitions)
 
     def bias_map(self) -> dict[str, float]:
         """The stored bias per job class (actual / predicted run time)."""
@@ -35,7 +52,7 @@ class StoreCalibration:
         from pipeswift_slurm.store.queries import CalibrationEntry
 
         obs = [Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time) for f in self.store.finished_jobs()
-               if f.job_class and f.predicted_run_s and f.run_s]
+               if self.learns_from(f)]
         fitted = fit_bias(obs, now=now)
         self.store.save_calibration([CalibrationEntry(c.job_class, c.n_jobs, c.log_ratio, now)
                                      for c in fitted.values()])

@@ -18,6 +18,7 @@ from typing import Any, Optional
 DEFAULT_PATH = "/etc/pipeswift/config.toml"
 DEFAULT_DB = "/var/lib/pipeswift/pipeswift.sqlite"
 DEFAULT_LOCK = "/run/lock/pipeswift-controller.lock"
+NO_FILE = "(no config file)"
 
 
 class ConfigError(ValueError):
@@ -30,7 +31,11 @@ class ControllerConfig:
 
     ``site_factor_max`` bounds the SiteFactor the policy may set (keep it in proportion
     to the site's PriorityWeight* so jobs that are not opted in are not pushed back more
-    than the site wants); ``gpus_per_node`` 0 means "read it from the cluster".
+    than the site wants); ``gpus_per_node`` 0 means "read it from the cluster". An empty
+    ``db_url`` records nothing (what a tick without any config file does: a dry run that
+    writes no history, see ``load_config``). ``calibration_exclude_partitions`` names the
+    partitions whose jobs never feed calibration (test partitions where jobs run with
+    ``pipeswift-launch --emulate``: their run times are not real).
     """
 
     db_url: str = DEFAULT_DB
@@ -47,7 +52,13 @@ class ControllerConfig:
     allow_requeue: bool = False
     lock_file: str = DEFAULT_LOCK
     calibrate: bool = True
+    calibration_exclude_partitions: tuple[str, ...] = ()
     source: str = "(defaults)"
+
+    @property
+    def from_file(self) -> bool:
+        """Whether a config file was read (without one, ticks are dry runs: ``load_config``)."""
+        return self.source != NO_FILE
 
 
 _SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
@@ -58,6 +69,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
     "policy": {"name": ("policy", str), "site_factor_max": ("site_factor_max", int), "knobs": ("policy_knobs", dict)},
     "controller": {"dry_run": ("dry_run", bool), "allow_requeue": ("allow_requeue", bool),
                    "lock_file": ("lock_file", str), "calibrate": ("calibrate", bool)},
+    "calibration": {"exclude_partitions": ("calibration_exclude_partitions", list)},
 }
 
 
@@ -96,14 +108,16 @@ def _check(path: str, section: str, key: str, value: Any, kind: type) -> Any:
 
 def load_config(path: Optional[str] = None) -> ControllerConfig:
     """Read the config file (``path``, else $PIPESWIFT_CONFIG, else the default path when
-    it exists, else built-in defaults).
+    it exists). With no file at all, the built-in defaults in a dry run that records
+    nothing: a first tick on a new host neither changes Slurm nor writes the history
+    (``source`` is ``NO_FILE``).
 
     Raises:
         ConfigError: unreadable file, unknown section or key, or a wrong type.
     """
     chosen = path or os.environ.get("PIPESWIFT_CONFIG") or (DEFAULT_PATH if Path(DEFAULT_PATH).exists() else None)
     if chosen is None:
-        return ControllerConfig()
+        return ControllerConfig(dry_run=True, db_url="", source=NO_FILE)
     try:
         data = tomllib.loads(Path(chosen).read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -1,18 +1,31 @@
 """Record one controller tick in the Store, in one transaction: the snapshot (jobs, state
-transitions, occupancy), jobs that left unseen, new or changed profile requests, the
-uncalibrated run-time prediction of every running opted-in job (what calibration
-compares the actual run time with), and the decisions with their outcome.
+transitions, occupancy), jobs that left unseen, new or changed profile requests, what
+each running opted-in job runs with, and the decisions with their outcome.
+
+What a job runs with is what calibration learns from: the uncalibrated prediction for
+the config that actually RAN, compared later with its actual run time. The controller
+knows that config only from its own decision token (AdminComment), and only when the
+launcher would accept it for the allocation (``ran_config``: the same test the launcher
+makes). A job that started without one ran the launcher's own choice, which the
+controller cannot see: it is recorded with no config and no prediction, and marked
+``calibration_skip`` so that it never feeds calibration (a guess at the launcher's
+choice would teach the estimator its own guessing error). Emulated runs are kept out at
+fit time by partition (``[calibration] exclude_partitions``, ``slurm/calibrate.py``).
 Imported only when a Store is in use (it pulls in SQLAlchemy through the store)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from pipeswift_slurm.core.estimator import Estimator
-from pipeswift_slurm.core.model import JobProfile
+from pipeswift_slurm.core.megatron_rules import check_config
+from pipeswift_slurm.core.model import ExecConfig, Job, JobProfile
 from pipeswift_slurm.policy import Policy
-from pipeswift_slurm.policy.common import current_config
 from pipeswift_slurm.slurm.seams import HistoryStore
+from pipeswift_slurm.store.queries import RunRecord
+
+NO_DECISION = "config unknown: started without a controller decision (the launcher chose its own)"
 
 if TYPE_CHECKING:
     from pipeswift_slurm.slurm.controller import TickReport
@@ -30,15 +43,40 @@ def record_tick(store: HistoryStore, report: "TickReport", profiles: Mapping[int
         known = tx.profile_texts(list(parsed))
         tx.upsert_profiles([(job_id, text, profile, why or None) for job_id, (text, profile, why) in parsed.items()
                             if known.get(job_id) != text])
-        predicted = {}
-        for job in view.running:
-            profile = profiles.get(job.job_id)
-            if profile is not None:
-                predicted[job.job_id] = estimator.cost.job_time_s(profile, current_config(job, profile))
-        if predicted:
-            tx.set_predicted_runs(predicted)
+        runs = {job.job_id: run_record(job, profiles[job.job_id], estimator)
+                for job in view.running if job.job_id in profiles}
+        if runs:
+            tx.set_runs(runs)
         applied: dict[int, Optional[bool]] = {j: True for j in report.applied}
         errors = dict(report.errors)
         applied.update({j: False for j in errors})
         tx.record_decisions(report.decisions, applied, errors)
         tx.finish(status="failed" if report.failed else "ok", error=report.failed, duration_s=report.duration_s)
+
+
+def ran_config(job: Job, profile: JobProfile) -> tuple[Optional[ExecConfig], str]:
+    """The config a running job runs with, as far as the controller can know: its decision
+    token's config when the launcher would have accepted it (same size and node shape as
+    the allocation, valid for the job), else (None, why not)."""
+    cfg = job.config
+    if cfg is None:
+        return None, NO_DECISION
+    gpus_per_node = job.gpus // job.num_nodes if job.num_nodes else 0
+    if cfg.gpus_per_node == 0 and cfg.gpus == job.gpus:
+        cfg = replace(cfg, num_nodes=job.num_nodes, gpus_per_node=gpus_per_node)
+    if cfg.gpus != job.gpus or (cfg.num_nodes, cfg.gpus_per_node) != (job.num_nodes, gpus_per_node):
+        return None, "config unknown: the decision (%s) is not the allocation (%d GPUs on %d nodes)" % (
+            cfg.short(), job.gpus, job.num_nodes)
+    problems = check_config(profile, cfg, gpus_per_node)
+    if problems:
+        return None, "config unknown: the launcher refuses the decision (%s)" % problems[0]
+    return cfg, ""
+
+
+def run_record(job: Job, profile: JobProfile, estimator: Estimator) -> RunRecord:
+    """What the history keeps of a running job's run (``RunRecord``): the config it runs
+    with and the cost model's uncalibrated run time for it, or why neither is known."""
+    cfg, why = ran_config(job, profile)
+    if cfg is None:
+        return RunRecord(None, None, why)
+    return RunRecord(estimator.cost.job_time_s(profile, cfg), cfg.short())

@@ -11,8 +11,15 @@ remains, the tick row included. Writes are bulk (one statement per table per tic
 simulator can record ~100k ticks.
 
 SQLite (the default) is tuned on every connection: ``foreign_keys=ON``, ``busy_timeout``,
-and for files ``journal_mode=WAL`` (readers never block the writer) with
-``synchronous=NORMAL``. A tick starts with ``BEGIN IMMEDIATE`` so two writers (an
+and for files a journal mode with ``synchronous=NORMAL``. The controller's history uses
+the rollback journal (``journal_mode=DELETE``): any user who may read the file can read
+the database (``pipeswift report``, ``sqlite3 -readonly``), while a WAL database can only
+be read by someone who may create its ``-shm`` file beside it, i.e. write to the
+controller's folder (and a user who can put a ``-wal`` file there could feed rows to the
+next root checkpoint). A reader holds its lock for one query; the tick's commit waits for
+it up to ``busy_timeout``. A simulation writing its own file asks for WAL (fewer syncs).
+Readers open the file read-only (``make_engine(..., readonly=True)``: ``mode=ro``, no
+pragma that writes). A tick starts with ``BEGIN IMMEDIATE`` so two writers (an
 overlapping cron tick, a manual ``pipeswift controller tick``) queue on the write lock
 for up to ``busy_timeout_s`` and then fail with ``StoreBusy``, instead of deadlocking on a
 read-to-write upgrade. Other SQLAlchemy URLs (PostgreSQL) work with their own defaults.
@@ -29,8 +36,10 @@ This module must not be imported by the policy; it imports nothing from Slurm ba
 from __future__ import annotations
 
 import logging
+import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from sqlalchemy import Engine, create_engine, event, insert, inspect, text
@@ -80,15 +89,25 @@ def same_action(a: Optional[Decision], b: Optional[Decision]) -> bool:
         b.job_id, b.config, b.site_factor, b.time_limit_s, b.requeue)
 
 
-def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
+JOURNAL_MODES = ("DELETE", "WAL")
+
+
+def make_engine(url: str, busy_timeout_s: float = 30.0, *, readonly: bool = False,
+                journal_mode: str = "DELETE") -> Engine:
     """Create an engine; a bare file path means SQLite. SQLite connections get tuned.
 
     Args:
         url: SQLAlchemy URL (``sqlite:////var/lib/pipeswift/pipeswift.sqlite``,
             ``postgresql://...``) or a plain file path. A SQLite file's folder is created
-            if missing.
-        busy_timeout_s: how long a SQLite writer waits for another one's lock.
+            if missing (not for a reader).
+        busy_timeout_s: how long a SQLite connection waits for another one's lock.
+        readonly: open a SQLite file read-only (``mode=ro``): nothing is created, no
+            pragma writes, so a user with read permission only can read it.
+        journal_mode: "DELETE" (the controller's history: readable by any reader) or
+            "WAL" (a private file written fast, e.g. by a simulation).
     """
+    if journal_mode not in JOURNAL_MODES:
+        raise ValueError("journal_mode must be one of %s (got %r)" % (", ".join(JOURNAL_MODES), journal_mode))
     if "://" not in url:
         url = "sqlite:///" + url
     parsed = make_url(url)
@@ -97,24 +116,28 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
     database = parsed.database or ""
     in_memory = database in ("", ":memory:")
     kwargs: dict[str, Any] = {}
+    target: Any = url
     if in_memory:
         kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+    elif readonly and not database.startswith("file:"):
+        path = str(Path(database).expanduser().resolve())
+        target = parsed.set(database="file:%s" % quote(path), query={**parsed.query, "mode": "ro", "uri": "true"})
     elif not database.startswith("file:"):
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, **kwargs)
-    _tune_sqlite(engine, busy_timeout_s, wal=not in_memory)
+    engine = create_engine(target, **kwargs)
+    _tune_sqlite(engine, busy_timeout_s, None if in_memory or readonly else journal_mode)
     return engine
 
 
-def _tune_sqlite(engine: Engine, busy_timeout_s: float, wal: bool) -> None:
+def _tune_sqlite(engine: Engine, busy_timeout_s: float, journal_mode: Optional[str]) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # the driver's implicit BEGIN is replaced below
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA busy_timeout=%d" % int(busy_timeout_s * 1000))
-        if wal:
-            cursor.execute("PRAGMA journal_mode=WAL")
+        if journal_mode:
+            _set_journal_mode(cursor, journal_mode)
             cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
@@ -122,6 +145,17 @@ def _tune_sqlite(engine: Engine, busy_timeout_s: float, wal: bool) -> None:
     def _on_begin(conn: Any) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
         conn.exec_driver_sql("BEGIN " + mode)
+
+
+def _set_journal_mode(cursor: Any, journal_mode: str) -> None:
+    """Switch the file's journal mode when it differs; a switch that a reader of the old
+    WAL file keeps from happening is tried again on the next connection."""
+    if cursor.execute("PRAGMA journal_mode").fetchone()[0].upper() == journal_mode:
+        return
+    try:
+        cursor.execute("PRAGMA journal_mode=%s" % journal_mode)
+    except sqlite3.OperationalError as exc:
+        log.warning("cannot switch the history to journal_mode %s yet (%s); trying again next time", journal_mode, exc)
 
 
 def _is_locked(exc: OperationalError) -> bool:
@@ -171,9 +205,15 @@ class Store(Queries):
         return {i: earlier_runs(rows.get(i), job, now) for i, job in wanted.items()}
 
     @classmethod
-    def from_url(cls, url: str, busy_timeout_s: float = 30.0) -> "Store":
-        """Open (and create if missing) the store at a SQLAlchemy URL or SQLite file path."""
-        return cls(make_engine(url, busy_timeout_s))
+    def from_url(cls, url: str, busy_timeout_s: float = 30.0, journal_mode: str = "DELETE") -> "Store":
+        """Open (and create if missing) the store at a SQLAlchemy URL or SQLite file path
+        (``journal_mode``: see ``make_engine``)."""
+        return cls(make_engine(url, busy_timeout_s, journal_mode=journal_mode))
+
+    @classmethod
+    def reader(cls, url: str) -> "Store":
+        """The store at ``url`` opened read-only (creates nothing; see ``make_engine``)."""
+        return cls(make_engine(url, readonly=True), create=False)
 
     @classmethod
     def in_memory(cls) -> "Store":

@@ -53,6 +53,20 @@ class FinishedJob:
     run_s: float
     end_time: float
     state: str
+    partition: Optional[str] = None
+    calibration_skip: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the history keeps of a running job's run: the config it runs with
+    (``ExecConfig.short()``, None when the controller cannot know it), the cost model's
+    uncalibrated run time for that config (None with it), and why the job must not feed
+    calibration (None: it may)."""
+
+    predicted_run_s: Optional[float]
+    config: Optional[str] = None
+    calibration_skip: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +161,7 @@ def _finished_jobs(s: Session, job_class: Optional[str], since: Optional[float],
                    include_vanished: bool) -> list[FinishedJob]:
     states = CALIBRATION_STATES if include_vanished else CALIBRATION_STATES[:1]
     query = (select(JobRow.job_id, JobRow.job_class, JobRow.predicted_run_s, JobRow.run_s,
-                    JobRow.end_time, JobRow.state)
+                    JobRow.end_time, JobRow.state, JobRow.partition, JobRow.calibration_skip)
              .where(JobRow.state.in_(states), JobRow.run_s.is_not(None),
                     JobRow.predicted_run_s.is_not(None), JobRow.end_time.is_not(None))
              .order_by(JobRow.end_time, JobRow.job_id))
@@ -156,7 +170,7 @@ def _finished_jobs(s: Session, job_class: Optional[str], since: Optional[float],
     if since is not None:
         query = query.where(JobRow.end_time >= since)
     return [FinishedJob(r.job_id, r.job_class or "", r.predicted_run_s, r.run_s, r.end_time,
-                        r.state) for r in s.execute(query)]
+                        r.state, r.partition, r.calibration_skip) for r in s.execute(query)]
 
 
 def _calibration(s: Session) -> dict[str, tuple[float, int]]:

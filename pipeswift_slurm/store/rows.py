@@ -145,14 +145,15 @@ def prefixed(row: Mapping[str, Any]) -> dict[str, Any]:
 TICKS = TABLES["ticks"]
 TRANSITIONS = TABLES["state_transitions"]
 TICK_COUNTS = ("n_pending", "n_running", "n_decisions", "n_applied", "n_errors")
-JOB_COLS = (JOBS.c.job_id, *(JOBS.c[k] for k in OBSERVED + DERIVED), JOBS.c.predicted_run_s)
+RUN_COLS = ("predicted_run_s", "run_config", "calibration_skip")
+JOB_COLS = (JOBS.c.job_id, *(JOBS.c[k] for k in OBSERVED + DERIVED + RUN_COLS))
 SELECT_ACTIVE = select(*JOB_COLS).where(JOBS.c.state.in_(ACTIVE_STATES))
 SELECT_IDS = select(*JOB_COLS).where(JOBS.c.job_id.in_(bindparam("ids", expanding=True)))
 TOUCH_JOBS = (update(JOBS).where(JOBS.c.job_id.in_(bindparam("ids", expanding=True)))
                .values(last_seen_tick=bindparam("seen_tick")))
 UPDATE_OBSERVED = update_jobs_by_id(OBSERVED + DERIVED)
 UPDATE_VANISHED = update_jobs_by_id(("state", "end_time", "run_s", "size_class"))
-UPDATE_PREDICTED = update_jobs_by_id(("predicted_run_s", "size_class"))
+UPDATE_PREDICTED = update_jobs_by_id(RUN_COLS + ("size_class",))
 INSERT_JOBS = insert(JOBS)
 INSERT_TRANSITIONS = insert(TRANSITIONS)
 INSERT_DECISIONS = insert(DECISIONS)

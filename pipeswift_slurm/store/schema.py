@@ -43,6 +43,10 @@ class JobRow(Base):
     to the first tick that saw it pending again (live Slurm does not report them; the
     policy plans a requeued job on the work it has left). ``state`` ends in ``?``
     when the job vanished from the queue and its end is an estimate (see Store).
+    ``run_config`` is the config the job ran with (``ExecConfig.short()``) when the
+    controller knows it, and ``predicted_run_s`` the cost model's run time for that
+    config; ``calibration_skip`` says why a job must not feed calibration (the launcher
+    chose a config the controller cannot see, or an emulated run): NULL means it may.
     """
 
     __tablename__ = "jobs"
@@ -67,6 +71,8 @@ class JobRow(Base):
     queue_s: Mapped[Optional[float]]
     run_s: Mapped[Optional[float]]
     predicted_run_s: Mapped[Optional[float]]
+    run_config: Mapped[Optional[str]]
+    calibration_skip: Mapped[Optional[str]]
     first_seen_tick: Mapped[Optional[int]]
     last_seen_tick: Mapped[Optional[int]]
     restarts: Mapped[int] = mapped_column(server_default=text("0"))

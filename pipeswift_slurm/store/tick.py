@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from pipeswift_slurm.core.model import PENDING, RUNNING, ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.store import rows as R
 from pipeswift_slurm.store.queries import (ACTIVE_STATES, VANISHED_STARTED, VANISHED_UNSTARTED, CalibrationEntry,
-                                           Queries, SnapshotSummary, T, chunks)
+                                           Queries, RunRecord, SnapshotSummary, T, chunks)
 from pipeswift_slurm.core.sizeclass import size_class
 from pipeswift_slurm.store.schema import ProfileRow
 
@@ -109,7 +109,7 @@ class TickTx(Queries):
                                     "from_state": from_state, "to_state": job.state,
                                     "at": R.transition_at(job, from_state, self.now),
                                     "reason": job.state_reason or None})
-            self._rows[job.job_id] = {**(old or {"predicted_run_s": None}), **values}
+            self._rows[job.job_id] = {**(old or dict.fromkeys(R.RUN_COLS)), **values}
         self._write_snapshot(view, inserts, updates, transitions)
         vanished = tuple(sorted(j for j, row in known.items()
                                 if j not in jobs and row["state"] in ACTIVE_STATES))
@@ -235,23 +235,28 @@ class TickTx(Queries):
         self.set_predicted_runs({job_id: predicted_run_s})
 
     def set_predicted_runs(self, predicted_run_s: Mapping[int, float]) -> None:
-        """Bulk ``set_predicted_run``: map from job_id to predicted run seconds.
+        """Bulk ``set_predicted_run``: map from job_id to predicted run seconds."""
+        self.set_runs({job_id: RunRecord(value) for job_id, value in predicted_run_s.items()})
 
-        Rows whose value is unchanged are not written; ``size_class`` follows the
-        estimate until the job's actual run time is known.
+    def set_runs(self, runs: Mapping[int, RunRecord]) -> None:
+        """Record what each running job runs with: its config, the prediction for that
+        config, and whether it may feed calibration (``RunRecord``).
+
+        Rows whose values are unchanged are not written; unknown jobs are ignored;
+        ``size_class`` follows the estimate until the job's actual run time is known.
         """
-        missing = [j for j in predicted_run_s if j not in self._rows]
+        missing = [j for j in runs if j not in self._rows]
         if missing:
             self._rows.update(self._load_jobs(missing))
         updates = []
-        for job_id, value in predicted_run_s.items():
+        for job_id, run in runs.items():
             row = self._rows.get(job_id)
-            if row is None or row["predicted_run_s"] == value:
+            values = dict(zip(R.RUN_COLS, (run.predicted_run_s, run.config, run.calibration_skip), strict=True))
+            if row is None or all(row.get(k) == v for k, v in values.items()):
                 continue
-            run_s = row["run_s"] if row["run_s"] is not None else value
-            row.update(predicted_run_s=value, size_class=size_class(row["gpus"], run_s))
-            updates.append({"b_job_id": job_id, "b_predicted_run_s": value,
-                            "b_size_class": row["size_class"]})
+            run_s = row["run_s"] if row["run_s"] is not None else run.predicted_run_s
+            row.update(values, size_class=size_class(row["gpus"], run_s))
+            updates.append(R.prefixed({"job_id": job_id, **values, "size_class": row["size_class"]}))
         if updates:
             self.conn.execute(R.UPDATE_PREDICTED, updates)
 

@@ -65,16 +65,26 @@ def test_estimate_reports_a_config_that_does_not_fit(runner: CliRunner) -> None:
     assert text.exit_code == 1 and "DOES NOT FIT" in text.stdout
     data = json.loads(invoke(runner, "estimate", "--json", "--", *big).stdout)
     assert data["fits"] is False and data["mem_gib"] > 80
+    assert "Exits 1 when the config does not fit" in invoke(runner, "estimate", "--help").stdout
+
+
+@pytest.mark.parametrize("command", [["estimate"], ["plan", "--gpus", "8"]])
+def test_flags_the_cost_model_does_not_read_are_named(runner: CliRunner, gpt_argv: list[str], command) -> None:
+    result = invoke(runner, *command, "--", *gpt_argv, "--foo", "3", "--lr=1e-4", "--foo", "4")
+    assert result.exit_code == 0, result.output
+    [warning] = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warning == "warning: not read by the cost model (no effect on this answer): --foo --lr"
+    clean = invoke(runner, *command, "--", *gpt_argv)
+    assert "warning:" not in clean.stderr
 
 
 def test_plan_json_top_3(runner: CliRunner, gpt_argv: list[str]) -> None:
     result = invoke(runner, "plan", "--gpus", "4-16", "--json", "--top", "3", "--", *gpt_argv)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert set(data) == PLAN_KEYS
+    assert set(data) == PLAN_KEYS - {"excluded"}  # only with --explain (it would always be empty)
     assert data["gpu_type"] == "A100-80GB" and data["gpus"] == [4, 16]
     assert len(data["configs"]) == 3 and data["valid_configs"] > 3
-    assert data["excluded"] == []
     times = [row["iter_time_s"] for row in data["configs"]]
     assert times == sorted(times)
     for row in data["configs"]:

@@ -108,13 +108,20 @@ def test_text_table_plot_and_db(runner: CliRunner, tmp_path: Path) -> None:
 
 
 def test_db_per_policy_when_several(runner: CliRunner, tmp_path: Path) -> None:
+    """pipeswift's history is the file given (so the README's next command, ``report --db``
+    with the same path, reads it); the others lie beside it, as the output says."""
     db = tmp_path / "h.sqlite"
     result = invoke(runner, "simulate", "--workload", str(DATA / "tiny-trace.csv"), *SMALL, "--drop-oversized",
                     "--policy", "fifo,pipeswift", "--db", str(db))
     assert result.exit_code == 0, result.output
-    for name in ("h.fifo.sqlite", "h.pipeswift.sqlite"):
+    assert sorted(p.name for p in tmp_path.glob("*.sqlite")) == ["h.fifo.sqlite", "h.sqlite"]
+    assert "pipeswift in %s" % db in result.stderr and "fifo in %s" % (tmp_path / "h.fifo.sqlite") in result.stderr
+    for name, policy in (("h.fifo.sqlite", "fifo"), ("h.sqlite", "pipeswift")):
         with sqlite3.connect(tmp_path / name) as conn:
             assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 5
+            assert conn.execute("SELECT DISTINCT policy FROM ticks").fetchall() == [(policy,)]
+    report = invoke(runner, "report", "all", "--db", str(db))
+    assert report.exit_code == 0, report.output
 
 
 def test_unknown_policy_and_bad_truth_bias(runner: CliRunner) -> None:
@@ -357,3 +364,17 @@ def test_a_dated_trace_keeps_its_own_dates(runner: CliRunner, tmp_path: Path) ->
 
 def test_bad_start_date_is_one_error_line(runner: CliRunner) -> None:
     assert_one_error_line(invoke(runner, "simulate", *SMALL, "--start", "May 1"), "--start", "YYYY-MM-DD")
+
+
+def test_flex_sets_the_share_of_flexible_jobs(runner: CliRunner, tmp_path: Path) -> None:
+    """docs/results.md: ``--flex 0.5`` makes about half the jobs flexible (seeded)."""
+    counts = {}
+    for flex in ("0", "0.5", "1"):
+        out = tmp_path / ("f%s.json" % flex)
+        result = invoke(runner, "simulate", *SMALL, "--jobs", "40", "--policy", "fifo", "--flex", flex,
+                        "--json", str(out))
+        assert result.exit_code == 0, result.output
+        data = json.loads(out.read_text())
+        assert data["spec"]["flex"] == float(flex)
+        counts[flex] = data["workload"]["flexible_jobs"]
+    assert counts["0"] == 0 and counts["1"] == 40 and 0 < counts["0.5"] < 40

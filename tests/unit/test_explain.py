@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from pipeswift_slurm.cli.main import pipeswift
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.fmt import duration
 from pipeswift_slurm.reports.explain import UnknownJob, explain_job
 from pipeswift_slurm.core.hardware import get_gpu_type
 from pipeswift_slurm.core.megatron import profile_from_argv
@@ -182,7 +183,8 @@ def test_running_job(history):
     assert e.state == "RUNNING" and e.start_s == T0 + 500
     assert e.predicted_run_s == pytest.approx(5000.0 * BIAS)
     assert e.predicted_end_s == pytest.approx(T0 + 500 + 5000.0 * BIAS)
-    assert e.summary.startswith("running on 8 GPUs")
+    # the last tick is at T0 + 600: 100 s running so far, after 500 s queued
+    assert e.summary == "running on 8 GPUs for %s so far, after %s in the queue" % (duration(100.0), duration(500.0))
     assert all(c.fits_free_now is None for c in e.candidates)
 
 
