@@ -68,11 +68,11 @@ def _kv(text: str, prefix: str) -> dict[str, str]:
 
 
 # Numbers in a token: GPU counts, sizes and epoch seconds; anything longer is not one of ours.
-MAX_TOKEN_INT = 10 ** 12
+MAX_TOKEN_INT = 10 ** 13
 
 
 def _int(value: str, what: str) -> int:
-    if not value or len(value) > 13 or not all("0" <= c <= "9" for c in value) or int(value) > MAX_TOKEN_INT:
+    if not value or len(value) > 14 or not all("0" <= c <= "9" for c in value) or int(value) > MAX_TOKEN_INT:
         raise TokenError("%s=%r is not a whole number in digits 0-9 up to %d" % (what, value[:40], MAX_TOKEN_INT))
     return int(value)
 
