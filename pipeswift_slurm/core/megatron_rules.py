@@ -235,3 +235,21 @@ def _pp_choices(profile: JobProfile) -> list[int]:
     if profile.allowed_pp:
         pps &= set(profile.allowed_pp)
     return sorted(pps)
+
+
+def config_for_allocation(cfg: ExecConfig, profile: JobProfile, num_nodes: int,
+                          gpus_per_node: int) -> tuple[Optional[ExecConfig], str]:
+    """The controller's decided ``cfg`` as the launcher runs it in an allocation of
+    ``num_nodes`` x ``gpus_per_node``: (config, "") when it fits that allocation and Megatron
+    accepts it, else (None, why). The launcher (which config to run) and the history (which
+    config ran) both ask this, so the two can never disagree.
+    """
+    if cfg.gpus_per_node == 0 and cfg.gpus == num_nodes * gpus_per_node:
+        cfg = replace(cfg, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+    if (cfg.num_nodes, cfg.gpus_per_node) != (num_nodes, gpus_per_node):
+        return None, "stale: %dx%d GPUs decided, %dx%d allocated" % (
+            cfg.num_nodes, cfg.gpus_per_node, num_nodes, gpus_per_node)
+    problems = check_config(profile, cfg, gpus_per_node)
+    if problems:
+        return None, "invalid: %s" % problems[0]
+    return cfg, ""

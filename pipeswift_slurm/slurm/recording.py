@@ -15,11 +15,10 @@ Imported only when a Store is in use (it pulls in SQLAlchemy through the store).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from pipeswift_slurm.core.estimator import Estimator
-from pipeswift_slurm.core.megatron_rules import check_config
+from pipeswift_slurm.core.megatron_rules import config_for_allocation
 from pipeswift_slurm.core.model import ExecConfig, Job, JobProfile
 from pipeswift_slurm.policy import Policy
 from pipeswift_slurm.slurm.seams import HistoryStore
@@ -62,15 +61,10 @@ def ran_config(job: Job, profile: JobProfile) -> tuple[Optional[ExecConfig], str
     if cfg is None:
         return None, NO_DECISION
     gpus_per_node = job.gpus // job.num_nodes if job.num_nodes else 0
-    if cfg.gpus_per_node == 0 and cfg.gpus == job.gpus:
-        cfg = replace(cfg, num_nodes=job.num_nodes, gpus_per_node=gpus_per_node)
-    if cfg.gpus != job.gpus or (cfg.num_nodes, cfg.gpus_per_node) != (job.num_nodes, gpus_per_node):
-        return None, "config unknown: the decision (%s) is not the allocation (%d GPUs on %d nodes)" % (
-            cfg.short(), job.gpus, job.num_nodes)
-    problems = check_config(profile, cfg, gpus_per_node)
-    if problems:
-        return None, "config unknown: the launcher refuses the decision (%s)" % problems[0]
-    return cfg, ""
+    ran, problem = config_for_allocation(cfg, profile, job.num_nodes, gpus_per_node)
+    if ran is None:
+        return None, "config unknown: the launcher refuses the decision (%s, %s)" % (cfg.short(), problem)
+    return ran, ""
 
 
 def run_record(job: Job, profile: JobProfile, estimator: Estimator) -> RunRecord:

@@ -5,7 +5,7 @@ and exec it.
 Owns: reading the allocation from Slurm's environment; reading the controller's decision
 from the admin-only ``AdminComment`` (the user-editable ``Comment`` only ever supplies a
 *request*: GPU range, minimum micro-batch, allowed pp, class); checking the decision with
-``megatron.check_config``; otherwise planning the best config itself with the estimator;
+``megatron_rules.config_for_allocation``, as the history does; otherwise planning the best config itself with the estimator;
 the emulation mode for test clusters. The command is exec'd as an argv list: no user string
 is ever given to a shell. Must not import SQLAlchemy, the store, click or any backend.
 
@@ -33,7 +33,7 @@ from typing import Callable, Optional, Sequence
 
 from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.megatron_render import render_args
-from pipeswift_slurm.core.megatron_rules import check_config
+from pipeswift_slurm.core.megatron_rules import config_for_allocation
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.token import ProfileRequest, TokenError, decode_decision, decode_profile
 from pipeswift_slurm.submit.layout import LayoutError, Rewritten, Target, set_processes
@@ -175,14 +175,10 @@ def check_decision(admin_comment: str, profile: JobProfile, alloc: Allocation) -
     except TokenError as exc:
         return None, "malformed decision (%s)" % exc
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(decided_at))
-    if cfg.gpus_per_node == 0 and cfg.gpus == alloc.gpus:
-        cfg = replace(cfg, num_nodes=alloc.num_nodes, gpus_per_node=alloc.gpus_per_node)
-    if (cfg.num_nodes, cfg.gpus_per_node) != (alloc.num_nodes, alloc.gpus_per_node):
-        return None, "stale decision from %s (%dx%d GPUs decided, %dx%d allocated)" % (
-            when, cfg.num_nodes, cfg.gpus_per_node, alloc.num_nodes, alloc.gpus_per_node)
-    problems = check_config(profile, cfg, alloc.gpus_per_node)
-    if problems:
-        return None, "invalid decision from %s (%s)" % (when, problems[0])
+    cfg, problem = config_for_allocation(cfg, profile, alloc.num_nodes, alloc.gpus_per_node)
+    if cfg is None:
+        kind, _, detail = problem.partition(": ")
+        return None, "%s decision from %s (%s)" % (kind, when, detail)
     return cfg, "decision from controller at %s" % when
 
 

@@ -86,7 +86,7 @@ def test_a_decision_without_node_shape_takes_the_allocation(estimator):
 
 
 @pytest.mark.parametrize("config, needle", [
-    (USER, "is not the allocation"),  # a stale 8-GPU decision on a 16-GPU allocation
+    (USER, "stale: 1x8 GPUs decided, 2x8 allocated"),  # a stale 8-GPU decision on a 16-GPU allocation
     (dataclasses.replace(DECIDED, num_micro_batches=63), "launcher refuses"),  # 63 x 4 != 256
 ])
 def test_a_decision_the_launcher_would_refuse_is_not_what_ran(estimator, config, needle):
