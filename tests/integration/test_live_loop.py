@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -162,11 +163,13 @@ def four_gpu_env() -> Iterator[dict[str, str]]:
     up = subprocess.run(["bash", str(TESTBED), "up"], env=env, capture_output=True, text=True, timeout=180)
     if up.returncode != 0:
         subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
         pytest.skip("cannot bring up a 4-GPU test cluster: %s" % (up.stderr.strip().splitlines() or ["?"])[-1])
     try:
         yield cluster_env(env)
     finally:
         subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
