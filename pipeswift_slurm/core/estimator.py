@@ -54,6 +54,14 @@ class Estimator:
         """A copy with another bias map, sharing the planner cache."""
         return Estimator(self.cost, self.gpus_per_node, bias, self.planner)
 
+    def with_gpus_per_node(self, gpus_per_node: int) -> "Estimator":
+        """A copy that plans for nodes of ``gpus_per_node`` GPUs (a new planner: configs,
+        and so its cache, depend on the node size); itself when that is its node size."""
+        if gpus_per_node == self.gpus_per_node:
+            return self
+        planner = Planner(self.cost, gpus_per_node, vary_tp=self.planner.vary_tp, max_vp=self.planner.max_vp)
+        return Estimator(self.cost, gpus_per_node, self.bias_by_class, planner)
+
     def bias(self, job_class: str) -> float:
         """actual/predicted ratio for the class, else its model family's, else 1."""
         if not self.bias_by_class:

@@ -124,11 +124,14 @@ def priority_order(view: ClusterView, jobs: Iterable[Job]) -> list[Job]:
 
 @dataclass
 class Plan:
-    """A pending job's plan: ``option`` (None: keep its size), its predicted start, and why."""
+    """A pending job's plan: ``option`` (None: keep its size), its predicted start (None:
+    none foreseen), and why; ``lane``: it waits for the short-job lane (a long job that
+    would take long jobs past their share of the GPUs), so it is held meanwhile."""
 
     option: Optional[Option]
     start_s: Optional[float]
     reason: str
+    lane: bool = False
 
 
 class Timeline:

@@ -43,14 +43,17 @@ checkpoints are ever requeued, never a multi-node one that once starved, and nev
 past their own share of the wait bound.
 Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer than
 ``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs; a long job that would
-exceed it is held (Slurm's hold, marked in the decision token) until the plan starts it,
-so short jobs always find GPUs; jobs past the starvation threshold are never held.
+exceed it is held (Slurm's hold, marked in the decision token; its decision says so) until
+long jobs have ended enough for it to fit, so short jobs always find GPUs (a long job
+bigger than that share is held until it starves); jobs past the starvation threshold are
+never held.
 Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chosen);
 ``reconfigure=False`` also keeps the user's config (order and waiting only).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import replace
 from typing import Any, ClassVar, Collection, Mapping, Optional
@@ -195,6 +198,9 @@ class PipeSwiftPolicy:
         deadline_s = math.inf if starving or self.knobs.risk_fraction <= 0 else \
             now + self.knobs.risk_fraction * self.knobs.wait_bound_s - job.queued_s(now)
         reserve = self.knobs.expand_reserve_fraction * self._total
+        lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
+        never: Optional[Option] = None  # a count the lane never has room for
+        not_now: dict[int, str] = {}  # GPU count -> why it does not start now though free
         for opt in options:
             long_job = opt.run_s > self.knobs.short_lane_max_s
             lane_full = long_job and not starving and self._long_busy + opt.gpus > self._long_cap
@@ -202,10 +208,22 @@ class PipeSwiftPolicy:
                 continue  # a long job grows only while the short-job lane stays free
             start = timeline.earliest(opt.gpus, opt.run_s)
             expands = opt.gpus > job.gpus and sum(free) - opt.gpus < reserve
-            if start == now and not expands and not lane_full and fits_now(free, opt.config) is not None:
+            if lane_full and self.knobs.short_lane_fraction > 0:
+                lane_wait.add(opt.gpus)
+                start = max(start, self._lane_room_s(opt.gpus, now))
+                if start == math.inf and (never is None or opt.gpus < never.gpus):
+                    never = opt
+            elif start == now and lane_full:
+                not_now[opt.gpus] = "free now, but long jobs already hold the GPUs they may"
+            elif start == now and expands:
+                not_now[opt.gpus] = "free now, but growing to %d would leave less than the expand reserve" % opt.gpus
+            elif start == now and fits_now(free, opt.config) is not None:
                 if best_now is None or opt.run_s < best_now.run_s:
                     best_now = opt
-            elif start > deadline_s and start < math.inf:
+                continue
+            elif start == now:
+                not_now[opt.gpus] = "free now, but not on enough whole nodes"
+            if start > deadline_s and start < math.inf:
                 if late is None or start < late[0]:
                     late = (start, opt)
             elif start < math.inf:
@@ -224,7 +242,13 @@ class PipeSwiftPolicy:
                 timeline.take(now, now + best_now.run_s, best_now.gpus)
                 if best_now.run_s > self.knobs.short_lane_max_s:
                     self._long_busy += best_now.gpus
+                    bisect.insort(self._long_ends, (now + best_now.run_s, best_now.gpus))
                 return Plan(best_now, now, "start now on %d GPUs" % best_now.gpus)
+        if best_wait is None and never is not None:
+            return Plan(never, None, "held for the short-job lane: a %.1f h job on %d GPUs would put long jobs on "
+                        "%d of the %.0f GPUs they may hold (short_lane_fraction %g)"
+                        % (never.run_s / 3600, never.gpus, self._long_busy + never.gpus, self._long_cap,
+                           self.knobs.short_lane_fraction), lane=True)
         if best_wait is None:
             return Plan(None, None, "no GPU count fits in the predicted future")
         opt = best_wait[1]
@@ -232,19 +256,29 @@ class PipeSwiftPolicy:
         if self._reserved < self.knobs.reservations:
             timeline.take(start, start + opt.run_s, opt.gpus)
             self._reserved += 1
+        if opt.gpus in lane_wait:
+            return Plan(opt, start, "held for the short-job lane: wait for %d GPUs (predicted start in %.0f s)"
+                        % (opt.gpus, start - now), lane=True)
         if start - now < 1:
-            return Plan(opt, start, "wait for %d GPUs (free now, but not on enough whole nodes)" % opt.gpus)
+            why = not_now.get(opt.gpus, "free now, but not on enough whole nodes")
+            return Plan(opt, start, "wait for %d GPUs (%s)" % (opt.gpus, why))
         return Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
+
+    def _lane_room_s(self, gpus: int, now: float) -> float:
+        """When long jobs (running, or started by this tick's plan) will have ended enough
+        for ``gpus`` more long-job GPUs to fit the lane's cap (inf: never)."""
+        busy = self._long_busy
+        for end_s, used in self._long_ends:
+            busy -= used
+            if busy + gpus <= self._long_cap:
+                return max(end_s, now)
+        return math.inf
 
     def _hold(self, job: Job, plan: Plan, now: float, starving: bool) -> Optional[bool]:
         """The short-job lane: hold a long job that waits while long jobs fill their share
         of the cluster (Slurm would otherwise start it as soon as it fits); release it
         once the plan starts it now or the lane has room. None: leave as is."""
-        if self.knobs.short_lane_fraction <= 0 or plan.option is None:
-            return False if job.held else None
-        long_job = plan.option.run_s > self.knobs.short_lane_max_s
-        lane_full = self._long_busy + plan.option.gpus > self._long_cap
-        if long_job and plan.start_s != now and lane_full and not starving:
+        if plan.lane and plan.option is not None and not starving:
             return None if job.held else True
         return False if job.held else None
 
@@ -267,8 +301,10 @@ class PipeSwiftPolicy:
         timeline = Timeline(now, sum(free), [(ends[r.job_id], r.gpus) for r in view.running])
         self._reserved = 0
         self._long_cap = (1.0 - self.knobs.short_lane_fraction) * total
-        self._long_busy = sum(r.gpus for r in view.running
-                              if ends[r.job_id] - (now if r.start_time is None else r.start_time) > self.knobs.short_lane_max_s)
+        self._long_ends = sorted((ends[r.job_id], r.gpus) for r in view.running
+                                 if ends[r.job_id] - (now if r.start_time is None else r.start_time)
+                                 > self.knobs.short_lane_max_s)
+        self._long_busy = sum(gpus for _, gpus in self._long_ends)
         plans: dict[int, Plan] = {}
         for job in ordered[:self.knobs.plan_depth]:
             plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,

@@ -66,6 +66,34 @@ class ControllerSettings:
     dry_run: bool = False
     allow_requeue: bool = False
     partitions: tuple[str, ...] = ()
+    gpus_per_node: int = 0  # 0: the cluster's own (Slurm's node records); else a cap on it
+
+
+# Why Slurm will not start a pending job whatever its priority: a hold (by its user or an
+# admin; a hold the controller set is its own to release), a dependency, a begin time.
+NOT_RUNNABLE_REASONS = frozenset({"Dependency", "DependencyNeverSatisfied", "BeginTime"})
+
+
+def not_runnable(job: Job) -> str:
+    """Why a pending job cannot start whatever the policy decides ('' when it can): held
+    by its user or an admin (not by the controller), or pending on a dependency or a
+    begin time. Such a job is not planned, and gets no decision (no SiteFactor either:
+    Slurm does not report one for held or dependent jobs, so it would be re-applied on
+    every tick)."""
+    if not job.pending:
+        return ""
+    if job.held and not held_by_controller(job.admin_comment):
+        return "held (%s)" % job.state_reason
+    return "pending on %s" % job.state_reason if job.state_reason in NOT_RUNNABLE_REASONS else ""
+
+
+def cluster_gpus_per_node(view: ClusterView, partitions: tuple[str, ...] = ()) -> int:
+    """GPUs per node to plan with, from Slurm's node records: the fewest any usable GPU
+    node of ``partitions`` (all when empty) has, so a shape planned fits on every node the
+    job may get (heterogeneous partitions); 0 when no node reports GPUs."""
+    nodes = [n for n in view.nodes if n.gpus > 0 and (not partitions or set(n.partitions) & set(partitions))]
+    usable = [n.gpus for n in nodes if n.usable] or [n.gpus for n in nodes]
+    return min(usable, default=0)
 
 
 def parse_profile(job: Job, gpus_per_node: int, cluster_gpus: int) -> tuple[Optional[JobProfile], str]:
@@ -94,6 +122,8 @@ def unchanged_parts(decision: Decision, job: Job) -> Decision:
             and job.num_nodes == config.num_nodes:
         config = None  # (a hold or release rewrites the token, so it keeps its config)
     site_factor = decision.site_factor if decision.site_factor != job.site_factor else None
+    if job.held and hold is not False:
+        site_factor = None  # Slurm reports no SiteFactor for a held job: set it when releasing
     limit = decision.time_limit_s if decision.time_limit_s != job.time_limit_s else None
     return _evolve(decision, config=config, site_factor=site_factor, time_limit_s=limit, hold=hold)
 
@@ -121,8 +151,20 @@ class Controller:
         self.calibration = calibration
         self._profiles: dict[int, tuple[str, Optional[JobProfile], str]] = {}
 
+    def _planning_gpus_per_node(self, view: ClusterView) -> int:
+        """This tick's GPUs per node: the cluster's own (``cluster_gpus_per_node``), capped
+        by the site's setting when it has one; the estimator plans with it from now on."""
+        cluster = cluster_gpus_per_node(view, self.settings.partitions)
+        fixed = self.settings.gpus_per_node
+        had = getattr(self.estimator, "gpus_per_node", 0)
+        gpn = min(fixed, cluster) if fixed and cluster else (fixed or cluster or had)
+        if gpn != had and isinstance(self.estimator, Estimator):
+            log.info("planning for %d GPUs per node (the estimator had %d)", gpn, had)
+            self.estimator = self.estimator.with_gpus_per_node(gpn)
+        return gpn
+
     def _ingest(self, view: ClusterView) -> dict[int, JobProfile]:
-        gpn, total = view.gpus_per_node, view.total_gpus
+        gpn, total = self._planning_gpus_per_node(view), view.total_gpus
         profiles: dict[int, JobProfile] = {}
         live = set()
         for job in view.jobs:
@@ -132,7 +174,8 @@ class Controller:
             live.add(job.job_id)
             cached = self._profiles.get(job.job_id)
             if cached is None or cached[0] != job.comment:
-                profile, why = parse_profile(job, gpn, total)
+                profile, why = parse_profile(job, gpn, total) if job.gpus > 0 else (
+                    None, "the job asks for no GPUs (never given any)")
                 if profile is None:
                     log.warning("job %d: profile request ignored (job left as submitted): %s", job.job_id, why)
                 cached = self._profiles[job.job_id] = (job.comment, profile, why)
@@ -172,15 +215,16 @@ class Controller:
         view = self._with_earlier_runs(snapshot)
         report = TickReport(view=view)
         profiles = self._ingest(view)
-        t0 = self.clock()
-        decisions = self.policy.decide(view, profiles, self.estimator)
-        report.decide_s = self.clock() - t0
         by_id = {j.job_id: j for j in view.jobs}
+        runnable = {job_id: p for job_id, p in profiles.items() if not not_runnable(by_id[job_id])}
+        t0 = self.clock()
+        decisions = self.policy.decide(view, runnable, self.estimator)
+        report.decide_s = self.clock() - t0
         decisions = self._stable_order(decisions, by_id)
         todo_items: list[tuple[Decision, Job]] = []
         for decision in decisions:
             job = by_id.get(decision.job_id)
-            why = self._allowed(decision, job, profiles)
+            why = self._allowed(decision, job, runnable)
             if why:
                 report.skipped.append((decision.job_id, why))
                 continue

@@ -367,6 +367,51 @@ def test_pipeswift_short_lane_holds_a_long_job_unless_it_starves() -> None:
     assert hold(short_lane_fraction=0.5, wait_bound_s=100.0) == [None]  # queued 60 s: past half of 100 s
 
 
+def test_pipeswift_short_lane_holds_a_long_job_on_an_idle_cluster_and_says_why() -> None:
+    """Issue 28 item 5: 2 x 8 GPUs, idle; a 16-GPU job predicted at 8 h with
+    ``short_lane_fraction`` 0.1 (long jobs may hold 14.4 GPUs). It must not start on all
+    16 GPUs: it is held, and the reason names the lane, not whole nodes (which are free).
+    A flexible one (4-16 GPUs) starts now on a count inside the lane instead; without the
+    knob the rigid one starts now on 16."""
+    _, rigid = _profile(16, 8.0, 8)
+    _, flexible = _profile(16, 8.0, 8, gpu_range=(4, 16))
+    est = Estimator(COST, 8)
+
+    def decide(profile: Any, **knobs: Any) -> Decision:
+        view, profiles = _view(2, 8, [(1, "PENDING", 16, 0.0, profile)], now=60.0)
+        [decision] = get_policy("pipeswift", **knobs).decide(view, profiles, est)
+        return decision
+
+    held = decide(rigid, short_lane_fraction=0.1)
+    assert held.hold is True and held.predicted_start_s is None, held
+    assert held.reason.startswith("held for the short-job lane") and "whole nodes" not in held.reason, held.reason
+    assert "16 of the 14 GPUs" in held.reason and "short_lane_fraction 0.1" in held.reason, held.reason
+    started = decide(flexible, short_lane_fraction=0.1)
+    assert started.hold is None and started.reason.startswith("start now on "), started
+    assert started.config is not None and started.config.gpus <= 14
+    assert decide(rigid).reason == "start now on 16 GPUs"
+
+
+def test_pipeswift_short_lane_releases_when_long_jobs_end() -> None:
+    """A long job that waits for the lane is held with the lane's predicted start (when the
+    running long job ends); after that job ended, the same job is released and starts."""
+    _, running_long = _profile(8, 8.0, 8)
+    _, long_p = _profile(8, 10.0, 8)
+    est = Estimator(COST, 8)
+    view, profiles = _view(2, 8, [(1, "RUNNING", 8, 0.0, running_long), (2, "PENDING", 8, 60.0, long_p)],
+                           now=120.0, busy={0: 8})
+    policy = get_policy("pipeswift", short_lane_fraction=0.5)
+    [waits] = [d for d in policy.decide(view, profiles, est) if d.job_id == 2]
+    end_s = predicted_end_s(view.running[0], profiles, est, view.now)
+    assert waits.hold is True and waits.predicted_start_s == pytest.approx(end_s), waits
+    assert waits.reason.startswith("held for the short-job lane: wait for 8 GPUs (predicted start in"), waits.reason
+    held_job = replace(view.jobs[1], state_reason="JobHeldAdmin")  # as the controller's hold leaves it
+    later = replace(view, jobs=(held_job,), nodes=tuple(replace(n, gpus_alloc=0) for n in view.nodes),
+                    now=end_s + 1)
+    [released] = policy.decide(later, {2: profiles[2]}, est)
+    assert released.hold is False and released.reason == "start now on 8 GPUs", released
+
+
 def test_pipeswift_never_picks_more_nodes_than_the_cluster_has() -> None:
     """BUG (reported): 3 nodes x 6 GPUs, a 2-GPU job running, a flexible job (8 GPUs as
     2 x 4, allows 4..18) pending. pipeswift decides "wait for 16 GPUs (predicted start in

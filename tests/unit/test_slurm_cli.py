@@ -222,11 +222,19 @@ def test_update_argv_per_node() -> None:
     (GpuRequest("tres_per_job", 4), "TresPerJob=gres:gpu:4"),
     (GpuRequest("tres_per_job", 3, "a100"), "TresPerJob=gres:gpu:a100:4"),
     (GpuRequest("tres_per_node", 1, "a100", True), "TresPerNode=gres/gpu:a100:2"),
-    (GpuRequest("tres_per_node", 0), "TresPerNode=gres:gpu:2"),
 ])
 def test_update_argv_keeps_the_jobs_gpu_form(req: GpuRequest, expected: str) -> None:
     argv = cli.update_argv(Decision(7, config=CFG), pending(7, req), NOW)
     assert argv is not None and argv[3:5] == ["NumNodes=2-2", expected]
+
+
+def test_a_job_that_asked_for_no_gpus_is_never_given_any() -> None:
+    """Issue 28 item 3(c): a resize of a GPU-less job (no tres_per_* GPU field) is refused,
+    never turned into ``gres:gpu:N``; a SiteFactor alone still goes through."""
+    job = pending(7, GpuRequest("tres_per_node", 0))
+    with pytest.raises(BackendError, match="job 7 asks for no GPUs"):
+        cli.update_argv(Decision(7, config=CFG, site_factor=5), job, NOW)
+    assert cli.update_argv(Decision(7, site_factor=5), job, NOW) == ["scontrol", "update", "JobId=7", "SiteFactor=5"]
 
 
 def test_update_argv_site_factor_only_and_nothing() -> None:
@@ -302,7 +310,7 @@ def test_apply_maps_scontrol_errors(file_name: str, gone: bool) -> None:
 def test_apply_runs_requeue_then_update_and_skips_unmanaged() -> None:
     run = FakeRunner({})
     backend = cli.SlurmCliBackend(run=run, clock=lambda: NOW)
-    running = Job(job_id=3, state="RUNNING", submit_time=0.0, opted_in=True)
+    running = Job(job_id=3, state="RUNNING", submit_time=0.0, opted_in=True, gpus=8, gpu_request=GpuRequest(count=8))
     backend.apply(Decision(3, config=CFG, requeue=True), running)
     assert [c[:2] for c in run.calls] == [["scontrol", "requeue"], ["scontrol", "update"]]
     with pytest.raises(JobGone):
@@ -478,7 +486,7 @@ def test_apply_many_failed_process_fails_its_batch() -> None:
 
 def test_apply_many_keeps_apply_rules() -> None:
     feed, run = FakeFeed(), FakeRunner({})
-    running = Job(job_id=3, state="RUNNING", submit_time=0.0, opted_in=True)
+    running = Job(job_id=3, state="RUNNING", submit_time=0.0, opted_in=True, gpus=8, gpu_request=GpuRequest(count=8))
     unmanaged = Job(job_id=8, state="PENDING", submit_time=0.0)
     odd = ExecConfig(tp=1, pp=3, dp=1, micro_batch_size=1, num_micro_batches=3, num_nodes=2)
     out = batch_backend(feed, run).apply_many([

@@ -25,9 +25,13 @@ def resize_fields(config: ExecConfig, job: Job) -> list[str]:
     the GPU request in the job's own field (per node, or per job for ``--gpus`` jobs).
 
     Raises:
-        BackendError: the config has no per-node GPU count, or the job asks GPUs per task or
-            per socket (those requests are not resized).
+        BackendError: the job asks for no GPUs (it is never given any), the config has no
+            per-node GPU count, or the job asks GPUs per task or per socket (those requests
+            are not resized).
     """
+    if job.gpu_request.count <= 0:
+        raise BackendError("job %d asks for no GPUs; it is never given any (not resized to %s)"
+                           % (job.job_id, config.short()))
     nodes = max(1, config.num_nodes)
     per_node = config.gpus_per_node or (config.gpus // nodes if config.gpus % nodes == 0 else 0)
     if per_node <= 0:
