@@ -101,11 +101,14 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     store = Store.from_url(cfg.db_url) if cfg.db_url else None
     policy = get_policy(cfg.policy, **policy_knobs(cfg))  # name and knobs checked by load_config
     gpn = cfg.gpus_per_node or 8
-    estimator = Estimator(CostModel(gpu, layer_profile=load_layer_profile(cfg.layer_profile)), gpn)
+    layer_profile = load_layer_profile(cfg.layer_profile, gpu, what="%s: [slurm] layer_profile" % cfg.source)
+    # the GPUs per node here only seed the estimator: each tick plans with the cluster's own
+    estimator = Estimator(CostModel(gpu, layer_profile=layer_profile), gpn)
     calibration = StoreCalibration(store, cfg.calibration_exclude_partitions) if store is not None else None
     if calibration is not None:
         estimator = estimator.with_bias(calibration.bias_map())
-    settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions)
+    settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions,
+                                  gpus_per_node=cfg.gpus_per_node)
     return Controller(backend, policy, estimator, store, settings,
                       calibration=calibration if cfg.calibrate else None)
 
