@@ -178,6 +178,25 @@ class JobProfile:
 
 
 @dataclass(frozen=True)
+class SiteCaps:
+    """The site's per-job limits that hold for one job (None: no limit): the least of its
+    partition's MaxTime/MaxNodes, its QOS's and its association's MaxWall and MaxTRES
+    (``gres/gpu``, ``node``). Slurm exempts values an admin sets from these checks, so
+    the controller must keep within them itself."""
+
+    max_time_s: Optional[int] = None
+    max_gpus: Optional[int] = None
+    max_nodes: Optional[int] = None
+
+    def tighter(self, other: "SiteCaps") -> "SiteCaps":
+        """The least of both, limit by limit."""
+        def least(a: Optional[int], b: Optional[int]) -> Optional[int]:
+            return b if a is None else a if b is None else min(a, b)
+        return SiteCaps(least(self.max_time_s, other.max_time_s), least(self.max_gpus, other.max_gpus),
+                        least(self.max_nodes, other.max_nodes))
+
+
+@dataclass(frozen=True)
 class GpuRequest:
     """How a Slurm job spelled its GPU request, kept so an update uses the same form
     (22.05 rejects switching between typed and untyped GRES).
@@ -232,7 +251,8 @@ class Job:
     wall-clock seconds (the two differ in ratio when a requeue changed the job's size).
     ``ran_s`` is set only where ``submit_time`` stays the first submission's (the
     simulator): live Slurm restarts a requeued job's submit time, so its wait already
-    leaves the earlier runs out.
+    leaves the earlier runs out. ``caps`` are the site's limits for this job, as the
+    backend read them (none by default).
     """
 
     job_id: int
@@ -259,6 +279,9 @@ class Job:
     attained_gpu_s: float = 0.0
     restarts: int = 0
     ran_s: float = 0.0
+    account: str = ""
+    qos: str = ""
+    caps: SiteCaps = field(default_factory=SiteCaps)
 
     @property
     def pending(self) -> bool:

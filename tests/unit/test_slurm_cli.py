@@ -48,6 +48,9 @@ def recorded_runner(squeue: str = "squeue-22.05.json") -> FakeRunner:
                        tuple(cli.SPRIO_ARGV): read("sprio-22.05.txt")})
 
 
+from pipeswift_slurm.slurm.backends.site_limits import ASSOC_ARGV, PARTITIONS_ARGV, QOS_ARGV  # noqa: E402
+
+LIMITS_ARGVS = [PARTITIONS_ARGV, QOS_ARGV, ASSOC_ARGV]
 CFG = ExecConfig(tp=1, pp=4, dp=1, micro_batch_size=1, num_micro_batches=8, num_nodes=2, gpus_per_node=2)
 
 
@@ -244,7 +247,7 @@ def test_update_argv_refuses_unresizable() -> None:
 def test_snapshot_uses_three_batched_calls_and_site_factors() -> None:
     run = recorded_runner()
     view = cli.SlurmCliBackend(run=run, clock=lambda: NOW).snapshot()
-    assert run.calls == [cli.SQUEUE_JSON_ARGV, cli.NODES_ARGV, cli.SPRIO_ARGV]
+    assert run.calls == [cli.SQUEUE_JSON_ARGV, cli.NODES_ARGV, cli.SPRIO_ARGV, *LIMITS_ARGVS]
     assert view.now == NOW and len(view.nodes) == 4 and view.free_gpus == 0
     assert view.job(5).site_factor == 5000 and view.job(4).site_factor == 0
     assert {j.job_id for j in view.pending} == {4, 5, 6, 7, 8, 9}

@@ -26,6 +26,7 @@ from pipeswift_slurm.core.model import ClusterView, Decision, Job
 from pipeswift_slurm.slurm.backends import BackendError, JobGone, applicable
 from pipeswift_slurm.slurm.backends.scontrol_argv import BATCH_MAX_LINES, BATCH_PROCESSES, SCONTROL_BATCH_ARGV
 from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, batch_text, update_argv
+from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
 from pipeswift_slurm.slurm.backends.slurm_parse import JSON_REPORTED, parse_batch_errors
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_scontrol_nodes
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_sprio, parse_squeue_json
@@ -169,6 +170,8 @@ class SlurmCliBackend:
         feed: runs one argv with text on stdin, for ``apply_many`` (default: ``run.feed``
             when the runner has one; without it ``apply_many`` runs one command per job).
         batch_processes: how many ``scontrol`` processes ``apply_many`` feeds at once.
+        read_limits: also read the site's partition, QOS and association limits once per
+            snapshot (``site_limits``) and set them on each opted-in job's ``caps``.
     """
 
     name = "cli"
@@ -176,7 +179,7 @@ class SlurmCliBackend:
     def __init__(self, run: Runner = subprocess_runner, partitions: Optional[Iterable[str]] = None,
                  clock: Callable[[], float] = time.time, job_source: str = "auto",
                  read_site_factors: bool = True, feed: Optional[InputRunner] = None,
-                 batch_processes: int = BATCH_PROCESSES) -> None:
+                 batch_processes: int = BATCH_PROCESSES, read_limits: bool = True) -> None:
         if job_source not in ("auto", "json"):
             raise BackendError("job_source must be auto or json, not %r: jobs are read only from "
                                "squeue --json (job names and comments are user text)" % job_source)
@@ -187,9 +190,11 @@ class SlurmCliBackend:
         self._read_site_factors = read_site_factors
         self._feed: Optional[InputRunner] = feed if feed is not None else getattr(run, "feed", None)
         self._batch_processes = max(1, batch_processes)
+        self._limits = LimitsReader(run) if read_limits else None
 
     def snapshot(self) -> ClusterView:
-        """Read jobs, nodes and site factors with one command each.
+        """Read jobs, nodes and site factors with one command each, and the site's limits
+        with three (``site_limits``).
 
         Raises:
             BackendError: a command failed (e.g. slurmctld not answering).
@@ -200,6 +205,8 @@ class SlurmCliBackend:
         factors = self._site_factors()
         jobs = [replace(j, site_factor=factors.get(j.job_id, 0)) for j in jobs
                 if _in_partitions(j.partition.split(","), self._partitions)]
+        if self._limits is not None:
+            jobs = with_caps(jobs, self._limits.read())
         nodes = [n for n in nodes if _in_partitions(n.partitions, self._partitions)]
         log.debug("snapshot: %d jobs, %d nodes", len(jobs), len(nodes))
         return ClusterView(now=now, nodes=tuple(nodes), jobs=tuple(jobs))

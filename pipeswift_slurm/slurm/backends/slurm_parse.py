@@ -211,7 +211,8 @@ def _job_from_json(rec: Mapping[str, Any]) -> Optional[Job]:
         comment=comment, admin_comment=admin,
         node_list=expand_hostlist(_text(rec.get("nodes"))) if state != PENDING else (),
         gpu_request=req, config=decision_config(admin, job_id),
-        restarts=_num(rec.get("restart_cnt")) or 0)
+        restarts=_num(rec.get("restart_cnt")) or 0,
+        account=_text(rec.get("account")), qos=_text(rec.get("qos")))
 
 
 def _tres_gpus(tres: str) -> int:
