@@ -151,6 +151,9 @@ class JobProfile:
     range the user allows the scheduler to choose from (equal bounds: rigid job);
     ``allowed_pp`` optionally restricts pipeline sizes. ``job_class`` keys calibration.
     ``uneven_split_allowed`` lets the planner keep the user's first/last-stage split.
+    ``run_time_factor`` (at most 1) scales every predicted run time of this one job: the
+    controller lowers it so that the prediction at the job's own size stays within the
+    job's own time limit (a claim cannot outlast what Slurm lets the job run).
     """
 
     shape: ModelShape
@@ -162,6 +165,7 @@ class JobProfile:
     max_gpus: int = 0
     allowed_pp: Optional[tuple[int, ...]] = None
     job_class: str = ""
+    run_time_factor: float = 1.0
 
     @property
     def flexible(self) -> bool:

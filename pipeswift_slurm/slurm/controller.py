@@ -26,7 +26,7 @@ from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_contr
 from pipeswift_slurm.policy import Policy
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone
 from pipeswift_slurm.slurm.factors import stable_factors
-from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits
+from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
 from pipeswift_slurm.slurm.seams import BatchingBackend, Calibration, HistoryStore
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class Controller:
                     log.warning("job %d: profile request ignored (job left as submitted): %s", job.job_id, why)
                 cached = self._profiles[job.job_id] = (job.comment, profile, why)
             if cached[1] is not None:
-                profiles[job.job_id] = cached[1]
+                profiles[job.job_id] = self._within_time_limit(job, cached)
         for gone in set(self._profiles) - live:
             del self._profiles[gone]
             self._caps.pop(gone, None)
@@ -248,6 +248,15 @@ class Controller:
         if self.calibration is not None and not self.settings.dry_run:
             self.estimator = self.calibration.refit(view.now, self.estimator)
         return report
+
+    def _within_time_limit(self, job: Job, cached: tuple[str, Optional[JobProfile], str]) -> JobProfile:
+        """The cached profile, its predictions kept within the job's time limit (kept in
+        the cache, so an unchanged job keeps the same profile object)."""
+        assert cached[1] is not None
+        profile = within_time_limit(cached[1], job, self.estimator)
+        if profile is not cached[1]:
+            self._profiles[job.job_id] = (cached[0], profile, cached[2])
+        return profile
 
     @staticmethod
     def _within_site_limits(decision: Decision, job: Job) -> Decision:

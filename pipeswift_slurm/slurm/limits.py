@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from pipeswift_slurm.core.model import Decision, Job
+from pipeswift_slurm.core.estimator import EstimatorProtocol
+from pipeswift_slurm.core.model import Decision, Job, JobProfile
 from pipeswift_slurm.policy.knobs import SITE_FACTOR_LIMIT
 
 log = logging.getLogger(__name__)
@@ -61,3 +62,18 @@ def within_site_limits(decision: Decision, job: Job) -> tuple[Decision, str]:
     if decision.config is not None and config is None:
         why[0] = "not resized: " + why[0]
     return replace(decision, config=config, time_limit_s=limit, site_factor=factor), "; ".join(why)
+
+
+def within_time_limit(profile: JobProfile, job: Job, estimator: EstimatorProtocol) -> JobProfile:
+    """``profile`` with a ``run_time_factor`` that keeps its predicted run time at the job's
+    present size within the job's own time limit (Slurm ends it there whatever it claims);
+    ``profile`` itself when that changes nothing. Other sizes scale alike, so a resize
+    still rescales the limit as before."""
+    base = profile if profile.run_time_factor == 1.0 else replace(profile, run_time_factor=1.0)
+    factor = 1.0
+    if job.time_limit_s:
+        config = job.config if job.config is not None and job.config.gpus == job.gpus else profile.requested
+        predicted = estimator.run_time_s(base, config)
+        if predicted > job.time_limit_s > 0:
+            factor = job.time_limit_s / predicted
+    return profile if factor == profile.run_time_factor else replace(profile, run_time_factor=factor)
