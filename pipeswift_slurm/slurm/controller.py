@@ -20,12 +20,13 @@ from typing import Any, Callable, Optional
 
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import MegatronArgError
-from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
+from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile, SiteCaps
 from pipeswift_slurm.core.request import request_profile
 from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller
 from pipeswift_slurm.policy import Policy
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone
 from pipeswift_slurm.slurm.factors import stable_factors
+from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
 from pipeswift_slurm.slurm.seams import BatchingBackend, Calibration, HistoryStore
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ class Controller:
         self.epoch_clock: Callable[[], float] = time.time
         self.calibration = calibration
         self._profiles: dict[int, tuple[str, Optional[JobProfile], str]] = {}
+        self._caps: dict[int, SiteCaps] = {}  # the site's limits each cached profile was clipped to
 
     def _planning_gpus_per_node(self, view: ClusterView) -> int:
         """This tick's GPUs per node: the cluster's own (``cluster_gpus_per_node``), capped
@@ -173,16 +175,18 @@ class Controller:
                 continue
             live.add(job.job_id)
             cached = self._profiles.get(job.job_id)
-            if cached is None or cached[0] != job.comment:
-                profile, why = parse_profile(job, gpn, total) if job.gpus > 0 else (
+            if cached is None or cached[0] != job.comment or self._caps.get(job.job_id) != job.caps:
+                self._caps[job.job_id] = job.caps
+                profile, why = parse_profile(job, gpn, gpu_cap(job, gpn, total)) if job.gpus > 0 else (
                     None, "the job asks for no GPUs (never given any)")
                 if profile is None:
                     log.warning("job %d: profile request ignored (job left as submitted): %s", job.job_id, why)
                 cached = self._profiles[job.job_id] = (job.comment, profile, why)
             if cached[1] is not None:
-                profiles[job.job_id] = cached[1]
+                profiles[job.job_id] = self._within_time_limit(job, cached)
         for gone in set(self._profiles) - live:
             del self._profiles[gone]
+            self._caps.pop(gone, None)
         return profiles
 
     def _allowed(self, decision: Decision, job: Optional[Job], profiles: dict[int, JobProfile]) -> str:
@@ -229,6 +233,7 @@ class Controller:
                 report.skipped.append((decision.job_id, why))
                 continue
             assert job is not None
+            decision = self._within_site_limits(decision, job)
             todo = decision if decision.requeue else unchanged_parts(decision, job)
             if not todo.changes_anything:
                 continue
@@ -243,6 +248,24 @@ class Controller:
         if self.calibration is not None and not self.settings.dry_run:
             self.estimator = self.calibration.refit(view.now, self.estimator)
         return report
+
+    def _within_time_limit(self, job: Job, cached: tuple[str, Optional[JobProfile], str]) -> JobProfile:
+        """The cached profile, its predictions kept within the job's time limit (kept in
+        the cache, so an unchanged job keeps the same profile object)."""
+        assert cached[1] is not None
+        profile = within_time_limit(cached[1], job, self.estimator)
+        if profile is not cached[1]:
+            self._profiles[job.job_id] = (cached[0], profile, cached[2])
+        return profile
+
+    @staticmethod
+    def _within_site_limits(decision: Decision, job: Job) -> Decision:
+        """The decision within the job's partition, QOS and association limits (logged
+        when that changed it)."""
+        kept, why = within_site_limits(decision, job)
+        if why:
+            log.info("job %d: within the site's limits: %s", job.job_id, why)
+        return kept
 
     def _record_failed(self, exc: BackendError) -> None:
         """A tick row with status failed, so the history (and ``pipeswift_last_tick_ok``)
