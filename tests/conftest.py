@@ -6,7 +6,11 @@ Keep the names stable: other test modules rely on ``gpt_argv``, ``profile``, ``a
 
 from __future__ import annotations
 
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -71,3 +75,101 @@ class Clock:
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
+
+
+# ---------------------------------------------------------------- PostgreSQL variants
+
+POSTGRES_URL_ENV = "PIPESWIFT_TEST_POSTGRES_URL"
+NO_POSTGRES = ("PostgreSQL variant: no server (set %s, e.g. after tests/pg/postgres.sh up; "
+               "tests/run-all.sh does)" % POSTGRES_URL_ENV)
+
+
+def postgres_url() -> str | None:
+    """The test server's URL (a ``postgresql+psycopg://`` URL), or None when unset."""
+    import os
+
+    return os.environ.get(POSTGRES_URL_ENV) or None
+
+
+# Parametrize a fixture or test over both backends: ``@pytest.fixture(params=BACKENDS)``.
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(postgres_url() is None,
+                                                                          reason=NO_POSTGRES))]
+
+
+@contextmanager
+def postgres_schema(label: str = "t") -> Iterator[str]:
+    """A fresh, empty schema on the test server for one test (or module), dropped after:
+    yields a URL whose connections see only that schema (``search_path``), so tests on
+    one server stay as independent as tests on their own SQLite files."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    base = postgres_url()
+    if base is None:
+        pytest.skip(NO_POSTGRES)
+    name = "%s_%s" % (re.sub(r"[^a-z0-9_]", "_", label.lower())[:40], uuid.uuid4().hex[:12])
+    admin = create_engine(base, poolclass=NullPool)
+    with admin.begin() as conn:
+        conn.execute(text('CREATE SCHEMA "%s"' % name))
+    url = make_url(base).update_query_dict({"options": "-csearch_path=%s" % name})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text('DROP SCHEMA "%s" CASCADE' % name))
+        admin.dispose()
+
+
+@contextmanager
+def fresh_database(backend: str, folder: Path, label: str = "t") -> Iterator[str]:
+    """A URL (PostgreSQL) or file path (SQLite, in ``folder``) of a new, empty database."""
+    if backend == "sqlite":
+        yield str(folder / "pipeswift.sqlite")
+    else:
+        with postgres_schema(label) as url:
+            yield url
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    """"sqlite" or "postgresql" (skipped without a test server)."""
+    return request.param
+
+
+@pytest.fixture
+def db_url(backend: str, tmp_path: Path, request) -> Iterator[str]:
+    """A new, empty database of the backend under test: a file path or a URL."""
+    with fresh_database(backend, tmp_path, request.node.name) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def new_database():
+    """``fresh_database`` for fixtures of any scope: ``with new_database(backend, folder,
+    label) as url:`` (test modules cannot import conftest reliably; they ask for this)."""
+    return fresh_database
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_backend(request) -> str:
+    """``backend`` for module-scoped fixtures (a history built once per module and backend)."""
+    return request.param
+
+
+SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
+
+
+def admin_sql_text(name: str, dialect: str) -> str:
+    """The text of admin query ``sql/<name>.sql``, or of its PostgreSQL variant
+    ``sql/postgresql/<name>.sql`` on PostgreSQL."""
+    name = name.removesuffix(".sql") + ".sql"
+    return (SQL_DIR / ("postgresql/" + name if dialect == "postgresql" else name)).read_text()
+
+
+@pytest.fixture(scope="session")
+def admin_sql():
+    """``admin_sql(name, dialect)``: the admin query for that database (see ``admin_sql_text``)."""
+    return admin_sql_text

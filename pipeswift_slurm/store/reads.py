@@ -11,7 +11,13 @@ second) and follows the admin files in ``sql/`` at the repository root
 the figures agree. Window rule: ``since``/``until`` (epoch seconds, either may be None)
 select jobs by ``submit_time`` in ``[since, until)``, decisions by ``at`` and ticks by
 ``started_at``. Percentiles are nearest-rank (the value at rank ceil(p * n)). Time
-buckets (hour, day) are UTC, ``CAST(t / 3600 AS INTEGER)`` (SQLite truncation).
+buckets (hour, day) are UTC, ``CAST(t / 3600 AS INTEGER)`` (SQLite truncation; in
+PostgreSQL, whose CAST rounds, ``CAST(FLOOR(t / 3600) AS BIGINT)``).
+
+The same SQL runs on SQLite and PostgreSQL: ``"user"`` is quoted (a PostgreSQL keyword:
+bare, it is the session's user), booleans are compared with TRUE/FALSE, parameters are
+cast where tested for NULL (PostgreSQL cannot tell the type of a bare ``:since IS NULL``),
+and the one dialect difference left (the time buckets) is chosen per database.
 
 Every function takes a ``Store`` or a bare SQLAlchemy ``Engine``. Must not import the
 reports, matplotlib, click or any Slurm backend.
@@ -28,16 +34,32 @@ FINISHED_SQL = "('COMPLETED', 'COMPLETED?')"
 GROUP_SQL = {
     "hour": "CAST(submit_time / 3600 AS INTEGER) * 3600",
     "day": "CAST(submit_time / 86400 AS INTEGER) * 86400",
-    "user": "COALESCE(NULLIF(user, ''), '(none)')",
+    "user": "COALESCE(NULLIF(\"user\", ''), '(none)')",
     "size": "COALESCE(size_class, 'unknown')",
     "partition": "COALESCE(NULLIF(partition, ''), '(none)')",
     "all": "'all'",
 }
-WINDOW_SQL = "(:since IS NULL OR submit_time >= :since) AND (:until IS NULL OR submit_time < :until)"
+# PostgreSQL's CAST to an integer rounds; truncate first (times are positive: FLOOR truncates).
+POSTGRESQL_GROUP_SQL = {
+    "hour": "CAST(FLOOR(submit_time / 3600) AS BIGINT) * 3600",
+    "day": "CAST(FLOOR(submit_time / 86400) AS BIGINT) * 86400",
+}
+# A parameter that may be NULL is cast where it is tested: PostgreSQL cannot tell the type
+# of a bare ":since IS NULL" (SQLite ignores the cast).
+TIME_IS_NULL = "CAST(:{0} AS DOUBLE PRECISION) IS NULL"
+WINDOW_SQL = ("(%s OR submit_time >= :since) AND (%s OR submit_time < :until)"
+              % (TIME_IS_NULL.format("since"), TIME_IS_NULL.format("until")))
 
 
 def _engine(src: Any) -> Engine:
     return src if isinstance(src, Engine) else src.engine
+
+
+def _group_sql(src: Any, by: str) -> str:
+    """The SQL expression of a job's group ``by`` (a key of GROUP_SQL) on this database."""
+    if _engine(src).dialect.name == "postgresql":
+        return POSTGRESQL_GROUP_SQL.get(by, GROUP_SQL[by])
+    return GROUP_SQL[by]
 
 
 def _rows(src: Any, sql: str, params: dict[str, Any]) -> list[Any]:
@@ -78,7 +100,7 @@ def queue_ratio_rows(src: Any, by: str, since: Optional[float], until: Optional[
     """Per group ``by`` (a key of GROUP_SQL): grp, n_jobs, queue_s, run_s, queue_ratio,
     mean_job_ratio, over jobs with both queue and run times (only size class small with
     ``small_only``)."""
-    sql = QUEUE_RATIO_SQL.format(group=GROUP_SQL[by], window=WINDOW_SQL,
+    sql = QUEUE_RATIO_SQL.format(group=_group_sql(src, by), window=WINDOW_SQL,
                                  extra="AND size_class = 'small'" if small_only else "")
     return _rows(src, sql, _window(since, until))
 
@@ -114,7 +136,7 @@ GROUP BY grp
 def jct_rows(src: Any, by: str, since: Optional[float], until: Optional[float]) -> list[Any]:
     """Per group: grp, n_jobs, mean_s, p50_s, p95_s, p99_s, max_s, mean_queue_s of the JCT
     (end - submit) of completed jobs."""
-    sql = JCT_SQL.format(group=GROUP_SQL[by], window=WINDOW_SQL, finished=FINISHED_SQL)
+    sql = JCT_SQL.format(group=_group_sql(src, by), window=WINDOW_SQL, finished=FINISHED_SQL)
     return _rows(src, sql, _window(since, until))
 
 
@@ -130,7 +152,7 @@ ORDER BY grp, jct_s
 
 def jct_value_rows(src: Any, by: str, since: Optional[float], until: Optional[float]) -> list[Any]:
     """(grp, jct_s) of every completed job, sorted by group then JCT."""
-    sql = JCT_VALUES_SQL.format(group=GROUP_SQL[by], window=WINDOW_SQL, finished=FINISHED_SQL)
+    sql = JCT_VALUES_SQL.format(group=_group_sql(src, by), window=WINDOW_SQL, finished=FINISHED_SQL)
     return _rows(src, sql, _window(since, until))
 
 
@@ -169,22 +191,22 @@ def wait_rows(src: Any, by: str, since: Optional[float], until: Optional[float],
               bound_s: float) -> list[Any]:
     """Per group: grp, n_jobs, n_pending, mean_s, median_s, max_s, max_job_id,
     n_over_bound; a PENDING job's wait runs to ``now_s``."""
-    sql = WAITS_SQL.format(group=GROUP_SQL[by], window=WINDOW_SQL)
+    sql = WAITS_SQL.format(group=_group_sql(src, by), window=WINDOW_SQL)
     return _rows(src, sql, {**_window(since, until), "now": now_s, "bound": bound_s})
 
 
 def last_tick_s(src: Any, until: Optional[float] = None) -> Optional[float]:
     """When the last tick (before ``until`` when given) started; None without ticks."""
-    sql = "SELECT MAX(started_at) FROM ticks WHERE (:until IS NULL OR started_at < :until)"
+    sql = "SELECT MAX(started_at) FROM ticks WHERE (%s OR started_at < :until)" % TIME_IS_NULL.format("until")
     value = _rows(src, sql, {"until": until})[0][0]
     return None if value is None else float(value)
 
 
 def latest_job_time_s(src: Any) -> Optional[float]:
     """The latest submit, start or end time recorded for any job; None without jobs."""
-    value = _rows(src, "SELECT MAX(MAX(COALESCE(submit_time, 0), COALESCE(start_time, 0), "
-                       "COALESCE(end_time, 0))) FROM jobs", {})[0][0]
-    return None if value is None else float(value)
+    row = _rows(src, "SELECT MAX(submit_time), MAX(start_time), MAX(end_time) FROM jobs", {})[0]
+    values = [float(v) for v in row if v is not None]
+    return max(values) if values else None
 
 
 BIAS_SQL = """
@@ -229,31 +251,31 @@ def calibration_rows(src: Any) -> list[Any]:
 
 
 DECISION_WHERE = """
-WHERE (:since IS NULL OR d.at >= :since) AND (:until IS NULL OR d.at < :until)
-  AND (:job_id IS NULL OR d.job_id = :job_id)
-"""
+WHERE ({since} OR d.at >= :since) AND ({until} OR d.at < :until)
+  AND (CAST(:job_id AS BIGINT) IS NULL OR d.job_id = :job_id)
+""".format(since=TIME_IS_NULL.format("since"), until=TIME_IS_NULL.format("until"))
 
 DECISIONS_SQL = """
-SELECT d.id, d.tick_id, d.at, d.job_id, j.user, d.kind, d.config, d.gpus, d.site_factor,
+SELECT d.id, d.tick_id, d.at, d.job_id, j."user", d.kind, d.config, d.gpus, d.site_factor,
        d.time_limit_s,
-       CASE WHEN d.applied = 1 THEN 'applied'
-            WHEN d.applied = 0 THEN 'FAILED'
+       CASE WHEN d.applied = TRUE THEN 'applied'
+            WHEN d.applied = FALSE THEN 'FAILED'
             ELSE 'not applied' END AS outcome,
        d.error, d.reason, d.predicted_start_s, d.predicted_end_s
 FROM decisions AS d
 LEFT JOIN jobs AS j ON j.job_id = d.job_id
 {where}
-  AND (:all_kinds = 1 OR d.intended = 1)
+  AND (:all_kinds = 1 OR d.intended = TRUE)
 ORDER BY d.id DESC
 LIMIT :limit
 """
 
 DECISION_COUNTS_SQL = """
 SELECT COUNT(*)                                                      AS n_total,
-       COALESCE(SUM(CASE WHEN d.intended = 1 THEN 1 ELSE 0 END), 0)   AS n_intended,
-       COALESCE(SUM(CASE WHEN d.applied = 1 THEN 1 ELSE 0 END), 0)    AS n_applied,
-       COALESCE(SUM(CASE WHEN d.applied = 0 THEN 1 ELSE 0 END), 0)    AS n_failed,
-       COALESCE(SUM(CASE WHEN d.intended = 1 AND d.applied IS NULL THEN 1 ELSE 0 END), 0)
+       COALESCE(SUM(CASE WHEN d.intended = TRUE THEN 1 ELSE 0 END), 0)   AS n_intended,
+       COALESCE(SUM(CASE WHEN d.applied = TRUE THEN 1 ELSE 0 END), 0)    AS n_applied,
+       COALESCE(SUM(CASE WHEN d.applied = FALSE THEN 1 ELSE 0 END), 0)   AS n_failed,
+       COALESCE(SUM(CASE WHEN d.intended = TRUE AND d.applied IS NULL THEN 1 ELSE 0 END), 0)
                                                                      AS n_not_attempted
 FROM decisions AS d
 {where}
@@ -269,19 +291,20 @@ def decision_rows(src: Any, since: Optional[float], until: Optional[float], job_
     return rows, _rows(src, DECISION_COUNTS_SQL.format(where=DECISION_WHERE), params)[0]
 
 
+TICK_WINDOW = {"since": TIME_IS_NULL.format("since"), "until": TIME_IS_NULL.format("until")}
 TICKS_SQL = """
 SELECT COUNT(*) AS n_ticks,
        COALESCE(SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END), 0) AS n_failed,
        AVG(duration_s) AS mean_duration_s
 FROM ticks
-WHERE (:since IS NULL OR started_at >= :since) AND (:until IS NULL OR started_at < :until)
-"""
+WHERE ({since} OR started_at >= :since) AND ({until} OR started_at < :until)
+""".format(**TICK_WINDOW)
 
 LAST_TICK_SQL = """
 SELECT started_at, duration_s, status FROM ticks
-WHERE (:since IS NULL OR started_at >= :since) AND (:until IS NULL OR started_at < :until)
+WHERE ({since} OR started_at >= :since) AND ({until} OR started_at < :until)
 ORDER BY started_at DESC, tick_id DESC LIMIT 1
-"""
+""".format(**TICK_WINDOW)
 
 
 def tick_rows(src: Any, since: Optional[float], until: Optional[float]) -> tuple[Any, Optional[Any]]:

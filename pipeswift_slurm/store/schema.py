@@ -6,10 +6,11 @@ the policy or by ``model.py``. ``sql/schema.sql`` is the hand-written reference 
 SQLite; ``tests/unit/test_schema_ddl.py`` proves the two agree column by column.
 
 Conventions:
-  * Times are epoch seconds stored as REAL (a float, so simulated time with fractions fits;
+  * Times are epoch seconds stored as REAL, DOUBLE PRECISION in PostgreSQL (a float, so simulated time with fractions fits;
     real Slurm times are whole seconds and stay exact in a double). Durations are seconds
     (``*_s``), also REAL.
-  * Strings are TEXT; booleans are BOOLEAN (0/1 in SQLite).
+  * Strings are TEXT; booleans are BOOLEAN (0/1 in SQLite, false/true in PostgreSQL;
+    server defaults are written so that both accept them).
   * Columns that a job may not have yet (``start_time`` of a pending job) are NULL, never 0.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from sqlalchemy import REAL, Boolean, ForeignKey, Index, Integer, Text, text
+from sqlalchemy import DOUBLE_PRECISION, REAL, Boolean, ForeignKey, Index, Integer, Text, false, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 log = logging.getLogger(__name__)
@@ -26,10 +27,15 @@ log = logging.getLogger(__name__)
 from pipeswift_slurm.core.sizeclass import MEDIUM_MAX_GPU_H, SIZE_CLASSES, SMALL_MAX_GPU_H, size_class  # noqa: F401 (re-exported)
 
 
-class Base(DeclarativeBase):
-    """Declarative base: Python float -> REAL, str -> TEXT everywhere."""
+# SQLite's REAL is a double; PostgreSQL's is a 4-byte float (epoch seconds would lose
+# minutes), so there a float column is DOUBLE PRECISION.
+FLOAT = REAL().with_variant(DOUBLE_PRECISION(), "postgresql")
 
-    type_annotation_map = {float: REAL, str: Text, int: Integer, bool: Boolean}
+
+class Base(DeclarativeBase):
+    """Declarative base: Python float -> REAL (DOUBLE PRECISION in PostgreSQL), str -> TEXT."""
+
+    type_annotation_map = {float: FLOAT, str: Text, int: Integer, bool: Boolean}
 
 
 class JobRow(Base):
@@ -65,7 +71,7 @@ class JobRow(Base):
     num_nodes: Mapped[Optional[int]]
     gpus: Mapped[Optional[int]]
     requested_gpus: Mapped[Optional[int]]
-    opted_in: Mapped[bool] = mapped_column(server_default=text("0"))
+    opted_in: Mapped[bool] = mapped_column(server_default=false())  # 0 in SQLite, false in PostgreSQL
     job_class: Mapped[Optional[str]]
     size_class: Mapped[Optional[str]]
     queue_s: Mapped[Optional[float]]

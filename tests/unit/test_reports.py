@@ -2,8 +2,9 @@
 written by the simulator (``pipeswift simulate --db``) and one written tick by tick through
 ``Store.tick`` the way the real controller records Slurm's view. Every reported number is
 compared with a value computed independently in Python from the raw rows (read with the
-``sqlite3`` module) or from the simulator's own job records, and with the admin SQL files
-in ``sql/``. Outputs (PNG, HTML, Prometheus, CSV/JSON, CLI) are checked for content."""
+database driver) or from the simulator's own job records, and with the admin SQL files
+in ``sql/``; on SQLite, and on PostgreSQL when a test server is up
+(``tests/pg/postgres.sh``). Outputs (PNG, HTML, Prometheus, CSV/JSON, CLI) are checked for content."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import sqlite3
 import statistics
 from collections import defaultdict
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,7 @@ from pipeswift_slurm.reports import queries as R
 from pipeswift_slurm.cli.main import pipeswift
 from pipeswift_slurm.core.megatron import profile_from_argv
 from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, Node
-from pipeswift_slurm.store.history import CalibrationEntry, Store
+from pipeswift_slurm.store.history import CalibrationEntry, Store, make_engine
 from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
@@ -173,56 +175,65 @@ def _record_tick(store: Store, now: float, prev: float, specs: list[dict], rng: 
 
 
 @pytest.fixture(scope="module")
-def ctl_db(tmp_path_factory):
-    """(path, specs): a history written through Store.tick like the real controller's."""
-    path = tmp_path_factory.mktemp("ctl") / "pipeswift.sqlite"
-    store = Store.from_url(str(path))
-    rng = random.Random(7)
-    specs = _job_specs(rng)
-    prev = T0 - TICK_S
-    for i in range(N_TICKS):
-        now = T0 + i * TICK_S
-        _record_tick(store, now, prev, specs, rng)
-        prev = now
-    store.save_calibration([CalibrationEntry("gpt-7b", 12, math.log(1.3), T0)])
-    store.engine.dispose()
-    return str(path), specs
+def ctl_db(module_backend, new_database, tmp_path_factory):
+    """(path or URL, specs): a history written through Store.tick like the real controller's."""
+    with new_database(module_backend, tmp_path_factory.mktemp("ctl"), "ctl") as url:
+        store = Store.from_url(url)
+        rng = random.Random(7)
+        specs = _job_specs(rng)
+        prev = T0 - TICK_S
+        for i in range(N_TICKS):
+            now = T0 + i * TICK_S
+            _record_tick(store, now, prev, specs, rng)
+            prev = now
+        store.save_calibration([CalibrationEntry("gpt-7b", 12, math.log(1.3), T0)])
+        store.engine.dispose()
+        yield url, specs
 
 
 @pytest.fixture(scope="module")
-def sim_db(tmp_path_factory):
-    """(path, comparison): ``pipeswift simulate --db`` on 60 synthetic jobs."""
+def sim_db(module_backend, new_database, tmp_path_factory):
+    """(path or URL, comparison): ``pipeswift simulate --db`` on 60 synthetic jobs."""
     from pipeswift_slurm.sim.runner import RunSpec, run_comparison
 
-    path = tmp_path_factory.mktemp("sim") / "sim.sqlite"
-    comp = run_comparison(
-        RunSpec(gpus=32, synthetic_jobs=60, policies=("pipeswift",), seed=3),
-        store_for=lambda _p: Store.from_url(str(path)),
-    )
-    return str(path), comp
+    with new_database(module_backend, tmp_path_factory.mktemp("sim"), "sim") as url:
+        stores = []
+
+        def store_for(_policy):
+            stores.append(Store.from_url(url))
+            return stores[-1]
+
+        comp = run_comparison(RunSpec(gpus=32, synthetic_jobs=60, policies=("pipeswift",), seed=3),
+                              store_for=store_for)
+        for store in stores:
+            store.engine.dispose()
+        yield url, comp
 
 
 @pytest.fixture(params=["ctl", "sim"])
 def db(request, ctl_db, sim_db):
+    """Each history in turn (on the module's backend)."""
     return (ctl_db if request.param == "ctl" else sim_db)[0]
 
 
 @pytest.fixture
-def empty_db(tmp_path):
-    path = tmp_path / "empty.sqlite"
-    Store.from_url(str(path)).engine.dispose()
-    return str(path)
+def empty_db(backend, new_database, tmp_path):
+    with new_database(backend, tmp_path, "empty") as url:
+        Store.from_url(url).engine.dispose()
+        yield url
 
 
 # ---------------------------------------------------------------- independent computations
 
 
-def raw(path: str, table: str) -> list[dict]:
-    conn = sqlite3.connect(path)
-    conn.row_factory = sqlite3.Row
-    rows = [dict(r) for r in conn.execute("SELECT * FROM %s" % table)]
-    conn.close()
-    return rows
+def raw(db: str, table: str) -> list[dict]:
+    """Every row of ``table`` as stored (no type conversion), straight from the driver."""
+    engine = make_engine(db)
+    try:
+        with engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.exec_driver_sql("SELECT * FROM %s" % table)]
+    finally:
+        engine.dispose()
 
 
 def nearest(values: list[float], pct: int) -> float:
@@ -516,19 +527,28 @@ def test_parse_time_rejects(text):
 # ---------------------------------------------------------------- the sql/ files agree
 
 
-def run_sql(path: str, name: str) -> list[sqlite3.Row]:
-    conn = sqlite3.connect(path)
-    conn.row_factory = sqlite3.Row
-    rows = conn.execute((SQL_DIR / name).read_text()).fetchall()
-    conn.close()
-    return rows
+@pytest.fixture(scope="module")
+def run_sql(admin_sql):
+    return lambda db, name: _run_sql(db, name, admin_sql)
+
+
+def _run_sql(db: str, name: str, admin_sql) -> list[dict]:
+    """The rows of admin query ``sql/<name>`` (its ``sql/postgresql/`` variant on PostgreSQL)."""
+    engine = make_engine(db)
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(admin_sql(name, engine.dialect.name))
+            # PostgreSQL's ROUND gives NUMERIC (Decimal); compare as numbers
+            return [{k: float(v) if isinstance(v, Decimal) else v for k, v in r._mapping.items()} for r in rows]
+    finally:
+        engine.dispose()
 
 
 def hours(seconds):
     return pytest.approx(seconds / 3600.0, abs=6e-4)
 
 
-def test_sql_files_agree_with_reports(db):
+def test_sql_files_agree_with_reports(db, run_sql):
     store = Store.from_url(db)
     by_hour = R.queue_ratio(store, by="hour")
     sql = run_sql(db, "queue_ratio_by_hour.sql")

@@ -57,8 +57,15 @@ def rows(store, sql, **params):
 
 
 @pytest.fixture
-def store():
-    return Store.in_memory()
+def store(backend, request, tmp_path, new_database):
+    """A new, empty history: in-memory SQLite, or a fresh schema on the PostgreSQL test server."""
+    if backend == "sqlite":
+        yield Store.in_memory()
+        return
+    with new_database(backend, tmp_path, request.node.name) as url:
+        store = Store.from_url(url)
+        yield store
+        store.engine.dispose()
 
 
 # ------------------------------------------------------------------ transaction per tick

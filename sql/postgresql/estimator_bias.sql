@@ -1,0 +1,35 @@
+-- Estimator bias per job class: actual run time / predicted run time.
+-- PostgreSQL variant of ../estimator_bias.sql (same columns, same figures).
+--
+-- Over completed jobs with both a run time and the controller's last prediction. Above 1:
+-- jobs ran longer than predicted. calibrated_ratio is what the controller currently
+-- applies (calibration table), calibrated_on its number of jobs. The median is
+-- nearest-rank (the lower middle value for an even count).
+--
+-- Run: psql -X -d pipeswift -f sql/postgresql/estimator_bias.sql
+WITH ratios AS (
+    SELECT COALESCE(NULLIF(job_class, ''), '(none)') AS job_class,
+           run_s / predicted_run_s                  AS ratio
+    FROM jobs
+    WHERE state IN ('COMPLETED', 'COMPLETED?')
+      AND run_s > 0
+      AND predicted_run_s > 0
+), ranked AS (
+    SELECT job_class, ratio,
+           ROW_NUMBER() OVER (PARTITION BY job_class ORDER BY ratio) AS rank_,
+           COUNT(*) OVER (PARTITION BY job_class)                    AS n
+    FROM ratios
+)
+SELECT
+    r.job_class,
+    COUNT(*)                                                                 AS n_jobs,
+    ROUND(CAST(AVG(r.ratio) AS NUMERIC), 4)                                  AS mean_ratio,
+    ROUND(CAST(MAX(CASE WHEN r.rank_ = (r.n + 1) / 2 THEN r.ratio END) AS NUMERIC), 4) AS median_ratio,
+    ROUND(CAST(MIN(r.ratio) AS NUMERIC), 4)                                  AS min_ratio,
+    ROUND(CAST(MAX(r.ratio) AS NUMERIC), 4)                                  AS max_ratio,
+    ROUND(CAST(MAX(c.ratio) AS NUMERIC), 4)                                  AS calibrated_ratio,
+    MAX(c.n_jobs)                                                            AS calibrated_on
+FROM ranked AS r
+LEFT JOIN calibration AS c ON c.job_class = r.job_class
+GROUP BY r.job_class
+ORDER BY r.job_class;

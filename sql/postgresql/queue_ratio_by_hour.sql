@@ -1,0 +1,22 @@
+-- Queue-time ratio per hour: is the bottleneck the queue or the pipeline?
+-- PostgreSQL variant of ../queue_ratio_by_hour.sql (same columns, same figures).
+--
+-- For jobs submitted in each hour (UTC) that have started and ended:
+--   queue_ratio    = total queue time / total (queue + run) time of those jobs
+--   mean_job_ratio = average over jobs of queue_s / (queue_s + run_s)
+-- A ratio near 1 means jobs mostly wait; near 0, they mostly run.
+--
+-- Run: psql -X -d pipeswift -f sql/postgresql/queue_ratio_by_hour.sql
+SELECT
+    to_char(to_timestamp(submit_time) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:00') AS hour_utc,
+    COUNT(*)                                                                AS n_jobs,
+    ROUND(CAST(SUM(queue_s) / 3600.0 AS NUMERIC), 3)                        AS queue_h,
+    ROUND(CAST(SUM(run_s) / 3600.0 AS NUMERIC), 3)                          AS run_h,
+    ROUND(CAST(SUM(queue_s) / NULLIF(SUM(queue_s + run_s), 0) AS NUMERIC), 4) AS queue_ratio,
+    ROUND(CAST(AVG(queue_s / NULLIF(queue_s + run_s, 0)) AS NUMERIC), 4)    AS mean_job_ratio
+FROM jobs
+WHERE queue_s IS NOT NULL
+  AND run_s IS NOT NULL
+  AND submit_time IS NOT NULL
+GROUP BY hour_utc
+ORDER BY hour_utc;
