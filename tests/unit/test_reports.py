@@ -827,7 +827,7 @@ def test_cli_rejects_a_file_that_is_not_a_history(tmp_path):
 
 def test_one_wait_bound_the_policys_in_reports_metrics_cli_and_sql() -> None:
     """Issue 28 item 9: the reports, Prometheus metrics, ``report --wait-bound-h`` and
-    sql/waits.sql all count waits over the pipeswift policy's own default bound."""
+    sql/waits.sql (and its PostgreSQL variant) all count waits over the pipeswift policy's own default bound."""
     from pipeswift_slurm.policy import knob_defaults
     from pipeswift_slurm.reports.base import DEFAULT_WAIT_BOUND_S
     from pipeswift_slurm.reports.metrics import prometheus_text
@@ -838,6 +838,8 @@ def test_one_wait_bound_the_policys_in_reports_metrics_cli_and_sql() -> None:
     assert "pipeswift_wait_bound_seconds 172800" in prometheus_text(R.full_report(Store.in_memory()))
     sql = (Path(__file__).resolve().parents[2] / "sql" / "waits.sql").read_text()
     assert [float(x) for x in re.findall(r"SUM\(wait_s > (\d+)\)", sql)] == [policy_s]
+    pg_sql = (Path(__file__).resolve().parents[2] / "sql" / "postgresql" / "waits.sql").read_text()
+    assert [float(x) for x in re.findall(r"WHEN wait_s > (\d+)", pg_sql)] == [policy_s]
     report_cmd = pipeswift.commands["report"]
     for command in getattr(report_cmd, "commands", {"": report_cmd}).values():
         for param in command.params:

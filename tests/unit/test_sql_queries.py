@@ -1,5 +1,7 @@
 """The admin queries in sql/*.sql, run on a small hand-built history, agree with the same
-figures computed independently in Python (and run under the sqlite3 command line)."""
+figures computed independently in Python (and run under the sqlite3 command line); on
+PostgreSQL (a test server: tests/pg/postgres.sh) their variants in sql/postgresql/ do the
+same, also under psql."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import statistics
 import subprocess
 from collections import defaultdict
 from datetime import datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from pipeswift_slurm.store.schema import size_class
-from pipeswift_slurm.store.history import Store
+from pipeswift_slurm.store.history import Store, make_engine
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 QUERIES = ("queue_ratio_by_hour", "jct_by_size_class", "waits", "estimator_bias", "decisions")
@@ -66,33 +70,61 @@ def _insert(conn: sqlite3.Connection, table: str, rows: list[dict]) -> None:
         conn.execute("INSERT INTO %s (%s) VALUES (%s)" % (table, cols, marks), list(row.values()))
 
 
+def _insert_postgresql(url: str, tables: dict[str, list[dict]]) -> None:
+    """The same rows through psycopg (one INSERT per row, like the SQLite side)."""
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for table, rows in tables.items():
+            for row in rows:
+                conn.exec_driver_sql('INSERT INTO %s (%s) VALUES (%s)' % (
+                    table, ", ".join('"%s"' % c for c in row), ", ".join("%%(%s)s" % c for c in row)), row)
+    engine.dispose()
+
+
 @pytest.fixture(scope="module")
-def history(tmp_path_factory):
-    """(database path, jobs, decisions): a file made by Store, filled by plain INSERTs."""
-    path = tmp_path_factory.mktemp("sql") / "pipeswift.sqlite"
-    # creates the tables; closed now, so that the last connection's WAL checkpoint cannot
-    # happen (garbage collected) while the sqlite3 command line reads the file
-    Store.from_url(str(path)).engine.dispose()
-    rng = random.Random(20240607)
-    jobs = _make_jobs(rng)
-    decisions = _make_decisions(rng, len(jobs))
-    conn = sqlite3.connect(path)
-    ticks = [{"tick_id": i, "started_at": T0 + i * 3600.0, "policy": "pipeswift",
-              "dry_run": False, "status": "ok"} for i in range(1, 5)]
-    _insert(conn, "ticks", ticks)
-    _insert(conn, "jobs", jobs)
-    _insert(conn, "decisions", decisions)
-    _insert(conn, "calibration", [{"job_class": "gpt-7b", "n_jobs": 9, "log_ratio": 0.1,
-                                   "ratio": 1.10517, "updated_at": T0}])
-    conn.commit()
-    conn.close()
-    return path, jobs, decisions
+def history(module_backend, new_database, tmp_path_factory):
+    """(database path or URL, jobs, decisions): a database made by Store, filled by plain INSERTs."""
+    with new_database(module_backend, tmp_path_factory.mktemp("sql"), "sql") as db:
+        # creates the tables; closed now, so that the last connection's WAL checkpoint cannot
+        # happen (garbage collected) while the sqlite3 command line reads the file
+        Store.from_url(db).engine.dispose()
+        rng = random.Random(20240607)
+        jobs = _make_jobs(rng)
+        decisions = _make_decisions(rng, len(jobs))
+        ticks = [{"tick_id": i, "started_at": T0 + i * 3600.0, "policy": "pipeswift",
+                  "dry_run": False, "status": "ok"} for i in range(1, 5)]
+        tables = {"ticks": ticks, "jobs": jobs, "decisions": decisions,
+                  "calibration": [{"job_class": "gpt-7b", "n_jobs": 9, "log_ratio": 0.1,
+                                   "ratio": 1.10517, "updated_at": T0}]}
+        if module_backend == "postgresql":
+            _insert_postgresql(db, tables)
+        else:
+            conn = sqlite3.connect(db)
+            for table, rows in tables.items():
+                _insert(conn, table, rows)
+            conn.commit()
+            conn.close()
+        yield db, jobs, decisions
 
 
-def run_query(path: Path, name: str) -> list[dict]:
-    conn = sqlite3.connect(path)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute((SQL_DIR / (name + ".sql")).read_text())]
+@pytest.fixture(scope="module")
+def run_query(module_backend, admin_sql):
+    """run_query(db, name): the rows of admin query ``name`` on that database, as dicts of
+    plain Python numbers and text (sql/NAME.sql on SQLite, sql/postgresql/NAME.sql on PostgreSQL)."""
+    def run(db: str, name: str) -> list[dict]:
+        if module_backend == "sqlite":
+            conn = sqlite3.connect(db)
+            conn.row_factory = sqlite3.Row
+            return [dict(r) for r in conn.execute(admin_sql(name, "sqlite"))]
+        engine = make_engine(db)
+        try:
+            with engine.connect() as conn:
+                rows = conn.exec_driver_sql(admin_sql(name, "postgresql"))
+                return [{k: float(v) if isinstance(v, Decimal) else v for k, v in r._mapping.items()}
+                        for r in rows]
+        finally:
+            engine.dispose()
+    return run
 
 
 def _hours(x: float) -> float:
@@ -104,14 +136,14 @@ def _nearest_rank(values: list[float], pct: int) -> float:
     return ordered[-(-pct * len(ordered) // 100) - 1]
 
 
-def test_queue_ratio_by_hour(history):
-    path, jobs, _ = history
+def test_queue_ratio_by_hour(history, run_query):
+    db, jobs, _ = history
     groups = defaultdict(list)
     for j in jobs:
         if j.get("queue_s") is not None and j.get("run_s") is not None:
             hour = datetime.fromtimestamp(j["submit_time"], tz=timezone.utc).strftime("%Y-%m-%d %H:00")
             groups[hour].append(j)
-    got = run_query(path, "queue_ratio_by_hour")
+    got = run_query(db, "queue_ratio_by_hour")
     assert [r["hour_utc"] for r in got] == sorted(groups)
     for row in got:
         js = groups[row["hour_utc"]]
@@ -124,15 +156,15 @@ def test_queue_ratio_by_hour(history):
         assert row["mean_job_ratio"] == pytest.approx(per_job, abs=1e-4)
 
 
-def test_jct_by_size_class(history):
-    path, jobs, _ = history
+def test_jct_by_size_class(history, run_query):
+    db, jobs, _ = history
     jct = defaultdict(list)
     queue = defaultdict(list)
     for j in jobs:
         if j["state"] in FINISHED:
             jct[j["size_class"] or "unknown"].append(j["end_time"] - j["submit_time"])
             queue[j["size_class"] or "unknown"].append(j["queue_s"])
-    got = run_query(path, "jct_by_size_class")
+    got = run_query(db, "jct_by_size_class")
     order = [c for c in ("small", "medium", "large", "unknown") if c in jct]
     assert [r["size_class"] for r in got] == order
     for row in got:
@@ -152,8 +184,8 @@ def test_nearest_rank_percentiles_on_a_known_list():
     assert _nearest_rank([3.0], 99) == 3.0
 
 
-def test_waits(history):
-    path, jobs, _ = history
+def test_waits(history, run_query):
+    db, jobs, _ = history
     waits = defaultdict(list)
     for j in jobs:
         if j.get("start_time") is not None:
@@ -161,7 +193,7 @@ def test_waits(history):
         elif j["state"] == "PENDING":
             began = j["eligible_time"] or j["submit_time"]
             waits[j["size_class"] or "unknown"].append((NOW - began, j["job_id"], True))
-    got = run_query(path, "waits")
+    got = run_query(db, "waits")
     assert {r["size_class"] for r in got} == set(waits)
     assert [r["max_wait_h"] for r in got] == sorted((r["max_wait_h"] for r in got), reverse=True)
     for row in got:
@@ -177,13 +209,13 @@ def test_waits(history):
     assert sum(r["n_over_48h"] for r in got) > 0  # the data has starved jobs
 
 
-def test_estimator_bias(history):
-    path, jobs, _ = history
+def test_estimator_bias(history, run_query):
+    db, jobs, _ = history
     ratios = defaultdict(list)
     for j in jobs:
         if j["state"] in FINISHED and j["predicted_run_s"]:
             ratios[j["job_class"] or "(none)"].append(j["run_s"] / j["predicted_run_s"])
-    got = run_query(path, "estimator_bias")
+    got = run_query(db, "estimator_bias")
     assert [r["job_class"] for r in got] == sorted(ratios)
     for row in got:
         values = ratios[row["job_class"]]
@@ -198,24 +230,42 @@ def test_estimator_bias(history):
             assert (row["calibrated_ratio"], row["calibrated_on"]) == (None, None)
 
 
-def test_decisions(history):
-    path, jobs, decisions = history
+def test_decisions(history, run_query):
+    db, jobs, decisions = history
     users = {j["job_id"]: j["user"] for j in jobs}
     outcome = {True: "applied", False: "FAILED", None: "not applied"}
     expected = [(d["id"], d["job_id"], users[d["job_id"]], outcome[d["applied"]], d["error"])
                 for d in sorted(decisions, key=lambda d: -d["id"]) if d["intended"]][:50]
-    got = run_query(path, "decisions")
+    got = run_query(db, "decisions")
     assert [(r["id"], r["job_id"], r["user"], r["outcome"], r["error"]) for r in got] == expected
     assert got[0]["at_utc"] == datetime.fromtimestamp(
         T0 + 60 * got[0]["id"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="no sqlite3 command line")
 @pytest.mark.parametrize("name", QUERIES)
-def test_runs_under_the_sqlite3_command_line(history, name):
-    path, _, _ = history
-    with open(SQL_DIR / (name + ".sql")) as sql:
-        done = subprocess.run(["sqlite3", "-bail", "-csv", "-header", str(path)], stdin=sql,
-                              capture_output=True, text=True, timeout=30)
+def test_runs_under_the_command_line_client(history, run_query, module_backend, name):
+    """What the admin runs: sqlite3 < sql/NAME.sql, or psql -f sql/postgresql/NAME.sql."""
+    db, _, _ = history
+    if module_backend == "sqlite":
+        if shutil.which("sqlite3") is None:
+            pytest.skip("no sqlite3 command line")
+        argv = ["sqlite3", "-bail", "-csv", "-header", str(db)]
+        path = SQL_DIR / (name + ".sql")
+    else:
+        psql = shutil.which("psql") or max(Path("/usr/lib/postgresql").glob("*/bin/psql"), default=None)
+        if psql is None:
+            pytest.skip("no psql command line")
+        url = make_url(db)
+        argv = [str(psql), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--csv", "-h", url.host or "127.0.0.1",
+                "-p", str(url.port or 5432), "-U", url.username or "postgres", "-d", url.database,
+                "-c", "SET search_path TO %s" % url.query["options"].split("=", 1)[1]]
+        path = SQL_DIR / "postgresql" / (name + ".sql")
+        argv += ["-f", str(path)]
+    with open(path) as sql:
+        done = subprocess.run(argv, stdin=sql, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert len(done.stdout.splitlines()) == 1 + len(run_query(path, name))
+    assert len(done.stdout.splitlines()) == 1 + len(run_query(db, name))
+
+
+def test_every_admin_query_has_a_postgresql_variant():
+    assert sorted(p.stem for p in (SQL_DIR / "postgresql").glob("*.sql")) == sorted(QUERIES)

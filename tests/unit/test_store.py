@@ -68,6 +68,21 @@ def store(backend, request, tmp_path, new_database):
         store.engine.dispose()
 
 
+# ------------------------------------------------------------------ types on every backend
+
+def test_times_and_flags_come_back_exactly(store):
+    """Epoch seconds with a fraction survive to the last bit (PostgreSQL's REAL is a 4-byte
+    float: it would move them by minutes), and the boolean default holds on both backends."""
+    submit, start = 1_700_010_492.1815805, 1_700_010_777.25
+    with store.tick(start + 60.0, "fifo") as tx:
+        tx.save_snapshot(view(start + 60.0, running(1, start, submit=submit)))
+    assert rows(store, "SELECT submit_time, start_time, queue_s FROM jobs") == [(submit, start, start - submit)]
+    assert rows(store, "SELECT at FROM state_transitions") == [(start,)]
+    with store.engine.begin() as conn:
+        conn.execute(text("INSERT INTO jobs (job_id, state) VALUES (2, 'PENDING')"))
+    assert [bool(r[0]) for r in rows(store, "SELECT opted_in FROM jobs WHERE job_id = 2")] == [False]
+
+
 # ------------------------------------------------------------------ transaction per tick
 
 def test_exception_in_tick_leaves_every_table_as_it_was(store):
