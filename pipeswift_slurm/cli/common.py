@@ -38,6 +38,23 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     sys.exit(code)
 
 
+def open_store(url: str, *, reader: bool = False, journal_mode: str = "DELETE") -> Any:
+    """The history Store at ``url`` (a SQLite file path or SQLAlchemy URL), for writing or,
+    with ``reader``, read-only. A URL whose driver is missing (one line naming what to
+    install), that SQLAlchemy cannot read, or whose server cannot be reached: exit 2."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from pipeswift_slurm.store.history import Store, StoreUnavailable, shown_url
+
+    try:
+        return Store.reader(url) if reader else Store.from_url(url, journal_mode=journal_mode)
+    except StoreUnavailable as exc:
+        fail(str(exc))
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        fail("cannot open the history at %s: %s" % (shown_url(url), reason[0] if reason else type(exc).__name__))
+
+
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 

@@ -83,7 +83,7 @@ def site_gpu(cfg: Any, obj: Obj) -> Any:
 def build_controller(cfg: Any, obj: Obj) -> Any:
     """Backend, store, policy and calibrated estimator from the config (the calibration
     step, when on, ends every tick that is not a dry run)."""
-    from pipeswift_slurm.cli.common import load_layer_profile
+    from pipeswift_slurm.cli.common import load_layer_profile, open_store
     from pipeswift_slurm.core.costmodel import CostModel
     from pipeswift_slurm.core.estimator import Estimator
     from pipeswift_slurm.policy import get_policy
@@ -91,14 +91,13 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     from pipeswift_slurm.slurm.calibrate import StoreCalibration
     from pipeswift_slurm.slurm.config import policy_knobs
     from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
-    from pipeswift_slurm.store.history import Store
 
     gpu = site_gpu(cfg, obj)
     try:
         backend = get_backend(cfg.backend, partitions=cfg.partitions or None)
     except BackendError as exc:
         fail(str(exc), 1)
-    store = Store.from_url(cfg.db_url) if cfg.db_url else None
+    store = open_store(cfg.db_url) if cfg.db_url else None
     policy = get_policy(cfg.policy, **policy_knobs(cfg))  # name and knobs checked by load_config
     gpn = cfg.gpus_per_node or 8
     layer_profile = load_layer_profile(cfg.layer_profile, gpu, what="%s: [slurm] layer_profile" % cfg.source)

@@ -31,7 +31,7 @@ def open_history(db: str) -> Any:
     from sqlalchemy.exc import SQLAlchemyError
 
     from pipeswift_slurm.reports.queries import has_history_tables
-    from pipeswift_slurm.store.history import Store
+    from pipeswift_slurm.store.history import Store, StoreUnavailable, shown_url
 
     path = None
     if "://" not in db or db.startswith("sqlite:///"):
@@ -41,10 +41,13 @@ def open_history(db: str) -> Any:
     try:
         store = Store.reader(db)
         if not has_history_tables(store.engine):
-            fail("%s is not a pipeswift history database (no jobs/ticks/decisions tables)" % db)
+            fail("%s is not a pipeswift history database (no jobs/ticks/decisions tables)" % shown_url(db))
         return store
+    except StoreUnavailable as exc:
+        fail(str(exc))
     except SQLAlchemyError as exc:
-        fail("cannot read %s: %s%s" % (db, getattr(exc, "orig", None) or exc, wal_hint(path)))
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__]
+        fail("cannot read %s: %s%s" % (shown_url(db), reason[0], wal_hint(path)))
 
 
 def wal_hint(path: Optional[Path]) -> str:

@@ -98,12 +98,30 @@ class Progress:
             self.bar = None
 
 
+def history_file(db: str) -> Path:
+    """``--db`` as the SQLite file a simulation writes (a path, or a ``sqlite:///`` URL).
+
+    A database server's URL (PostgreSQL, ...) is refused with one line, exit 2: a simulated
+    history is a throwaway file, replaced on every run, whose job ids and times are made
+    up; written to a server it would mix with (or, for the ids, overwrite) a controller's
+    real history. Simulate to a file and read it with ``pipeswift report --db FILE``."""
+    if db.startswith("sqlite:///"):
+        return Path(db.removeprefix("sqlite:///"))
+    if "://" in db:
+        from pipeswift_slurm.store.history import shown_url
+
+        fail("--db %s: a simulation writes its history to a new SQLite file, never to a database server (its"
+             " made-up jobs would mix with a controller's history there): give a file path, e.g. --db sim.sqlite,"
+             " and read it with pipeswift report all --db sim.sqlite" % shown_url(db))
+    return Path(db)
+
+
 def history_paths(db: str, policies: Sequence[str]) -> dict[str, Path]:
     """Where each policy's history goes: pipeswift's (else the first policy's) to exactly
-    ``db``, so ``pipeswift report ... --db`` with the same path reads it; each other one
-    beside it as ``<stem>.<policy><suffix>``."""
+    ``db`` (a file: ``history_file``), so ``pipeswift report ... --db`` with the same path
+    reads it; each other one beside it as ``<stem>.<policy><suffix>``."""
     main = "pipeswift" if "pipeswift" in policies else policies[0]
-    first = Path(db)
+    first = history_file(db)
     return {p: first if p == main else first.with_name(
         "%s.%s%s" % (first.stem, p.replace(":", "-"), first.suffix or ".sqlite")) for p in policies}
 
@@ -293,7 +311,7 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
 @click.option("--db", help="Write the controller history of pipeswift (else of the first policy) to this SQLite"
-              " file, and each other policy's beside it as STEM.POLICY.sqlite.")
+              " file (a path, not a database server's URL), and each other policy's beside it as STEM.POLICY.sqlite.")
 @click.option("--plot", help="Draw the JCT CDF per policy to this PNG.")
 @pass_obj
 def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: Optional[int],
@@ -358,6 +376,7 @@ def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
     simulated 64-GPU Slurm cluster with SQLite, every policy, and where the gains come from."""
     from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
 
+    history_file(db)  # a server URL is refused before the runs
     spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
                    policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed, start_epoch_s=None)
     progress = Progress(len(spec.policies) + 1, on_terminal())  # + the history run
@@ -389,6 +408,7 @@ def _demo_history(spec: Any, db: str, progress: Progress) -> None:
     from pipeswift_slurm.sim.runner import run_comparison
     from pipeswift_slurm.store.history import Store
 
-    Path(db).unlink(missing_ok=True)
-    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(db, journal_mode="WAL"),
+    path = history_file(db)
+    path.unlink(missing_ok=True)
+    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(str(path), journal_mode="WAL"),
                    on_tick=progress.tick, on_start=progress.start)

@@ -22,7 +22,10 @@ Readers open the file read-only (``make_engine(..., readonly=True)``: ``mode=ro`
 pragma that writes). A tick starts with ``BEGIN IMMEDIATE`` so two writers (an
 overlapping cron tick, a manual ``pipeswift controller tick``) queue on the write lock
 for up to ``busy_timeout_s`` and then fail with ``StoreBusy``, instead of deadlocking on a
-read-to-write upgrade. Other SQLAlchemy URLs (PostgreSQL) work with their own defaults.
+read-to-write upgrade. Other SQLAlchemy URLs work with their own defaults; PostgreSQL
+(``postgresql+psycopg://``, the ``postgres`` extra) is tested like SQLite. A URL whose
+driver is not installed, or that SQLAlchemy cannot read, raises ``StoreUnavailable`` with
+one line that says what to install or fix.
 
 Vanished jobs: a job the DB believes active (PENDING, RUNNING, ...) but absent from the
 snapshot is reported by ``save_snapshot``; the caller may look it up (sacct) and save it,
@@ -44,7 +47,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 from sqlalchemy import Engine, create_engine, event, insert, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.schema import CreateColumn
@@ -76,6 +79,35 @@ def _missing(conn: Any) -> tuple[set[str], list[tuple[Any, Any]]]:
 
 class StoreBusy(RuntimeError):
     """Another writer held the database longer than ``busy_timeout_s``."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The history URL cannot be used: its driver is not installed, or it is not a URL
+    SQLAlchemy knows. The message is one line that says what to do."""
+
+
+# the Python module a URL's driver needs -> what to install (the extras in setup.cfg)
+DRIVER_INSTALL = {
+    "psycopg": "pip install 'pipeswift-slurm[postgres]' (the psycopg driver)",
+    "psycopg2": "pip install 'pipeswift-slurm[postgres]' and write the URL as postgresql+psycopg://...",
+}
+
+
+def shown_url(url: str) -> str:
+    """``url`` as it may be printed: any password replaced by ``***``."""
+    if "://" not in url:
+        return url
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def _driver_missing(url: str, exc: ImportError) -> StoreUnavailable:
+    module = (exc.name or "").split(".")[0]
+    install = DRIVER_INSTALL.get(module, "install the package that provides it")
+    return StoreUnavailable("the history at %s needs the Python module %s, which is not installed: %s"
+                            % (shown_url(url), module or "of its driver", install))
 
 
 def same_action(a: Optional[Decision], b: Optional[Decision]) -> bool:
@@ -110,9 +142,15 @@ def make_engine(url: str, busy_timeout_s: float = 30.0, *, readonly: bool = Fals
         raise ValueError("journal_mode must be one of %s (got %r)" % (", ".join(JOURNAL_MODES), journal_mode))
     if "://" not in url:
         url = "sqlite:///" + url
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        return create_engine(url)
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() != "sqlite":
+            return create_engine(url)
+    except ImportError as exc:
+        raise _driver_missing(url, exc) from None
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise StoreUnavailable("%s is not a history URL SQLAlchemy can open (%s): give a SQLite file path or"
+                               " a URL such as postgresql+psycopg://user@host/db" % (shown_url(url), exc)) from None
     database = parsed.database or ""
     in_memory = database in ("", ":memory:")
     kwargs: dict[str, Any] = {}
