@@ -84,3 +84,41 @@ def test_a_simulation_takes_a_sqlite_url_as_its_file(monkeypatch, tmp_path):
                                             "--policy", "pipeswift", "--db", "sqlite:///sim.sqlite"])
     assert result.exit_code == 0, result.output
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("sim.sqlite-")] == ["sim.sqlite"]
+
+
+class OnePending:
+    """A cluster with one pending job and no free GPU."""
+
+    name = "fake"
+
+    def snapshot(self):
+        from pipeswift_slurm.core.model import ClusterView, Job, Node
+
+        return ClusterView(now=1_700_000_000.0, nodes=(Node("n1", 8, 8),),
+                           jobs=(Job(7, "PENDING", 1_699_999_000.0, gpus=8, user="alice"),))
+
+    def apply(self, decision, job) -> None:
+        raise AssertionError("nothing to apply")
+
+
+def test_cli_tick_then_reports_on_each_backend(db_url, monkeypatch, tmp_path):
+    """``controller tick`` with ``[store] url`` on SQLite and on PostgreSQL creates the
+    history (the first tick on PostgreSQL used to fail creating it), records the tick, and
+    ``report``/``explain`` read it back."""
+    monkeypatch.setattr(backends, "get_backend", lambda name, partitions=None: OnePending())
+    config = tmp_path / "config.toml"
+    config.write_text("[store]\nurl = '%s'\n[controller]\nlock_file = '%s'\n" % (db_url, tmp_path / "tick.lock"))
+    for _ in range(2):
+        result = CliRunner().invoke(pipeswift, ["controller", "tick", "--config", str(config)])
+        assert result.exit_code == 0, result.output
+    store = Store.reader(db_url)
+    try:
+        assert store.tick_count() == 2
+        assert store.known_jobs(active_only=True) == {7: "PENDING"}
+    finally:
+        store.engine.dispose()
+    for argv in (["report", "all"], ["report", "waits", "--by", "user"], ["explain", "7"]):
+        result = CliRunner().invoke(pipeswift, [*argv, "--db", db_url])
+        assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(pipeswift, ["report", "waits", "--by", "user", "--format", "csv", "--db", db_url])
+    assert result.output.splitlines()[1].startswith("alice,1,1,")  # "user" is the job's, not the session's
