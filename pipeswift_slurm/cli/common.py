@@ -52,7 +52,8 @@ def open_store(url: str, *, reader: bool = False, journal_mode: str = "DELETE") 
         fail(str(exc))
     except SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        fail("cannot open the history at %s: %s" % (shown_url(url), reason[0] if reason else type(exc).__name__))
+        fail("cannot open the history at %s: %s"
+             % (shown_url(url), reason[0] if reason else type(exc).__name__))
 
 
 def echo_json(data: Any) -> None:

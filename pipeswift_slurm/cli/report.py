@@ -31,11 +31,10 @@ def open_history(db: str) -> Any:
     from sqlalchemy.exc import SQLAlchemyError
 
     from pipeswift_slurm.reports.queries import has_history_tables
-    from pipeswift_slurm.store.history import Store, StoreUnavailable, shown_url
+    from pipeswift_slurm.store.history import Store, StoreUnavailable, shown_url, sqlite_path
 
-    path = None
-    if "://" not in db or db.startswith("sqlite:///"):
-        path = Path(db.removeprefix("sqlite:///"))
+    path = sqlite_path(db)
+    if path is not None:
         if not path.is_file():
             fail("no history database at %s (give --db FILE or set PIPESWIFT_DB)" % path)
     try:

@@ -99,21 +99,16 @@ class Progress:
 
 
 def history_file(db: str) -> Path:
-    """``--db`` as the SQLite file a simulation writes (a path, or a ``sqlite:///`` URL).
+    """``--db`` as the SQLite file a simulation writes; a server's URL: one line, exit 2 (its
+    made-up jobs would mix with, or overwrite, a controller's real history there)."""
+    from pipeswift_slurm.store.history import shown_url, sqlite_path
 
-    A database server's URL (PostgreSQL, ...) is refused with one line, exit 2: a simulated
-    history is a throwaway file, replaced on every run, whose job ids and times are made
-    up; written to a server it would mix with (or, for the ids, overwrite) a controller's
-    real history. Simulate to a file and read it with ``pipeswift report --db FILE``."""
-    if db.startswith("sqlite:///"):
-        return Path(db.removeprefix("sqlite:///"))
-    if "://" in db:
-        from pipeswift_slurm.store.history import shown_url
-
-        fail("--db %s: a simulation writes its history to a new SQLite file, never to a database server (its"
-             " made-up jobs would mix with a controller's history there): give a file path, e.g. --db sim.sqlite,"
-             " and read it with pipeswift report all --db sim.sqlite" % shown_url(db))
-    return Path(db)
+    path = sqlite_path(db)
+    if path is None:
+        fail("--db %s: a simulation writes its history to a new SQLite file, never to a database server"
+             " (its made-up jobs would mix with a controller's history there): give a file path, e.g."
+             " --db sim.sqlite, and read it with pipeswift report all --db sim.sqlite" % shown_url(db))
+    return path
 
 
 def history_paths(db: str, policies: Sequence[str]) -> dict[str, Path]:
@@ -311,7 +306,7 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
 @click.option("--db", help="Write the controller history of pipeswift (else of the first policy) to this SQLite"
-              " file (a path, not a database server's URL), and each other policy's beside it as STEM.POLICY.sqlite.")
+              " file (not a server URL), and each other policy's beside it as STEM.POLICY.sqlite.")
 @click.option("--plot", help="Draw the JCT CDF per policy to this PNG.")
 @pass_obj
 def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: Optional[int],
@@ -410,5 +405,6 @@ def _demo_history(spec: Any, db: str, progress: Progress) -> None:
 
     path = history_file(db)
     path.unlink(missing_ok=True)
-    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=lambda _p: Store.from_url(str(path), journal_mode="WAL"),
+    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}),
+                   store_for=lambda _p: Store.from_url(str(path), journal_mode="WAL"),
                    on_tick=progress.tick, on_start=progress.start)

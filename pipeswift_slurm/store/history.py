@@ -103,6 +103,16 @@ def shown_url(url: str) -> str:
         return url
 
 
+def sqlite_path(url: str) -> Optional[Path]:
+    """The SQLite file a history URL names (a bare path or ``sqlite:///path``); None for
+    any other URL (a database server, or SQLite in memory)."""
+    if "://" not in url:
+        return Path(url)
+    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///"))
+    return None
+
+
 def _driver_missing(url: str, exc: ImportError) -> StoreUnavailable:
     module = (exc.name or "").split(".")[0]
     install = DRIVER_INSTALL.get(module, "install the package that provides it")
@@ -134,7 +144,8 @@ def make_engine(url: str, busy_timeout_s: float = 30.0, *, readonly: bool = Fals
             if missing (not for a reader).
         busy_timeout_s: how long a SQLite connection waits for another one's lock.
         readonly: open a SQLite file read-only (``mode=ro``): nothing is created, no
-            pragma writes, so a user with read permission only can read it.
+            pragma writes, so a user with read permission only can read it; on
+            PostgreSQL, every transaction is READ ONLY.
         journal_mode: "DELETE" (the controller's history: readable by any reader) or
             "WAL" (a private file written fast, e.g. by a simulation).
     """
@@ -145,12 +156,15 @@ def make_engine(url: str, busy_timeout_s: float = 30.0, *, readonly: bool = Fals
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() != "sqlite":
-            return create_engine(url)
+            engine = create_engine(url)
+            # a reader's transactions are READ ONLY on PostgreSQL (no accidental write)
+            return engine.execution_options(postgresql_readonly=True) if readonly else engine
     except ImportError as exc:
         raise _driver_missing(url, exc) from None
     except (ArgumentError, NoSuchModuleError) as exc:
-        raise StoreUnavailable("%s is not a history URL SQLAlchemy can open (%s): give a SQLite file path or"
-                               " a URL such as postgresql+psycopg://user@host/db" % (shown_url(url), exc)) from None
+        raise StoreUnavailable("%s is not a history URL SQLAlchemy can open (%s): give a SQLite file path"
+                               " or a URL such as postgresql+psycopg://user@host/db"
+                               % (shown_url(url), exc)) from None
     database = parsed.database or ""
     in_memory = database in ("", ":memory:")
     kwargs: dict[str, Any] = {}

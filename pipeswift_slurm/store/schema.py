@@ -6,9 +6,9 @@ the policy or by ``model.py``. ``sql/schema.sql`` is the hand-written reference 
 SQLite; ``tests/unit/test_schema_ddl.py`` proves the two agree column by column.
 
 Conventions:
-  * Times are epoch seconds stored as REAL, DOUBLE PRECISION in PostgreSQL (a float, so simulated time with fractions fits;
-    real Slurm times are whole seconds and stay exact in a double). Durations are seconds
-    (``*_s``), also REAL.
+  * Times are epoch seconds stored as REAL (DOUBLE PRECISION in PostgreSQL), a float, so
+    simulated time with fractions fits; real Slurm times are whole seconds and stay exact
+    in a double. Durations are seconds (``*_s``), also REAL.
   * Strings are TEXT; booleans are BOOLEAN (0/1 in SQLite, false/true in PostgreSQL;
     server defaults are written so that both accept them).
   * Columns that a job may not have yet (``start_time`` of a pending job) are NULL, never 0.

@@ -6,7 +6,9 @@ leaves between observe and act is skipped; with requeue allowed, a preempting ti
 reshaping tick requeue running checkpointing jobs; overlapping and killed ticks leave one
 consistent history; history rows carry Slurm's own queue and run seconds; a tick with
 nothing new issues no update; and with slurmctld stopped a tick fails with one line and
-leaves the database as it was (last in the module: it stops and restarts slurmctld)."""
+leaves the database as it was (last in the module: it stops and restarts slurmctld).
+Two of them (a tick acts on its own job only; history rows carry Slurm's seconds) run
+again with the history on PostgreSQL (``ON_BOTH_BACKENDS``; tests/pg/postgres.sh)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import get_gpu_type
 from pipeswift_slurm.core.model import ClusterView, Decision, Job
 from pipeswift_slurm.policy import get_policy
-from pipeswift_slurm.store.history import Store
+from pipeswift_slurm.store.history import Store, make_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))  # also when a killed-tick child imports this
 from testbed_env import gpus_per_node_tres  # noqa: E402  (tests/slurm/testbed_env.py)
 
@@ -53,11 +55,12 @@ TICK_TIMEOUT_S = 90
 
 # ------------------------------------------------------------------ helpers and fixtures
 class Site:
-    """A controller site in tmp_path: config file, database, lock, and the Slurm env."""
+    """A controller site in tmp_path: config file, database (a SQLite file, or ``db_url``:
+    a PostgreSQL schema of the test server), lock, and the Slurm env."""
 
-    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp_path: Path, env: dict[str, str], db_url: Optional[str] = None) -> None:
         self.dir = tmp_path
-        self.db = tmp_path / "ps.sqlite"
+        self.db: Any = db_url or tmp_path / "ps.sqlite"
         self.lock = tmp_path / "lock"
         self.config = tmp_path / "config.toml"
         self.config.write_text('[store]\nurl = "%s"\n[slurm]\nbackend = "cli"\n[controller]\nlock_file = "%s"\n'
@@ -79,7 +82,15 @@ class Site:
         assert done.returncode == 0, done.stderr
         return done.stderr
 
-    def rows(self, sql: str, *args: Any) -> list[sqlite3.Row]:
+    def rows(self, sql: str, *args: Any) -> list[Any]:
+        """Rows of ``sql`` (``?`` placeholders), readable by column name, from either backend."""
+        if isinstance(self.db, str):
+            engine = make_engine(self.db)
+            try:
+                with engine.connect() as conn:
+                    return [r._mapping for r in conn.exec_driver_sql(sql.replace("?", "%s"), args)]
+            finally:
+                engine.dispose()
         with sqlite3.connect(self.db) as conn:
             conn.row_factory = sqlite3.Row
             return list(conn.execute(sql, args))
@@ -100,8 +111,20 @@ class Site:
 
 
 @pytest.fixture
-def site(tmp_path: Path, slurm_env: dict[str, str]) -> Site:
-    return Site(tmp_path, slurm_env)
+def site(request: pytest.FixtureRequest, tmp_path: Path, slurm_env: dict[str, str],
+         new_database: Any) -> Iterator[Site]:
+    """A site with its history in a SQLite file; a test marked ``ON_BOTH_BACKENDS`` runs
+    again with it on PostgreSQL (a fresh schema of the test server; skipped, with the
+    reason, when none is up): the same ticks, the same assertions."""
+    backend = getattr(request, "param", "sqlite")
+    if backend == "sqlite":
+        yield Site(tmp_path, slurm_env)
+        return
+    with new_database(backend, tmp_path, "site") as url:
+        yield Site(tmp_path, slurm_env, url)
+
+
+ON_BOTH_BACKENDS = pytest.mark.parametrize("site", ["sqlite", "postgresql"], indirect=True)
 
 
 @pytest.fixture
@@ -190,6 +213,7 @@ def test_tick_resizes_pending_psbatch_job_which_starts_at_new_size(
 
 
 # ------------------------------------------------------------------ never touch what is not ours
+@ON_BOTH_BACKENDS
 def test_tick_never_modifies_unmanaged_or_running_jobs(
         site: Site, slurm: SubprocessRunner, submit_job: Callable[..., int],
         wait_state: Callable[..., dict[str, str]]) -> None:
@@ -435,6 +459,7 @@ def test_killed_ticks_leave_no_half_recorded_tick(site: Site, blocker: int,
 
 
 # ------------------------------------------------------------------ history: queue and run seconds
+@ON_BOTH_BACKENDS
 def test_history_rows_carry_slurms_queue_and_run_seconds(
         site: Site, submit_job: Callable[..., int], wait_state: Callable[..., dict[str, str]]) -> None:
     job_id = opted_in(submit_job, wrap="sleep 3")

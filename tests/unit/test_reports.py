@@ -539,7 +539,8 @@ def _run_sql(db: str, name: str, admin_sql) -> list[dict]:
         with engine.connect() as conn:
             rows = conn.exec_driver_sql(admin_sql(name, engine.dialect.name))
             # PostgreSQL's ROUND gives NUMERIC (Decimal); compare as numbers
-            return [{k: float(v) if isinstance(v, Decimal) else v for k, v in r._mapping.items()} for r in rows]
+            return [{k: float(v) if isinstance(v, Decimal) else v for k, v in r._mapping.items()}
+                    for r in rows]
     finally:
         engine.dispose()
 
@@ -827,7 +828,8 @@ def test_cli_rejects_a_file_that_is_not_a_history(tmp_path):
 
 def test_one_wait_bound_the_policys_in_reports_metrics_cli_and_sql() -> None:
     """Issue 28 item 9: the reports, Prometheus metrics, ``report --wait-bound-h`` and
-    sql/waits.sql (and its PostgreSQL variant) all count waits over the pipeswift policy's own default bound."""
+    sql/waits.sql (and its PostgreSQL variant) all count waits over the pipeswift policy's own
+    default bound."""
     from pipeswift_slurm.policy import knob_defaults
     from pipeswift_slurm.reports.base import DEFAULT_WAIT_BOUND_S
     from pipeswift_slurm.reports.metrics import prometheus_text

@@ -76,7 +76,8 @@ def test_times_and_flags_come_back_exactly(store):
     submit, start = 1_700_010_492.1815805, 1_700_010_777.25
     with store.tick(start + 60.0, "fifo") as tx:
         tx.save_snapshot(view(start + 60.0, running(1, start, submit=submit)))
-    assert rows(store, "SELECT submit_time, start_time, queue_s FROM jobs") == [(submit, start, start - submit)]
+    assert rows(store, "SELECT submit_time, start_time, queue_s FROM jobs") == [
+        (submit, start, start - submit)]
     assert rows(store, "SELECT at FROM state_transitions") == [(start,)]
     with store.engine.begin() as conn:
         conn.execute(text("INSERT INTO jobs (job_id, state) VALUES (2, 'PENDING')"))

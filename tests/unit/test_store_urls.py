@@ -107,7 +107,8 @@ def test_cli_tick_then_reports_on_each_backend(db_url, monkeypatch, tmp_path):
     ``report``/``explain`` read it back."""
     monkeypatch.setattr(backends, "get_backend", lambda name, partitions=None: OnePending())
     config = tmp_path / "config.toml"
-    config.write_text("[store]\nurl = '%s'\n[controller]\nlock_file = '%s'\n" % (db_url, tmp_path / "tick.lock"))
+    config.write_text("[store]\nurl = '%s'\n[controller]\nlock_file = '%s'\n"
+                      % (db_url, tmp_path / "tick.lock"))
     for _ in range(2):
         result = CliRunner().invoke(pipeswift, ["controller", "tick", "--config", str(config)])
         assert result.exit_code == 0, result.output
@@ -120,5 +121,21 @@ def test_cli_tick_then_reports_on_each_backend(db_url, monkeypatch, tmp_path):
     for argv in (["report", "all"], ["report", "waits", "--by", "user"], ["explain", "7"]):
         result = CliRunner().invoke(pipeswift, [*argv, "--db", db_url])
         assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(pipeswift, ["report", "waits", "--by", "user", "--format", "csv", "--db", db_url])
+    result = CliRunner().invoke(pipeswift, ["report", "waits", "--by", "user", "--format", "csv",
+                                            "--db", db_url])
     assert result.output.splitlines()[1].startswith("alice,1,1,")  # "user" is the job's, not the session's
+
+
+def test_a_reader_cannot_write(db_url):
+    """``Store.reader`` (what report and explain open) refuses writes on either backend."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    Store.from_url(db_url).engine.dispose()
+    reader = Store.reader(db_url)
+    try:
+        with pytest.raises(DBAPIError, match="(?i)read.?only"):
+            with reader.engine.begin() as conn:
+                conn.execute(text("INSERT INTO calibration VALUES ('x', 1, 0.0, 1.0, 0.0)"))
+    finally:
+        reader.engine.dispose()
