@@ -101,3 +101,30 @@ def test_store_opens_a_database_made_from_the_ddl(tmp_path):
 ])
 def test_size_class_thresholds(gpus, run_s, expected):
     assert size_class(gpus, run_s) == expected
+
+
+def test_postgresql_gets_the_same_tables(from_ddl, new_database, tmp_path):
+    """schema.py on PostgreSQL: the tables, columns (order, NOT NULL, primary keys) and
+    indexes of sql/schema.sql; floats are DOUBLE PRECISION there (REAL is 4 bytes), and
+    every server default is accepted (a boolean's default once was not)."""
+    from sqlalchemy import inspect
+
+    from pipeswift_slurm.store.history import Store
+
+    with new_database("postgresql", tmp_path, "ddl") as url:
+        engine = Store.from_url(url).engine
+        try:
+            found = inspect(engine)
+            assert sorted(found.get_table_names()) == sorted(from_ddl)
+            for table, want in from_ddl.items():
+                cols = found.get_columns(table)
+                pk = set(found.get_pk_constraint(table)["constrained_columns"])
+                got = [(c["name"], not c["nullable"] or c["name"] in pk, c["name"] in pk) for c in cols]
+                assert got == [(name, bool(notnull) or bool(is_pk), bool(is_pk))
+                               for name, _t, notnull, _d, is_pk in want["columns"]]
+                for c, (_n, ctype, *_rest) in zip(cols, want["columns"]):
+                    is_double = str(c["type"]) == "DOUBLE PRECISION"
+                    assert is_double == (ctype == "REAL"), (table, c["name"], c["type"])
+                assert {i["name"] for i in found.get_indexes(table)} == set(want["indexes"])
+        finally:
+            engine.dispose()
