@@ -196,8 +196,8 @@ def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Option
                 log.warning("another controller tick is running (lock %s%s); nothing to do this time",
                             cfg.lock_file, ", " + held if held else "")
                 return None
-            controller = controller or build_controller(cfg, obj)
             try:
+                controller = controller or build_controller(cfg, obj)
                 with leased(controller.store) as leased_ok:
                     return controller.tick() if leased_ok else None
             except BackendError as exc:

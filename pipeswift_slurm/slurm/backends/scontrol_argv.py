@@ -68,7 +68,7 @@ def admin_comment_value(existing: str, ours: str, job_id: int) -> str:
     first) and the text of ``existing`` that is not ours (other admins' notes), unchanged.
     Other text is dropped, with a log line, when it holds control characters (it could
     not travel as one argv word) or when both together pass ``ADMIN_COMMENT_MAX_CHARS``."""
-    others = _OUR_WORD.sub(" ", existing).strip()
+    others = _OUR_WORD.sub("", existing).strip()
     if not others:
         return ours
     if not others.isprintable():
