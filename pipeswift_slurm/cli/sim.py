@@ -7,7 +7,6 @@ import json
 import sys
 from datetime import datetime, timezone
 from dataclasses import replace
-import sqlite3
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -109,29 +108,14 @@ def history_paths(db: str, policies: Sequence[str]) -> dict[str, Path]:
         "%s.%s%s" % (first.stem, p.replace(":", "-"), first.suffix or ".sqlite")) for p in policies}
 
 
-HISTORY_TABLES = frozenset({"ticks", "decisions", "jobs"})
-
-
 def refuse_non_history(path: Path) -> None:
     """Exit 2 (one line) when ``path`` holds a file that is not a pipeswift history: a
     simulation replaces its history file, and must never delete anything else."""
-    if not path.exists() and not path.is_symlink():
-        return
-    tables: set[str] = set()
-    try:
-        with path.open("rb") as head:
-            is_sqlite = path.is_file() and head.read(16) == b"SQLite format 3\x00"
-        if is_sqlite:
-            conn = sqlite3.connect("file:%s?mode=ro" % path.resolve(), uri=True)
-            try:
-                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            finally:
-                conn.close()
-    except (OSError, sqlite3.Error) as exc:
-        fail("--db %s: cannot read it (%s); give a new file name" % (path, exc))
-    if not HISTORY_TABLES <= tables:
-        fail("--db %s: the file exists and is not a pipeswift history; it is left alone: give a new file name"
-             % path)
+    from pipeswift_slurm.store.history import not_a_history
+
+    why = not_a_history(path)
+    if why:
+        fail("--db %s: %s; it is left alone: give a new file name" % (path, why))
 
 
 def _run(spec: Any, db: Optional[str]) -> Any:

@@ -101,6 +101,30 @@ def _store_errors(what: str) -> Iterator[None]:
         raise StoreError("%s: %s" % (what, str(exc.orig).splitlines()[0] if exc.orig else exc)) from exc
 
 
+HISTORY_TABLES = frozenset({"ticks", "decisions", "jobs"})
+
+
+def not_a_history(path: Path) -> str:
+    """Why the file at ``path`` is not a pipeswift history ('' when it is one, or when
+    nothing is there): a SQLite file with the history's tables, read without writing."""
+    if not path.exists() and not path.is_symlink():
+        return ""
+    try:
+        with path.open("rb") as head:
+            if not path.is_file() or head.read(16) != b"SQLite format 3\x00":
+                return "the file exists and is not a pipeswift history (not a SQLite database)"
+        conn = sqlite3.connect("file:%s?mode=ro" % quote(str(path.resolve())), uri=True)
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except (OSError, sqlite3.Error) as exc:
+        return "cannot read it (%s)" % exc
+    if not HISTORY_TABLES <= tables:
+        return "the file exists and is not a pipeswift history (no %s table)" % ", ".join(sorted(HISTORY_TABLES - tables))
+    return ""
+
+
 def same_action(a: Optional[Decision], b: Optional[Decision]) -> bool:
     """True when two decisions move the same levers to the same values.
 
