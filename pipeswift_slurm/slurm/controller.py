@@ -334,7 +334,8 @@ class Controller:
 
         assert self.store is not None
         return record_tick(self.store, report, profiles, self._profiles, self.policy, self.estimator,
-                           self.settings.dry_run, intents=intents, settle=intent_outcome)
+                           self.settings.dry_run, intents=intents,
+                           settle=None if getattr(self.backend, "in_memory", False) else intent_outcome)
 
     def _record_intents(self, report: TickReport, profiles: dict[int, JobProfile],
                         items: list[tuple[Decision, Job]]) -> Optional[int]:
@@ -342,8 +343,8 @@ class Controller:
         no change is ever made that the history does not know of; None when nothing will
         be changed or nothing is recorded. A store that cannot be written fails the tick
         here, before any change."""
-        if self.store is None or self.settings.dry_run or not items:
-            return None
+        if self.store is None or self.settings.dry_run or not items or getattr(self.backend, "in_memory", False):
+            return None  # (an in-memory cluster dies with the tick: nothing to read back)
         return self._record(report, profiles, intents=True)
 
     def _record_outcomes(self, tick_id: int, report: TickReport) -> None:
