@@ -90,9 +90,8 @@ def record_outcomes(store: HistoryStore, tick_id: int, report: "TickReport") -> 
     """Record what became of the intents ``record_tick`` wrote for ``report`` (applied,
     failed, or still unknown: those the next tick settles), and close the tick."""
     outcomes: dict[int, tuple[Optional[bool], Optional[str], bool]] = {}
-    skipped = dict(report.skipped)
     for d in report.decisions:
-        outcomes[d.job_id] = (None, skipped.get(d.job_id), False)  # not attempted (dry run, job gone)
+        outcomes[d.job_id] = (None, None, False)  # not attempted (the job left: logged, as before)
     outcomes.update({j: (True, None, False) for j in report.applied})
     outcomes.update({j: (False, why, False) for j, why in report.errors})
     outcomes.update({j: (None, "outcome unknown (%s); the next tick reads it from Slurm" % why, True)
