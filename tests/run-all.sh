@@ -13,10 +13,10 @@ PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
   || { echo "tests/run-all.sh: need Python 3.11 (set PYTHON=/path/to/python3.11)" >&2; exit 2; }
 
-echo "== packages (Slurm, munge, sqlite3) from the distribution"
+echo "== packages (Slurm, munge, slurmdbd + MariaDB for the accounting tests, sqlite3) from the distribution"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins sqlite3 python3-venv gcc libc6-dev musl-tools debootstrap >/dev/null
+  munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins slurmdbd slurm-wlm-mysql-plugin mariadb-server sqlite3 python3-venv gcc libc6-dev musl-tools debootstrap >/dev/null
 
 echo "== python packages (project + dev tools + the megatron extra: CPU torch, megatron-core), in a venv"
 # A virtual environment: Debian's own Python refuses pip installs into it (PEP 668), and the

@@ -72,8 +72,10 @@ class Estimator:
         return self.cost.startup_s(profile)
 
     def run_time_s(self, profile: JobProfile, config: ExecConfig, iterations: Optional[int] = None) -> float:
-        """Predicted run time (startup + iterations x iteration time) x the class bias."""
-        return self.cost.job_time_s(profile, config, iterations) * self.bias(profile.job_class)
+        """Predicted run time (startup + iterations x iteration time) x the class bias x the
+        job's own ``run_time_factor``."""
+        return self.cost.job_time_s(profile, config, iterations) * self.bias(profile.job_class) \
+            * profile.run_time_factor
 
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
         """Fastest valid config on ``gpus`` GPUs (None when there is none)."""
@@ -85,7 +87,8 @@ class Estimator:
         if est is None:
             return None
         iters = profile.plan.iterations
-        run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class)
+        run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class) \
+            * profile.run_time_factor
         return est.config, run_s
 
 

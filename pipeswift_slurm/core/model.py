@@ -151,6 +151,9 @@ class JobProfile:
     range the user allows the scheduler to choose from (equal bounds: rigid job);
     ``allowed_pp`` optionally restricts pipeline sizes. ``job_class`` keys calibration.
     ``uneven_split_allowed`` lets the planner keep the user's first/last-stage split.
+    ``run_time_factor`` (at most 1) scales every predicted run time of this one job: the
+    controller lowers it so that the prediction at the job's own size stays within the
+    job's own time limit (a claim cannot outlast what Slurm lets the job run).
     """
 
     shape: ModelShape
@@ -162,6 +165,7 @@ class JobProfile:
     max_gpus: int = 0
     allowed_pp: Optional[tuple[int, ...]] = None
     job_class: str = ""
+    run_time_factor: float = 1.0
 
     @property
     def flexible(self) -> bool:
@@ -175,6 +179,25 @@ class JobProfile:
 
     def with_range(self, min_gpus: int, max_gpus: int) -> "JobProfile":
         return replace(self, min_gpus=min_gpus, max_gpus=max_gpus)
+
+
+@dataclass(frozen=True)
+class SiteCaps:
+    """The site's per-job limits that hold for one job (None: no limit): the least of its
+    partition's MaxTime/MaxNodes, its QOS's and its association's MaxWall and MaxTRES
+    (``gres/gpu``, ``node``). Slurm exempts values an admin sets from these checks, so
+    the controller must keep within them itself."""
+
+    max_time_s: Optional[int] = None
+    max_gpus: Optional[int] = None
+    max_nodes: Optional[int] = None
+
+    def tighter(self, other: "SiteCaps") -> "SiteCaps":
+        """The least of both, limit by limit."""
+        def least(a: Optional[int], b: Optional[int]) -> Optional[int]:
+            return b if a is None else a if b is None else min(a, b)
+        return SiteCaps(least(self.max_time_s, other.max_time_s), least(self.max_gpus, other.max_gpus),
+                        least(self.max_nodes, other.max_nodes))
 
 
 @dataclass(frozen=True)
@@ -232,7 +255,8 @@ class Job:
     wall-clock seconds (the two differ in ratio when a requeue changed the job's size).
     ``ran_s`` is set only where ``submit_time`` stays the first submission's (the
     simulator): live Slurm restarts a requeued job's submit time, so its wait already
-    leaves the earlier runs out.
+    leaves the earlier runs out. ``caps`` are the site's limits for this job, as the
+    backend read them (none by default).
     """
 
     job_id: int
@@ -259,6 +283,9 @@ class Job:
     attained_gpu_s: float = 0.0
     restarts: int = 0
     ran_s: float = 0.0
+    account: str = ""
+    qos: str = ""
+    caps: SiteCaps = field(default_factory=SiteCaps)
 
     @property
     def pending(self) -> bool:

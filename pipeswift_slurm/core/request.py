@@ -26,7 +26,10 @@ def request_profile(req: ProfileRequest, *, world_size: Optional[int] = None, gp
     """The JobProfile ``req`` asks for, validated as Megatron would.
 
     Args:
-        req: the request (Megatron argv, GPU range, minimum micro-batch, allowed pp, class).
+        req: the request (Megatron argv, GPU range, minimum micro-batch, allowed pp). A
+            ``class=`` in it is not used: the class keys calibration, so it is derived from
+            the model shape (``default_job_class``), never chosen by the user (who could
+            otherwise dodge or poison the correction of their own jobs' run times).
         world_size: the GPUs the job asks for (or has); the request's own ``world_size``,
             when it carries one, wins unless ``allocated``. None: the argv's tp*pp*cp.
         gpus_per_node: GPUs per node of the job's nodes.
@@ -49,8 +52,7 @@ def request_profile(req: ProfileRequest, *, world_size: Optional[int] = None, gp
 
     def parse(world: Optional[int], gpu_range: Optional[tuple[int, int]] = None) -> JobProfile:
         return profile_from_argv(argv, world_size=world, gpus_per_node=gpus_per_node, gpu_range=gpu_range,
-                                 min_micro_batch_size=req.min_micro_batch_size, allowed_pp=req.allowed_pp,
-                                 job_class=req.job_class)
+                                 min_micro_batch_size=req.min_micro_batch_size, allowed_pp=req.allowed_pp)
 
     if allocated:
         try:

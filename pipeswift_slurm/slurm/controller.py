@@ -20,12 +20,14 @@ from typing import Any, Callable, Optional
 
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import MegatronArgError
-from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
+from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile, SiteCaps
 from pipeswift_slurm.core.request import request_profile
 from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller
 from pipeswift_slurm.policy import Policy
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
 from pipeswift_slurm.slurm.factors import stable_factors
+from pipeswift_slurm.slurm.holds import own_holds_to_release
+from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
 from pipeswift_slurm.slurm.seams import BatchingBackend, Calibration, HistoryStore
 
 log = logging.getLogger(__name__)
@@ -151,6 +153,7 @@ class Controller:
         self.epoch_clock: Callable[[], float] = time.time
         self.calibration = calibration
         self._profiles: dict[int, tuple[str, Optional[JobProfile], str]] = {}
+        self._caps: dict[int, SiteCaps] = {}  # the site's limits each cached profile was clipped to
 
     def _planning_gpus_per_node(self, view: ClusterView) -> int:
         """This tick's GPUs per node: the cluster's own (``cluster_gpus_per_node``), capped
@@ -174,16 +177,18 @@ class Controller:
                 continue
             live.add(job.job_id)
             cached = self._profiles.get(job.job_id)
-            if cached is None or cached[0] != job.comment:
-                profile, why = parse_profile(job, gpn, total) if job.gpus > 0 else (
+            if cached is None or cached[0] != job.comment or self._caps.get(job.job_id) != job.caps:
+                self._caps[job.job_id] = job.caps
+                profile, why = parse_profile(job, gpn, gpu_cap(job, gpn, total)) if job.gpus > 0 else (
                     None, "the job asks for no GPUs (never given any)")
                 if profile is None:
                     log.warning("job %d: profile request ignored (job left as submitted): %s", job.job_id, why)
                 cached = self._profiles[job.job_id] = (job.comment, profile, why)
             if cached[1] is not None:
-                profiles[job.job_id] = cached[1]
+                profiles[job.job_id] = self._within_time_limit(job, cached)
         for gone in set(self._profiles) - live:
             del self._profiles[gone]
+            self._caps.pop(gone, None)
         return profiles
 
     def _allowed(self, decision: Decision, job: Optional[Job], profiles: dict[int, JobProfile]) -> str:
@@ -230,12 +235,15 @@ class Controller:
                 report.skipped.append((decision.job_id, why))
                 continue
             assert job is not None
+            decision = self._within_site_limits(decision, job)
             todo = decision if decision.requeue else unchanged_parts(decision, job)
             if not todo.changes_anything:
                 continue
             report.decisions.append(todo)
             todo_items.append((todo, job))
-        todo_items += own_holds_to_release(view, {d.job_id for d, _ in todo_items}, runnable, report)
+        releases = own_holds_to_release(view, {d.job_id for d, _ in todo_items}, runnable)
+        report.decisions += [d for d, _ in releases]
+        todo_items += releases
         intent_tick = self._record_intents(report, profiles, todo_items)
         self._act(todo_items, report)
         report.duration_s = self.clock() - started
@@ -248,6 +256,24 @@ class Controller:
         if self.calibration is not None and not self.settings.dry_run:
             self.estimator = self.calibration.refit(view.now, self.estimator)
         return report
+
+    def _within_time_limit(self, job: Job, cached: tuple[str, Optional[JobProfile], str]) -> JobProfile:
+        """The cached profile, its predictions kept within the job's time limit (kept in
+        the cache, so an unchanged job keeps the same profile object)."""
+        assert cached[1] is not None
+        profile = within_time_limit(cached[1], job, self.estimator)
+        if profile is not cached[1]:
+            self._profiles[job.job_id] = (cached[0], profile, cached[2])
+        return profile
+
+    @staticmethod
+    def _within_site_limits(decision: Decision, job: Job) -> Decision:
+        """The decision within the job's partition, QOS and association limits (logged
+        when that changed it)."""
+        kept, why = within_site_limits(decision, job)
+        if why:
+            log.info("job %d: within the site's limits: %s", job.job_id, why)
+        return kept
 
     def _record_failed(self, exc: BackendError) -> None:
         """A tick row with status failed, so the history (and ``pipeswift_last_tick_ok``)
@@ -366,21 +392,6 @@ def intent_outcome(decision: Decision, job: Optional[Job]) -> tuple[Optional[boo
     else:
         done = not unchanged_parts(decision, job).changes_anything
     return done, "outcome read back from Slurm by a later tick: %s" % ("applied" if done else "not applied")
-
-
-def own_holds_to_release(view: ClusterView, decided: set[int], managed: dict[int, JobProfile],
-                         report: TickReport) -> list[tuple[Decision, Job]]:
-    """Releases of the controller's own holds on jobs it no longer manages (their profile
-    became invalid, they left the managed partitions or were opted out): a hold the
-    controller set is always its own to release, whatever the job says now."""
-    out = []
-    for job in view.pending:
-        if job.job_id in decided or job.job_id in managed or not job.held or not held_by_controller(job.admin_comment):
-            continue
-        release = Decision(job.job_id, hold=False, reason="release the controller's own hold: job no longer managed")
-        report.decisions.append(release)
-        out.append((release, job))
-    return out
 
 
 def tick(backend: Backend, store: Optional[HistoryStore], policy: Policy, estimator: Estimator, *,

@@ -109,7 +109,10 @@ def _tres_gpus(text: Optional[str], tasks: int = 1) -> Optional[int]:
 def subprocess_runner(argv: Sequence[str]) -> str:
     """Run a Slurm command; its stdout ("" on failure, which means "no decision")."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+        # errors="replace": 22.05 lists every job even with -j, and another user's job name
+        # that is not UTF-8 must not stop this job's launch
+        done = subprocess.run(list(argv), capture_output=True, text=True, errors="replace", timeout=30,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("%s failed: %s", argv[0], exc)
         return ""
@@ -129,8 +132,11 @@ def read_job_comments(job_id: int, run: Runner) -> tuple[str, str]:
     text = run(["squeue", "--json", "-j", str(job_id)])
     try:
         jobs = json.loads(text).get("jobs", []) if text.strip() else []
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         log.warning("squeue --json output is not JSON; no decision")
+        return "", ""
+    if not isinstance(jobs, list):
+        log.warning("squeue --json output has no list of jobs; no decision")
         return "", ""
     for job in jobs:
         if isinstance(job, dict) and job.get("job_id") == job_id:

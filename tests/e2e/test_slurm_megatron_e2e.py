@@ -2,7 +2,8 @@
 a real megatron-core pipeline on CPU.
 
 The job asks for pipeline size 1 on 1 GPU and allows 1-2 GPUs (``#PSWIFT gpus=1-2``). It is
-submitted held, so it pends while the cluster is otherwise free. One real controller tick
+submitted while its partition is DOWN, so it pends while the cluster is otherwise free (a held
+job would not do: the controller leaves jobs held by their user or an admin alone). One real controller tick
 (``pipeswift controller tick --config <tmp>``, pipeswift policy, A100-80GB cost model) then
 resizes it to 2 GPUs with pp=2, because for this job shape (GPT-2 sized vocabulary 50304,
 h=128) the cost model predicts pp=2 on 2 GPUs to be the fastest config of all (the first and
@@ -11,7 +12,7 @@ last stage split the big embedding and logits; data parallelism would all-reduce
 allowed-pp restriction, every count in 1-2 is free. The test checks that choice before it
 relies on it, so a cost-model change fails here with the reason instead of a puzzling mismatch.
 
-After ``scontrol release`` Slurm starts the job on 2 GPUs, ``pipeswift-launch`` reads the
+After the partition is UP again Slurm starts the job on 2 GPUs, ``pipeswift-launch`` reads the
 decision from AdminComment, injects ``--pipeline-model-parallel-size 2`` (and the decided
 micro-batch size) and torchrun's ``--nproc_per_node 2``, and the tiny trainer logs the layout
 that ran. Its losses must equal (1e-5) a local PP=1 run from the same initial weights.
@@ -194,23 +195,14 @@ def test_cost_model_prefers_pp2_on_two_gpus():
         f"{one[1]:.4f} s, 2 GPUs {two[0].short()} {two[1]:.4f} s; pick another shape (pipeswift plan)")
 
 
-def test_psbatch_job_resized_by_controller_trains_pp2_in_slurm(slurm_env, reference, tmp_path, cancel_after):
-    init, ref = reference
-    env = slurm_env
-    script = _batch_script(tmp_path, init)
-    config = _controller_config(tmp_path)
-
-    # 1. submit through psbatch, held: it pends with the whole cluster free
-    out = _run([str(BIN / "psbatch"), "--parsable", "--hold", str(script)], env)
-    job_id = int(out.strip().split(";")[0])
-    cancel_after.append(job_id)
+def _decide_while_pending(job_id, env, config, tmp_path):
+    """2. One real controller tick decides and resizes the pending job; the decision row."""
     before = _job(job_id, env)
     assert before["JobState"] == "PENDING", before
     assert _nodes(before) == 1 and before["TresPerNode"] in gpus_per_node_tres(1), before
     request = decode_profile(before["Comment"])
     assert request.gpus == (1, 2)
 
-    # 2. one real controller tick decides and resizes it
     tick = subprocess.run([str(BIN / "pipeswift"), "controller", "tick", "--config", str(config)],
                           env=env, capture_output=True, text=True, timeout=60, check=False)
     assert tick.returncode == 0, f"controller tick failed:\n{tick.stdout}\n{tick.stderr}"
@@ -232,8 +224,26 @@ def test_psbatch_job_resized_by_controller_trains_pp2_in_slurm(slurm_env, refere
     token_cfg, _ = decode_decision(resized["AdminComment"])
     assert (token_cfg.gpus, token_cfg.pp, token_cfg.micro_batch_size) == (2, 2, decision["micro_batch_size"])
 
-    # 3. release: Slurm starts it on 2 GPUs, the launcher runs the decided layout
-    _run(["scontrol", "release", str(job_id)], env)
+    return decision
+
+
+def test_psbatch_job_resized_by_controller_trains_pp2_in_slurm(slurm_env, reference, tmp_path, cancel_after):
+    init, ref = reference
+    env = slurm_env
+    script = _batch_script(tmp_path, init)
+    config = _controller_config(tmp_path)
+
+    # 1. submit through psbatch into a DOWN partition: it pends with the whole cluster free
+    partition = _run(["scontrol", "show", "partition", "-o"], env).split()[0].partition("=")[2]
+    _run(["scontrol", "update", "PartitionName=" + partition, "State=DOWN"], env)
+    try:
+        out = _run([str(BIN / "psbatch"), "--parsable", str(script)], env)
+        job_id = int(out.strip().split(";")[0])
+        cancel_after.append(job_id)
+        decision = _decide_while_pending(job_id, env, config, tmp_path)
+    finally:
+        _run(["scontrol", "update", "PartitionName=" + partition, "State=UP"], env)
+    # 3. the partition is up: Slurm starts it on 2 GPUs, the launcher runs the decided layout
     final, running = _wait_done(job_id, env, JOB_TIMEOUT_S)
     log_text = Path(final.get("StdOut") or tmp_path / f"slurm-{job_id}.out").read_text(errors="replace")
     assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", f"{final}\n{log_text[-4000:]}"

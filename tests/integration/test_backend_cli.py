@@ -15,7 +15,7 @@ import pytest
 from pipeswift_slurm.core import token
 from pipeswift_slurm.slurm.backends import BackendError, JobGone
 from pipeswift_slurm.slurm.backends.slurm_cli import SlurmCliBackend, SubprocessRunner
-from pipeswift_slurm.core.model import Decision, ExecConfig, Job
+from pipeswift_slurm.core.model import Decision, ExecConfig, GpuRequest, Job
 
 pytestmark = pytest.mark.slurm
 
@@ -94,7 +94,7 @@ def test_finished_or_unknown_job_is_gone(slurm: SubprocessRunner, submit_job: Ca
     done = submit_job("-N1", "--comment", PROFILE, wrap="true")
     wait_state(done, "COMPLETED", 30)
     backend = SlurmCliBackend(run=slurm)
-    stale = Job(job_id=done, state="PENDING", submit_time=0.0, opted_in=True)
+    stale = Job(job_id=done, state="PENDING", submit_time=0.0, opted_in=True, gpu_request=GpuRequest(count=1))
     with pytest.raises(JobGone):
         backend.apply(Decision(done, config=CFG_2X2), stale)
     with pytest.raises(JobGone):

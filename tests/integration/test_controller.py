@@ -352,7 +352,7 @@ def test_job_gone_between_observe_and_act_is_skipped(
 
 
 # ------------------------------------------------------------------ overlapping and killed ticks
-def test_tick_while_another_holds_the_lock_exits_quietly(site: Site, blocker: int,
+def test_tick_while_another_holds_the_lock_exits_0_with_one_warning(site: Site, blocker: int,
                                                          submit_job: Callable[..., int]) -> None:
     opted_in(submit_job)
     site.tick_ok()
@@ -363,8 +363,10 @@ def test_tick_while_another_holds_the_lock_exits_quietly(site: Site, blocker: in
         done = site.tick()
     finally:
         os.close(fd)
-    assert (done.returncode, done.stdout) == (0, "")
-    assert done.stderr.count("\n") == 1 and "WARNING" in done.stderr and "another controller tick" in done.stderr
+    # exit 0 for cron, but not silent: a stuck tick must show (issue 28 item 13)
+    lines = done.stderr.strip().splitlines()
+    assert (done.returncode, done.stdout, len(lines)) == (0, "", 1), done.stderr
+    assert "WARNING" in lines[0] and "another controller tick is running" in lines[0]
     assert (site.count("ticks"), site.count("decisions")) == (n_ticks, n_decisions)
 
 
@@ -375,9 +377,8 @@ def test_two_ticks_started_together_one_acts(site: Site, blocker: int, submit_jo
              for _ in range(2)]
     outs = [p.communicate(timeout=TICK_TIMEOUT_S) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    kinds = sorted("summary" if err.startswith("tick:") else "warning" if "WARNING" in err else err for _, err in outs)
-    assert kinds == ["summary", "warning"], outs
-    assert all(err.count("\n") == 1 for _, err in outs), outs  # one summary line, one WARNING line
+    kinds = sorted("another controller tick is running" in err for _, err in outs)
+    assert kinds == [False, True], outs  # one acted (its summary), the other said why it did not
     assert site.count("ticks") == 1
     assert_consistent(site)
 

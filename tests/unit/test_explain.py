@@ -46,11 +46,11 @@ GPU = get_gpu_type("A100-80GB")
 
 
 def _profile():
-    return profile_from_argv(ARGV, world_size=8, gpu_range=(4, 16), job_class="gpt-1b")
+    return profile_from_argv(ARGV, world_size=8, gpu_range=(4, 16))  # class derived: gpt-<2B
 
 
 def _estimator():
-    return Estimator(CostModel(GPU), 8, {"gpt-1b": BIAS})
+    return Estimator(CostModel(GPU), 8, {_profile().job_class: BIAS})
 
 
 def _comment():
@@ -134,7 +134,7 @@ def history(tmp_path_factory):
                     ],
                     {1: True},
                 )
-    store.save_calibration([CalibrationEntry("gpt-1b", 20, math.log(BIAS), T0)])
+    store.save_calibration([CalibrationEntry(_profile().job_class, 20, math.log(BIAS), T0)])
     store.engine.dispose()
     return str(path), chosen
 

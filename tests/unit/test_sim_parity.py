@@ -20,6 +20,7 @@ import pytest
 
 from pipeswift_slurm.core import hardware
 from pipeswift_slurm.slurm.backends import slurm_cli
+from pipeswift_slurm.slurm.backends.site_limits import ASSOC_ARGV, PARTITIONS_ARGV, QOS_ARGV
 from pipeswift_slurm.slurm.backends.sim import SimBackend
 from pipeswift_slurm.slurm.backends.slurm_cli import SlurmCliBackend
 from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
@@ -101,7 +102,9 @@ def render_sprio(backend: SimBackend) -> str:
 def fake_runner(backend: SimBackend) -> Any:
     outputs = {tuple(slurm_cli.SQUEUE_JSON_ARGV): render_squeue(backend),
                tuple(slurm_cli.NODES_ARGV): render_nodes(backend),
-               tuple(slurm_cli.SPRIO_ARGV): render_sprio(backend)}
+               tuple(slurm_cli.SPRIO_ARGV): render_sprio(backend),
+               # the simulated site has no partition, QOS or association limits
+               **{tuple(argv): "" for argv in (PARTITIONS_ARGV, QOS_ARGV, ASSOC_ARGV)}}
     calls: list[list[str]] = []
 
     def run(argv: list[str]) -> str:
@@ -183,7 +186,7 @@ def test_tick_decides_the_same_on_both_backends(states: list[SimBackend], policy
         assert cli_report.decisions == sim_report.decisions
         assert cli_report.skipped == sim_report.skipped
         assert cli_report.applied == sim_report.applied == []
-        assert all(argv[0] in ("squeue", "scontrol", "sprio") and "update" not in argv for argv in run.calls)
+        assert all(argv[0] in ("squeue", "scontrol", "sprio", "sacctmgr") and "update" not in argv for argv in run.calls)
         compared += 1
         decided += bool(sim_report.decisions)
     assert compared >= 3 and decided >= 1

@@ -45,10 +45,12 @@ class FakeRunner:
 def recorded_runner(squeue: str = "squeue-22.05.json") -> FakeRunner:
     return FakeRunner({tuple(cli.SQUEUE_JSON_ARGV): read(squeue),
                        tuple(cli.NODES_ARGV): read("scontrol-nodes-22.05.txt"),
-                       tuple(cli.SPRIO_ARGV): read("sprio-22.05.txt"),
-                       tuple(cli.SCONTROL_JOBS_ARGV): read("scontrol-jobs-22.05.txt")})
+                       tuple(cli.SPRIO_ARGV): read("sprio-22.05.txt")})
 
 
+from pipeswift_slurm.slurm.backends.site_limits import ASSOC_ARGV, PARTITIONS_ARGV, QOS_ARGV  # noqa: E402
+
+LIMITS_ARGVS = [PARTITIONS_ARGV, QOS_ARGV, ASSOC_ARGV]
 CFG = ExecConfig(tp=1, pp=4, dp=1, micro_batch_size=1, num_micro_batches=8, num_nodes=2, gpus_per_node=2)
 
 
@@ -139,20 +141,6 @@ def test_bad_decision_token_is_ignored() -> None:
 
 
 # ------------------------------------------------------------------ text parsers
-@pytest.mark.parametrize("version", ["22.05", "24.11"])
-def test_scontrol_text_matches_json(version: str) -> None:
-    text = by_id(cli.parse_scontrol_jobs(read("scontrol-jobs-%s.txt" % version)))
-    js = by_id(cli.parse_squeue_json(read("squeue-%s.json" % version)))
-    assert sorted(text) == sorted(js)
-    for job_id, job in text.items():
-        ref = js[job_id]
-        assert (job.state, job.num_nodes, job.gpus, job.gpu_request, job.opted_in, job.config,
-                job.time_limit_s, job.comment, job.node_list) == \
-            (ref.state, ref.num_nodes, ref.gpus, ref.gpu_request, ref.opted_in, ref.config,
-             ref.time_limit_s, ref.comment, ref.node_list)
-    assert text[5].comment.startswith("note pswift1;")  # value with a space survives
-
-
 def test_kv_line_and_durations() -> None:
     kv = slurm_parse.parse_kv_line("NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=5 Comment=a;b=c d")
     assert kv == {"NodeName": "n1", "OS": "Linux 6.1 #1 SMP", "RealMemory": "5", "Comment": "a;b=c d"}
@@ -259,27 +247,16 @@ def test_update_argv_refuses_unresizable() -> None:
 def test_snapshot_uses_three_batched_calls_and_site_factors() -> None:
     run = recorded_runner()
     view = cli.SlurmCliBackend(run=run, clock=lambda: NOW).snapshot()
-    assert run.calls == [cli.SQUEUE_JSON_ARGV, cli.NODES_ARGV, cli.SPRIO_ARGV]
+    assert run.calls == [cli.SQUEUE_JSON_ARGV, cli.NODES_ARGV, cli.SPRIO_ARGV, *LIMITS_ARGVS]
     assert view.now == NOW and len(view.nodes) == 4 and view.free_gpus == 0
     assert view.job(5).site_factor == 5000 and view.job(4).site_factor == 0
     assert {j.job_id for j in view.pending} == {4, 5, 6, 7, 8, 9}
 
 
-def test_snapshot_partition_filter_and_text_source() -> None:
+def test_snapshot_partition_filter() -> None:
     run = recorded_runner()
     view = cli.SlurmCliBackend(run=run, partitions=["other"], read_site_factors=False).snapshot()
     assert view.jobs == () and view.nodes == ()
-    view = cli.SlurmCliBackend(run=run, job_source="text", read_site_factors=False).snapshot()
-    assert run.calls[-2:] == [cli.SCONTROL_JOBS_ARGV, cli.NODES_ARGV] and len(view.jobs) == 9
-
-
-def test_snapshot_falls_back_to_text_once() -> None:
-    run = recorded_runner()
-    run.answers[tuple(cli.SQUEUE_JSON_ARGV)] = BackendError("squeue --json failed (exit 1): "
-                                                            "squeue: unrecognized option '--json'")
-    backend = cli.SlurmCliBackend(run=run, read_site_factors=False)
-    assert len(backend.snapshot().jobs) == 9 and len(backend.snapshot().jobs) == 9
-    assert run.calls.count(cli.SQUEUE_JSON_ARGV) == 1
 
 
 def test_snapshot_controller_down_is_backend_error() -> None:

@@ -2,8 +2,9 @@
 that executes them, and ``SlurmCliBackend`` which joins them with the pure parsers of
 ``slurm_parse``.
 
-Owns: reading jobs (``squeue --json`` in the 22.05 and 24.11+ dialects, with ``scontrol -o show
-job`` text as fallback), nodes (``scontrol -d -o show node``) and site factors (``sprio``), and
+Owns: reading jobs (``squeue --json`` in the 22.05 and 24.11+ dialects, and only that: job
+names, comments and paths are user text, so a Slurm without ``--json`` stops the tick rather
+than have the controller parse ``key=value`` text a user can forge), nodes (``scontrol -d -o show node``) and site factors (``sprio``), and
 running the ``scontrol`` commands a Decision becomes (``scontrol_argv``). Many updates go to one ``scontrol`` process
 on stdin (``apply_many``): one process per job is the slowest part of a tick with hundreds of
 pending jobs. Commands run without a shell, each argument one argv item (on stdin, one
@@ -25,7 +26,8 @@ from pipeswift_slurm.core.model import ClusterView, Decision, Job
 from pipeswift_slurm.slurm.backends import BackendError, JobGone, OutcomeUnknown, applicable
 from pipeswift_slurm.slurm.backends.scontrol_argv import BATCH_MAX_LINES, BATCH_PROCESSES, SCONTROL_BATCH_ARGV
 from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, batch_text, batchable, update_argv
-from pipeswift_slurm.slurm.backends.slurm_parse import JSON_REPORTED, parse_batch_errors, parse_scontrol_jobs
+from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
+from pipeswift_slurm.slurm.backends.slurm_parse import JSON_REPORTED, parse_batch_errors
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_scontrol_nodes
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_sprio, parse_squeue_json
 
@@ -51,7 +53,6 @@ InputRunner = Callable[[list[str], str], CommandResult]
 # between two ticks was never seen ending (22.05 lists every job the controller still holds
 # either way; it ignores squeue's filters under --json).
 SQUEUE_JSON_ARGV = ["squeue", "--json", "--states=all"]
-SCONTROL_JOBS_ARGV = ["scontrol", "-o", "show", "job"]
 NODES_ARGV = ["scontrol", "-d", "-o", "show", "node"]
 SPRIO_ARGV = ["sprio", "-h", "-o", "%i|%Y|%S"]
 PING_ARGV = ["scontrol", "ping"]
@@ -66,7 +67,8 @@ _GONE_PATTERNS = ("invalid job id", "already finished", "no longer pending", "is
 class SubprocessRunner:
     """Run one Slurm command without a shell and return its stdout.
 
-    ``env`` (if given) replaces the environment, e.g. to point ``SLURM_CONF`` elsewhere.
+    Output that is not UTF-8 (a job named ``caf\\xe9``) is decoded with U+FFFD in place of
+    the bad bytes: users name jobs, and one name must not stop the tick. ``env`` (if given) replaces the environment, e.g. to point ``SLURM_CONF`` elsewhere.
     """
 
     timeout_s: float = 60.0
@@ -74,7 +76,7 @@ class SubprocessRunner:
 
     def __call__(self, argv: list[str]) -> str:
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
+            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=self.timeout_s,
                                   env=dict(self.env) if self.env is not None else None, check=False)
         except FileNotFoundError:
             raise BackendError("%s: command not found (is the Slurm client installed?)" % argv[0]) from None
@@ -97,7 +99,7 @@ class SubprocessRunner:
         env = dict(self.env) if self.env is not None else dict(os.environ)
         env.update(TERM="dumb", INPUTRC="/dev/null")
         try:
-            proc = subprocess.run(argv, input=stdin_text, capture_output=True, text=True,
+            proc = subprocess.run(argv, input=stdin_text, capture_output=True, text=True, errors="replace",
                                   timeout=self.timeout_s, env=env, check=False)
         except FileNotFoundError:
             raise BackendError("%s: command not found (is the Slurm client installed?)" % argv[0]) from None
@@ -162,12 +164,14 @@ class SlurmCliBackend:
         run: runs one argv and returns stdout, raising BackendError with one line on failure.
         partitions: manage only jobs and nodes of these partitions (None: all).
         clock: epoch seconds (the snapshot's ``now`` and the token stamp).
-        job_source: "json" (``squeue --json``), "text" (``scontrol -o show job``) or "auto"
-            (JSON, falling back to text once if this Slurm has no ``--json``).
+        job_source: "json" or "auto" (the same: ``squeue --json``; there is no text source,
+            user-written fields are never parsed as ``key=value`` text).
         read_site_factors: also call ``sprio`` once per snapshot to fill ``Job.site_factor``.
         feed: runs one argv with text on stdin, for ``apply_many`` (default: ``run.feed``
             when the runner has one; without it ``apply_many`` runs one command per job).
         batch_processes: how many ``scontrol`` processes ``apply_many`` feeds at once.
+        read_limits: also read the site's partition, QOS and association limits once per
+            snapshot (``site_limits``) and set them on each opted-in job's ``caps``.
     """
 
     name = "cli"
@@ -175,9 +179,10 @@ class SlurmCliBackend:
     def __init__(self, run: Runner = subprocess_runner, partitions: Optional[Iterable[str]] = None,
                  clock: Callable[[], float] = time.time, job_source: str = "auto",
                  read_site_factors: bool = True, feed: Optional[InputRunner] = None,
-                 batch_processes: int = BATCH_PROCESSES) -> None:
-        if job_source not in ("auto", "json", "text"):
-            raise BackendError("job_source must be auto, json or text, not %r" % job_source)
+                 batch_processes: int = BATCH_PROCESSES, read_limits: bool = True) -> None:
+        if job_source not in ("auto", "json"):
+            raise BackendError("job_source must be auto or json, not %r: jobs are read only from "
+                               "squeue --json (job names and comments are user text)" % job_source)
         self._run = run
         self._partitions = frozenset(partitions) if partitions else None
         self._clock = clock
@@ -185,9 +190,11 @@ class SlurmCliBackend:
         self._read_site_factors = read_site_factors
         self._feed: Optional[InputRunner] = feed if feed is not None else getattr(run, "feed", None)
         self._batch_processes = max(1, batch_processes)
+        self._limits = LimitsReader(run) if read_limits else None
 
     def snapshot(self) -> ClusterView:
-        """Read jobs, nodes and site factors with one command each.
+        """Read jobs, nodes and site factors with one command each, and the site's limits
+        with three (``site_limits``).
 
         Raises:
             BackendError: a command failed (e.g. slurmctld not answering).
@@ -198,23 +205,28 @@ class SlurmCliBackend:
         factors = self._site_factors()
         jobs = [replace(j, site_factor=factors.get(j.job_id, 0)) for j in jobs
                 if _in_partitions(j.partition.split(","), self._partitions)]
+        if self._limits is not None:
+            jobs = with_caps(jobs, self._limits.read())
         nodes = [n for n in nodes if _in_partitions(n.partitions, self._partitions)]
         log.debug("snapshot: %d jobs, %d nodes", len(jobs), len(nodes))
         return ClusterView(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
 
     def _read_jobs(self) -> list[Job]:
-        if self._job_source == "text":
-            return parse_scontrol_jobs(self._run(list(SCONTROL_JOBS_ARGV)))
+        """Jobs from ``squeue --json``; there is no fallback: a Slurm without it stops the tick.
+
+        Raises:
+            BackendError: squeue failed, printed no JSON or JSON of another shape.
+        """
         try:
             return parse_squeue_json(self._run(list(SQUEUE_JSON_ARGV)))
         except BackendError as exc:
             if str(exc).startswith(JSON_REPORTED) or _CTLD_UNREACHABLE in str(exc):
                 self._ping(exc)
-            if self._job_source == "json" or not _json_unsupported(str(exc)):
-                raise
-            log.warning("squeue --json unavailable (%s); using scontrol text from now on", exc)
-            self._job_source = "text"
-            return parse_scontrol_jobs(self._run(list(SCONTROL_JOBS_ARGV)))
+            if _json_unsupported(str(exc)):
+                raise BackendError("%s; pipeswift reads jobs only from squeue --json (names and comments "
+                                   "are user text): install Slurm's JSON plugins (openapi or data_parser)"
+                                   % exc) from None
+            raise
 
     def _ping(self, cause: BackendError) -> None:
         """22.05's ``squeue --json`` exits 0 with only "Failed while looking for jobs" when

@@ -1,11 +1,14 @@
 """Pure parsers of Slurm command output: ``squeue --json`` (22.05 and 24.11+ dialects),
-``scontrol -o show job`` and ``scontrol -d -o show node`` text, the ``nodes`` list of
+``scontrol -d -o show node`` text, the ``nodes`` list of
 ``sinfo --json``/``scontrol --json show node``, ``sprio``, and a batched ``scontrol``'s
 stderr; with the small pieces they share (hostlists, GRES/TRES specs, durations, decision
 tokens).
 
 Owns: turning that text into ``model.py`` types (Job, Node, GpuRequest, ExecConfig). The
-functions take text and return values: they run no command and keep no state.
+functions take text and return values: they run no command and keep no state. Jobs are read
+only from JSON: their names, comments and paths are user text, and a ``key=value`` line
+cannot tell a user's ``x JobId=777 AdminComment=...`` job name from the real fields; the
+``key=value`` parser reads only what admins write (node records).
 ``slurm_cli`` and ``pyslurm_`` build on this module, never the other way round. Must not
 import subprocess, pyslurm, SQLAlchemy or any policy module.
 """
@@ -16,7 +19,6 @@ import json
 import logging
 import re
 from dataclasses import replace
-from datetime import datetime
 from typing import Any, Iterable, Mapping, Optional
 
 from pipeswift_slurm.core import token
@@ -140,6 +142,8 @@ JSON_REPORTED = "squeue --json reported: "
 
 def _json_errors(data: Mapping[str, Any]) -> list[str]:
     errors = data.get("errors") or []
+    if not isinstance(errors, list):
+        errors = [errors]
     return [(e.get("description") or e.get("error") or str(e)) if isinstance(e, dict) else str(e)
             for e in errors]
 
@@ -148,19 +152,35 @@ def parse_squeue_json(text: str) -> list[Job]:
     """Parse ``squeue --json`` (22.05 openapi v0.0.38 or 24.11+ data_parser) into Jobs.
 
     Pending array meta-records (``123_[5-9]``: ``array_task_string`` set, no task id) are
-    kept for the policy's view but never opted in, so they are never modified.
+    kept for the policy's view but never opted in, so they are never modified. One record
+    that cannot be read (a field of the wrong type) is left out with one log line; every
+    other job is read as usual.
 
     Raises:
-        BackendError: not JSON, or Slurm reported errors (e.g. slurmctld unreachable).
+        BackendError: not JSON, not the shape ``{"jobs": [...]}``, or Slurm reported
+            errors (e.g. slurmctld unreachable).
     """
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        raise BackendError("squeue --json gave no JSON: %s" % exc) from None
+    except (ValueError, RecursionError) as exc:
+        raise BackendError("squeue --json gave no JSON: %s" % str(exc)[:200]) from None
+    if not isinstance(data, dict) or not isinstance(data.get("jobs", []), list):
+        raise BackendError("squeue --json gave JSON without a list of jobs (a %s); not acting on it"
+                           % type(data.get("jobs") if isinstance(data, dict) else data).__name__)
     errors = _json_errors(data)
     if errors:
         raise BackendError("%s%s" % (JSON_REPORTED, "; ".join(errors)))
-    return [job for job in (_job_from_json(rec) for rec in data.get("jobs") or []) if job]
+    jobs = []
+    for rec in data.get("jobs") or []:
+        try:
+            job = _job_from_json(rec) if isinstance(rec, dict) else None
+        except (TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+            log.warning("job %s: squeue --json record left out (cannot read it: %s)",
+                        str(rec.get("job_id"))[:20], str(exc)[:200])
+            continue
+        if job is not None:
+            jobs.append(job)
+    return jobs
 
 
 def _job_from_json(rec: Mapping[str, Any]) -> Optional[Job]:
@@ -191,7 +211,8 @@ def _job_from_json(rec: Mapping[str, Any]) -> Optional[Job]:
         comment=comment, admin_comment=admin,
         node_list=expand_hostlist(_text(rec.get("nodes"))) if state != PENDING else (),
         gpu_request=req, config=decision_config(admin, job_id),
-        restarts=_num(rec.get("restart_cnt")) or 0)
+        restarts=_num(rec.get("restart_cnt")) or 0,
+        account=_text(rec.get("account")), qos=_text(rec.get("qos")))
 
 
 def _tres_gpus(tres: str) -> int:
@@ -203,13 +224,14 @@ def _tres_gpus(tres: str) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------------ scontrol text
+# ------------------------------------------------------------------------------------ scontrol text (admin fields)
 _KEY = re.compile(r"^([A-Za-z][A-Za-z0-9_/:]*)=(.*)$", re.S)
 
 
 def parse_kv_line(line: str) -> dict[str, str]:
     """Split one ``scontrol -o`` record into ``{Key: value}``; a word without ``Key=`` (spaces
-    inside a value, e.g. ``OS=Linux 6.1 #1 SMP``) belongs to the previous value."""
+    inside a value, e.g. ``OS=Linux 6.1 #1 SMP``) belongs to the previous value. Only for
+    records users cannot write into (nodes, partitions): never for jobs."""
     fields: dict[str, str] = {}
     last = None
     for word in line.split(" "):
@@ -222,14 +244,6 @@ def parse_kv_line(line: str) -> dict[str, str]:
     return fields
 
 
-def _clock_time(value: str) -> Optional[float]:
-    """``2026-11-29T08:33:13`` (local time, as scontrol prints it) to epoch seconds."""
-    try:
-        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").timestamp()
-    except ValueError:
-        return None  # Unknown, None, N/A
-
-
 def parse_duration_s(value: str) -> Optional[int]:
     """Slurm duration ``[D-]HH:MM:SS`` / ``MM:SS`` / minutes to seconds; None if UNLIMITED."""
     match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", value.strip())
@@ -237,44 +251,6 @@ def parse_duration_s(value: str) -> Optional[int]:
         days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
         return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     return int(value) * 60 if value.strip().isdigit() else None
-
-
-def parse_scontrol_jobs(text: str) -> list[Job]:
-    """Parse ``scontrol -o show job`` (one job per line) into Jobs; the text fallback when
-    ``squeue --json`` is unavailable. Same array policy as ``parse_squeue_json``."""
-    jobs = []
-    for line in text.splitlines():
-        if line.startswith("JobId="):
-            jobs.append(_job_from_kv(parse_kv_line(line)))
-    return jobs
-
-
-def _job_from_kv(kv: Mapping[str, str]) -> Job:
-    job_id = int(kv["JobId"])
-    state = _state(kv.get("JobState"))
-    num_nodes = int(kv.get("NumNodes", "1").split("-")[0] or 1)
-    req = gpu_request_of({name: kv.get(key, "") for name, key in
-                          zip(_GPU_FIELDS, ("TresPerNode", "TresPerJob", "TresPerTask", "TresPerSocket"))})
-    tasks = int(kv["NumTasks"]) if kv.get("NumTasks", "").isdigit() else None
-    gpus = _requested_gpus(req, num_nodes, tasks)
-    if state != PENDING:
-        gpus = _tres_gpus(kv.get("TRES", "")) or gpus
-    is_meta = "-" in kv.get("ArrayTaskId", "") or "[" in kv.get("ArrayTaskId", "")
-    comment, admin = _text(kv.get("Comment")), _text(kv.get("AdminComment"))
-    return Job(
-        job_id=job_id, state=state, submit_time=_clock_time(kv.get("SubmitTime", "")) or 0.0,
-        num_nodes=num_nodes, gpus=gpus, priority=int(kv.get("Priority", "0") or 0),
-        user=kv.get("UserId", "").split("(")[0], name=_text(kv.get("JobName")),
-        partition=_text(kv.get("Partition")), state_reason=_text(kv.get("Reason")),
-        eligible_time=_clock_time(kv.get("EligibleTime", "")),
-        start_time=None if state == PENDING else _clock_time(kv.get("StartTime", "")),
-        end_time=_clock_time(kv.get("EndTime", "")) if state in FINISHED_STATES else None,
-        time_limit_s=parse_duration_s(kv.get("TimeLimit", "")),
-        opted_in=token.PROFILE_PREFIX in comment and not is_meta,
-        comment=comment, admin_comment=admin,
-        node_list=expand_hostlist(kv.get("NodeList", "")) if state != PENDING else (),
-        gpu_request=req, config=decision_config(admin, job_id),
-        restarts=int(kv["Restarts"]) if kv.get("Restarts", "").isdigit() else 0)
 
 
 # ------------------------------------------------------------------------------------ nodes, sprio
