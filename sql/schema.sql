@@ -87,7 +87,7 @@ CREATE TABLE IF NOT EXISTS ticks (
     n_decisions INTEGER NOT NULL DEFAULT 0,
     n_applied   INTEGER NOT NULL DEFAULT 0,
     n_errors    INTEGER NOT NULL DEFAULT 0,
-    status      TEXT    NOT NULL,                  -- 'ok' | 'failed'
+    status      TEXT    NOT NULL,                  -- 'ok' | 'failed' | 'acting' | 'interrupted'
     error       TEXT
 );
 
@@ -130,12 +130,15 @@ CREATE TABLE IF NOT EXISTS decisions (
     site_factor                       INTEGER,
     time_limit_s                      INTEGER,
     requeue                           BOOLEAN NOT NULL,
+    hold                              BOOLEAN,           -- 1 hold, 0 release (the controller's own hold)
     reason                            TEXT,
     predicted_start_s                 REAL,
     predicted_end_s                   REAL,
     intended                          BOOLEAN NOT NULL,  -- moves any lever
     applied                           BOOLEAN,           -- 1 applied, 0 failed, NULL not attempted
-    error                             TEXT
+    error                             TEXT,
+    awaiting_outcome                  BOOLEAN NOT NULL DEFAULT 0  -- 1: written before Slurm was changed,
+                                                                  -- outcome not known yet
 );
 CREATE INDEX IF NOT EXISTS ix_decisions_job_id ON decisions (job_id);
 CREATE INDEX IF NOT EXISTS ix_decisions_tick_id ON decisions (tick_id);
@@ -162,4 +165,13 @@ CREATE TABLE IF NOT EXISTS tick_snapshots (
     pending_gpus INTEGER NOT NULL,
     n_pending    INTEGER NOT NULL,
     n_running    INTEGER NOT NULL
+);
+
+-- Which controller may act (one row, id 1): taken at the start of every live tick with a
+-- conditional UPDATE, so two controllers sharing this history never act in the same tick.
+CREATE TABLE IF NOT EXISTS controller_lease (
+    id         INTEGER NOT NULL PRIMARY KEY,
+    holder     TEXT,                              -- 'host pid N'; NULL when free
+    taken_at   REAL,
+    expires_at REAL    NOT NULL DEFAULT 0         -- epoch s; free once past
 );

@@ -9,10 +9,12 @@ then refits the per-class calibration from finished jobs (the controller's own l
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import signal
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,14 +27,81 @@ from pipeswift_slurm.cli.common import Obj, fail, pass_obj
 log = logging.getLogger(__name__)
 
 
+class LockPathError(RuntimeError):
+    """The lock path is one a user could take or redirect (one line, exit 2)."""
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
+def check_lock_folder(folder: Path) -> None:
+    """Make ``folder`` (mode 0700, parents as needed) if missing, and refuse one that a
+    user could plant the lock in: world-writable (``/run/lock``: whoever creates the file
+    first holds it, so every root tick would exit doing nothing), a symlink, or owned by
+    someone else than root or the running user.
+
+    Raises:
+        LockPathError: the folder is unsafe or cannot be made.
+    """
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as exc:
+        raise LockPathError("cannot make the lock folder %s (%s); set [controller] lock_file to a path in a "
+                            "folder only the controller's user can write" % (folder, exc.strerror or exc)) from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        why = "is a symlink" if stat.S_ISLNK(st.st_mode) else "is not a folder"
+    elif st.st_mode & stat.S_IWOTH:
+        why = "is world-writable (any user could create the lock first and stop every tick)"
+    elif not _trusted_owner(st.st_uid):
+        why = "is owned by uid %d, not root or the controller's user" % st.st_uid
+    else:
+        return
+    raise LockPathError("lock folder %s %s; set [controller] lock_file to a path in a folder only the "
+                        "controller's user can write (default %s)" % (folder, why, _default_lock()))
+
+
+def _default_lock() -> str:
+    from pipeswift_slurm.slurm.config import DEFAULT_LOCK
+
+    return DEFAULT_LOCK
+
+
+def open_lock_file(path: str) -> int:
+    """Open (create, 0600) the lock file in a checked folder, never through a symlink, and
+    refuse one owned by another user.
+
+    Raises:
+        LockPathError: the folder or the file is unsafe, or cannot be opened.
+    """
+    check_lock_folder(Path(path).parent)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise LockPathError("cannot open the lock file %s (%s); remove it or set [controller] lock_file"
+                            % (path, "a symlink" if exc.errno == errno.ELOOP else exc.strerror or exc)) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or not _trusted_owner(st.st_uid):
+        os.close(fd)
+        raise LockPathError("lock file %s is %s; remove it (only the controller's user may own it)"
+                            % (path, "not a regular file" if not stat.S_ISREG(st.st_mode)
+                               else "owned by uid %d" % st.st_uid))
+    return fd
+
+
 @contextmanager
 def tick_lock(path: str) -> Iterator[bool]:
     """Hold an exclusive flock on ``path`` for the block; yields False when another process
     holds it (the lock dies with its holder, so a killed tick never blocks the next). The
     holder writes ``<pid> <epoch s>`` into the file, so a tick that finds the lock taken
-    can say who holds it and since when (``lock_holder``)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    can say who holds it and since when (``lock_holder``).
+
+    Raises:
+        LockPathError: the path is one a user could take first or redirect (``open_lock_file``).
+    """
+    fd = open_lock_file(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -113,24 +182,56 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
 
 
 def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Optional[Any]:
-    """One locked tick; returns the report, or None when another tick holds the lock."""
+    """One locked tick; returns the report, or None when another tick holds the lock file or
+    another controller holds the history's lease (``controller_lease``: two hosts, or two
+    lock files, sharing one database never act in the same tick)."""
     from pipeswift_slurm.slurm.backends import BackendError
-    from pipeswift_slurm.store.history import StoreBusy
+    from pipeswift_slurm.store.history import StoreBusy, StoreError
 
-    with tick_lock(cfg.lock_file) as got:
-        if not got:
-            held = lock_holder(cfg.lock_file, time.time())
-            log.warning("another controller tick is running (lock %s%s); nothing to do this time",
-                        cfg.lock_file, ", " + held if held else "")
-            return None
-        controller = controller or build_controller(cfg, obj)
-        try:
-            report = controller.tick()
-        except BackendError as exc:
-            fail("slurm: %s" % exc, 1)
-        except StoreBusy as exc:
-            fail("database busy: %s" % exc, 1)
-        return report
+    try:
+        with tick_lock(cfg.lock_file) as got:
+            if not got:
+                held = lock_holder(cfg.lock_file, time.time())
+                log.warning("another controller tick is running (lock %s%s); nothing to do this time",
+                            cfg.lock_file, ", " + held if held else "")
+                return None
+            try:
+                controller = controller or build_controller(cfg, obj)
+                with leased(controller.store) as leased_ok:
+                    return controller.tick() if leased_ok else None
+            except BackendError as exc:
+                fail("slurm: %s" % exc, 1)
+            except StoreBusy as exc:
+                fail("database busy: %s" % exc, 1)
+            except StoreError as exc:
+                fail("database: %s (nothing more was changed in Slurm; the next tick reads back what was)" % exc, 1)
+    except LockPathError as exc:
+        fail(str(exc))
+    return None
+
+
+@contextmanager
+def leased(store: Optional[Any]) -> Iterator[bool]:
+    """Hold the history's controller lease for the block (always True without a store);
+    False, with one WARNING line, when another controller holds it."""
+    if store is None:
+        yield True
+        return
+    from pipeswift_slurm.store.lease import this_holder
+
+    me = this_holder()
+    now = time.time()
+    state = store.take_lease(me, now)
+    if not state.taken:
+        log.warning("another controller (%s) holds the history's lease for %.0f s more; this one does not act "
+                    "(two controllers share %s)", state.holder, max(0.0, state.expires_at - now),
+                    getattr(getattr(store, "engine", None), "url", "the history"))
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        store.release_lease(me)
 
 
 def dry_run_note(cfg: Any, flag: Optional[bool]) -> str:

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import click
 
-from pipeswift_slurm.cli import build, controller, model, report, sim
+from pipeswift_slurm.cli import build, controller, demo, model, report, sim
 from pipeswift_slurm.cli.common import Obj, fail
 
 
@@ -33,7 +33,7 @@ def pipeswift(ctx: click.Context, verbose: int, hardware: Optional[str]) -> None
     ctx.obj = Obj(verbose, hardware)
 
 
-for _command in (model.estimate, model.plan, model.profile, controller.controller, sim.simulate, sim.demo,
+for _command in (model.estimate, model.plan, model.profile, controller.controller, sim.simulate, demo.demo,
                  report.report, report.explain, build.build_psbatch):
     pipeswift.add_command(_command)
 

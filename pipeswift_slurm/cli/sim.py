@@ -6,7 +6,6 @@ import calendar
 import json
 import sys
 from datetime import datetime, timezone
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -121,12 +120,24 @@ def history_paths(db: str, policies: Sequence[str]) -> dict[str, Path]:
         "%s.%s%s" % (first.stem, p.replace(":", "-"), first.suffix or ".sqlite")) for p in policies}
 
 
+def refuse_non_history(path: Path) -> None:
+    """Exit 2 (one line) when ``path`` holds a file that is not a pipeswift history: a
+    simulation replaces its history file, and must never delete anything else."""
+    from pipeswift_slurm.store.history import not_a_history
+
+    why = not_a_history(path)
+    if why:
+        fail("--db %s: %s; it is left alone: give a new file name" % (path, why))
+
+
 def _run(spec: Any, db: Optional[str]) -> Any:
     from pipeswift_slurm.sim.runner import run_comparison
     from pipeswift_slurm.sim.workload import WorkloadError
 
     stores: dict[str, Any] = {}
     paths = history_paths(db, spec.policies) if db else {}
+    for path in paths.values():
+        refuse_non_history(path)
     if len(paths) > 1:
         click.echo("histories: %s" % ", ".join("%s in %s" % (p, path) for p, path in paths.items()), err=True)
 
@@ -196,7 +207,7 @@ def legend(base: str) -> str:
                      + ["  %s  %s" % (name.ljust(width), text) for name, text in items])
 
 
-def _print_comparison(comp: Any) -> None:
+def print_comparison(comp: Any) -> None:
     from pipeswift_slurm.core.fmt import duration
 
     w = comp.workload
@@ -342,7 +353,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    start_epoch_s=start_epoch_s)
     comp = _run(spec, db)
     if json_out != "-":
-        _print_comparison(comp)
+        print_comparison(comp)
     _outputs(comp, json_out, plot)
 
 
@@ -355,56 +366,3 @@ def _site(path: str) -> tuple[Any, tuple[str, dict[str, Any]]]:
     except ConfigError as exc:
         fail(str(exc))
     return cfg, ("%s:site" % cfg.policy, policy_knobs(cfg))
-
-
-DEMO_VARIANTS = ("pipeswift:order", "pipeswift:config")  # presets: the gains taken apart
-
-
-@click.command()
-@click.option("--db", default="pipeswift-demo.sqlite", show_default=True,
-              help="SQLite history of the pipeswift run (try: pipeswift report all --db FILE).")
-@click.option("--plot", help="Also draw the JCT CDF to this PNG.")
-@click.option("--seed", type=int, default=1, show_default=True)
-@pass_obj
-def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
-    """The main job on the embedded default: a synthetic LLM-cluster workload on a
-    simulated 64-GPU Slurm cluster with SQLite, every policy, and where the gains come from."""
-    from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
-
-    history_file(db)  # a server URL is refused before the runs
-    spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
-                   policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed, start_epoch_s=None)
-    progress = Progress(len(spec.policies) + 1, on_terminal())  # + the history run
-    try:
-        comp = run_comparison(spec, on_tick=progress.tick, on_start=progress.start)
-        _demo_history(spec, db, progress)
-    finally:
-        progress.close()  # before the first line of output
-    _print_comparison(comp)
-    _explain_gains(comp)
-    click.echo("\ncontroller history of the pipeswift run written to %s (pipeswift report all --db %s)" % (db, db))
-    if plot:
-        plot_cdf(comp, plot)
-
-
-def _explain_gains(comp: Any) -> None:
-    by = {m["policy"]: m for m in comp.metrics}
-    slurm, order, config, full = (by[k]["mean_jct_s"] for k in ("slurm", "pipeswift:order", "pipeswift:config",
-                                                                 "pipeswift"))
-    click.echo("\nwhere the gains come from (mean JCT relative to slurm):")
-    click.echo("  queue order + waiting bound only (user configs):   %.2f" % (order / slurm))
-    click.echo("  + best pipeline config at the user's GPU count:    %.2f" % (config / slurm))
-    click.echo("  + resizing pending jobs (fragments, start now):    %.2f" % (full / slurm))
-    click.echo("  lower bound (every job alone, best config):        %.2f"
-               % (comp.workload["lower_bound_mean_jct_s"] / slurm))
-
-
-def _demo_history(spec: Any, db: str, progress: Progress) -> None:
-    from pipeswift_slurm.sim.runner import run_comparison
-    from pipeswift_slurm.store.history import Store
-
-    path = history_file(db)
-    path.unlink(missing_ok=True)
-    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}),
-                   store_for=lambda _p: Store.from_url(str(path), journal_mode="WAL"),
-                   on_tick=progress.tick, on_start=progress.start)

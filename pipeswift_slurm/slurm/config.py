@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 DEFAULT_PATH = "/etc/pipeswift/config.toml"
 DEFAULT_DB = "/var/lib/pipeswift/pipeswift.sqlite"
-DEFAULT_LOCK = "/run/lock/pipeswift-controller.lock"
+DEFAULT_LOCK = "/run/pipeswift/tick.lock"  # the controller makes /run/pipeswift 0700: no user can take the lock
 NO_FILE = "(no config file)"
 
 

@@ -24,8 +24,9 @@ from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile, S
 from pipeswift_slurm.core.request import request_profile
 from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller
 from pipeswift_slurm.policy import Policy
-from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone
+from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
 from pipeswift_slurm.slurm.factors import stable_factors
+from pipeswift_slurm.slurm.holds import own_holds_to_release
 from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
 from pipeswift_slurm.slurm.seams import BatchingBackend, Calibration, HistoryStore
 
@@ -41,6 +42,7 @@ class TickReport:
     applied: list[int] = field(default_factory=list)
     skipped: list[tuple[int, str]] = field(default_factory=list)
     errors: list[tuple[int, str]] = field(default_factory=list)
+    unknown: list[tuple[int, str]] = field(default_factory=list)  # Slurm did not say (timed out)
     decide_s: float = 0.0
     duration_s: float = 0.0
     failed: Optional[str] = None
@@ -239,9 +241,15 @@ class Controller:
                 continue
             report.decisions.append(todo)
             todo_items.append((todo, job))
+        releases = own_holds_to_release(view, {d.job_id for d, _ in todo_items}, runnable)
+        report.decisions += [d for d, _ in releases]
+        todo_items += releases
+        intent_tick = self._record_intents(report, profiles, todo_items)
         self._act(todo_items, report)
         report.duration_s = self.clock() - started
-        if self.store is not None:
+        if intent_tick is not None:
+            self._record_outcomes(intent_tick, report)
+        elif self.store is not None:
             self._record(report, profiles)
         if report.failed is not None:
             raise BackendError(report.failed)
@@ -335,6 +343,10 @@ class Controller:
         the first one fails the tick."""
         if outcome is None:
             report.applied.append(job_id)
+        elif isinstance(outcome, OutcomeUnknown):
+            report.unknown.append((job_id, str(outcome)))
+            if report.failed is None:
+                report.failed = str(outcome)
         elif isinstance(outcome, JobGone):
             log.info("job %d skipped: %s", job_id, outcome)
             report.skipped.append((job_id, str(outcome)))
@@ -343,12 +355,43 @@ class Controller:
             if report.failed is None:
                 report.failed = str(outcome)
 
-    def _record(self, report: TickReport, profiles: dict[int, JobProfile]) -> None:
+    def _record(self, report: TickReport, profiles: dict[int, JobProfile], intents: bool = False) -> int:
         from pipeswift_slurm.slurm.recording import record_tick
 
         assert self.store is not None
-        record_tick(self.store, report, profiles, self._profiles, self.policy, self.estimator,
-                    self.settings.dry_run)
+        return record_tick(self.store, report, profiles, self._profiles, self.policy, self.estimator,
+                           self.settings.dry_run, intents=intents,
+                           settle=None if getattr(self.backend, "in_memory", False) else intent_outcome)
+
+    def _record_intents(self, report: TickReport, profiles: dict[int, JobProfile],
+                        items: list[tuple[Decision, Job]]) -> Optional[int]:
+        """Before Slurm is changed: the tick with its decisions as intents (its id), so that
+        no change is ever made that the history does not know of; None when nothing will
+        be changed or nothing is recorded. A store that cannot be written fails the tick
+        here, before any change."""
+        if self.store is None or self.settings.dry_run or not items or getattr(self.backend, "in_memory", False):
+            return None  # (an in-memory cluster dies with the tick: nothing to read back)
+        return self._record(report, profiles, intents=True)
+
+    def _record_outcomes(self, tick_id: int, report: TickReport) -> None:
+        from pipeswift_slurm.slurm.recording import record_outcomes
+
+        assert self.store is not None
+        record_outcomes(self.store, tick_id, report)
+
+
+def intent_outcome(decision: Decision, job: Optional[Job]) -> tuple[Optional[bool], str]:
+    """What Slurm shows became of a decision whose outcome was never recorded (the tick
+    died, or the command timed out): applied when the job now has everything it asked
+    (``unchanged_parts`` finds nothing left to change; a requeue when the job pends again),
+    else not; None when the job left the queue. Returns (applied, the note recorded)."""
+    if job is None:
+        return None, "outcome unknown: the job left the queue before Slurm's state was read back"
+    if decision.requeue:
+        done = job.pending
+    else:
+        done = not unchanged_parts(decision, job).changes_anything
+    return done, "outcome read back from Slurm by a later tick: %s" % ("applied" if done else "not applied")
 
 
 def tick(backend: Backend, store: Optional[HistoryStore], policy: Policy, estimator: Estimator, *,

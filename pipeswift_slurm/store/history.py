@@ -43,9 +43,9 @@ import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
-from sqlalchemy import Engine, create_engine, event, insert, inspect, text
+from sqlalchemy import Engine, and_, bindparam, create_engine, event, insert, inspect, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
@@ -53,7 +53,8 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.schema import CreateColumn
 
 from pipeswift_slurm.core.model import Decision, Job
-from pipeswift_slurm.store.schema import Base, TickRow
+from pipeswift_slurm.store.lease import LEASE_TTL_S, LeaseState, release_lease, take_lease
+from pipeswift_slurm.store.schema import Base, DecisionRow, TickRow
 from pipeswift_slurm.store.queries import CalibrationEntry, Queries, T
 from pipeswift_slurm.store.queries import (ACTIVE_STATES, CALIBRATION_STATES, CONFIG_FIELDS,  # noqa: F401
                             VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision,
@@ -62,6 +63,12 @@ from pipeswift_slurm.store.rows import SELECT_IDS, earlier_runs, inserted_id, sa
 from pipeswift_slurm.store.tick import TickTx
 
 log = logging.getLogger(__name__)
+
+SET_OUTCOMES = (update(DecisionRow.__table__)
+                .where(and_(DecisionRow.__table__.c.tick_id == bindparam("b_tick_id"),
+                            DecisionRow.__table__.c.job_id == bindparam("b_job_id")))
+                .values(applied=bindparam("b_applied"), error=bindparam("b_error"),
+                        awaiting_outcome=bindparam("b_awaiting")))
 
 
 def _missing(conn: Any) -> tuple[set[str], list[tuple[Any, Any]]]:
@@ -77,7 +84,11 @@ def _missing(conn: Any) -> tuple[set[str], list[tuple[Any, Any]]]:
     return have_tables, missing
 
 
-class StoreBusy(RuntimeError):
+class StoreError(RuntimeError):
+    """The database could not be written (full disk, read-only file, lost server...)."""
+
+
+class StoreBusy(StoreError):
     """Another writer held the database longer than ``busy_timeout_s``."""
 
 
@@ -118,6 +129,42 @@ def _driver_missing(url: str, exc: ImportError) -> StoreUnavailable:
     install = DRIVER_INSTALL.get(module, "install the package that provides it")
     return StoreUnavailable("the history at %s needs the Python module %s, which is not installed: %s"
                             % (shown_url(url), module or "of its driver", install))
+
+
+@contextmanager
+def _store_errors(what: str) -> Iterator[None]:
+    """Turn the driver's OperationalError into StoreBusy (locked) or StoreError (any other)."""
+    try:
+        yield
+    except OperationalError as exc:
+        if _is_locked(exc):
+            log.warning("%s: database busy: %s", what, exc.orig)
+            raise StoreBusy("store is locked by another writer: %s" % exc.orig) from exc
+        raise StoreError("%s: %s" % (what, str(exc.orig).splitlines()[0] if exc.orig else exc)) from exc
+
+
+HISTORY_TABLES = frozenset({"ticks", "decisions", "jobs"})
+
+
+def not_a_history(path: Path) -> str:
+    """Why the file at ``path`` is not a pipeswift history ('' when it is one, or when
+    nothing is there): a SQLite file with the history's tables, read without writing."""
+    if not path.exists() and not path.is_symlink():
+        return ""
+    try:
+        with path.open("rb") as head:
+            if not path.is_file() or head.read(16) != b"SQLite format 3\x00":
+                return "the file exists and is not a pipeswift history (not a SQLite database)"
+        conn = sqlite3.connect("file:%s?mode=ro" % quote(str(path.resolve())), uri=True)
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except (OSError, sqlite3.Error) as exc:
+        return "cannot read it (%s)" % exc
+    if not HISTORY_TABLES <= tables:
+        return "the file exists and is not a pipeswift history (no %s table)" % ", ".join(sorted(HISTORY_TABLES - tables))
+    return ""
 
 
 def same_action(a: Optional[Decision], b: Optional[Decision]) -> bool:
@@ -289,17 +336,58 @@ class Store(Queries):
         Raises:
             StoreBusy: another writer held the database past ``busy_timeout_s``.
         """
-        try:
+        with _store_errors("tick at %.0f" % now):
             with Session(self._write_engine) as session, session.begin():
                 tx = TickTx(session, now, policy, dry_run)
                 yield tx
                 if not tx.finished:
                     tx.finish()
-        except OperationalError as exc:
-            if _is_locked(exc):
-                log.warning("tick at %.0f: database busy: %s", now, exc.orig)
-                raise StoreBusy("store is locked by another writer: %s" % exc.orig) from exc
-            raise
+
+    def record_outcomes(self, tick_id: int, outcomes: Mapping[int, tuple[Optional[bool], Optional[str], bool]],
+                        status: str, error: Optional[str], duration_s: float) -> None:
+        """Record what became of a tick's intents (written by ``TickTx.record_decisions``
+        with ``awaiting_outcome``) once Slurm was changed, and close the tick row.
+
+        Args:
+            tick_id: the tick (its row says 'acting' until now).
+            outcomes: map from job_id to (applied, error text, still awaiting: Slurm did not
+                say, e.g. a batch that timed out; the next tick settles it).
+            status: the tick's final status ('ok' or 'failed'); error: why it failed.
+            duration_s: wall seconds of the whole tick.
+
+        Raises:
+            StoreBusy, StoreError: the database could not be written (the intents stay,
+                and the next tick settles them from Slurm's state).
+        """
+        rows = [{"b_tick_id": tick_id, "b_job_id": job_id, "b_applied": None if awaiting else applied,
+                 "b_error": error_text, "b_awaiting": awaiting}
+                for job_id, (applied, error_text, awaiting) in outcomes.items()]
+        with _store_errors("outcomes of tick %d" % tick_id):
+            with Session(self._write_engine) as s, s.begin():
+                if rows:
+                    s.execute(SET_OUTCOMES, rows)
+                s.execute(update(TickRow).where(TickRow.tick_id == tick_id).values(
+                    status=status, error=error, duration_s=duration_s,
+                    finished_at=TickRow.started_at + duration_s,
+                    n_applied=sum(1 for r in rows if r["b_applied"] is True),
+                    n_errors=sum(1 for r in rows if r["b_applied"] is False)))
+
+    def take_lease(self, holder: str, now: float, ttl_s: float = LEASE_TTL_S) -> LeaseState:
+        """Take the controller lease (``store.lease.take_lease``).
+
+        Raises:
+            StoreBusy, StoreError: the database could not be written.
+        """
+        with _store_errors("controller lease"):
+            return take_lease(self._write_engine, holder, now, ttl_s)
+
+    def release_lease(self, holder: str) -> None:
+        """Give the controller lease back (a failure is logged: it expires anyway)."""
+        try:
+            with _store_errors("controller lease"):
+                release_lease(self._write_engine, holder)
+        except StoreError as exc:
+            log.warning("could not give the controller lease back (it expires by itself): %s", exc)
 
     def record_failed_tick(self, now: float, policy: str, dry_run: bool, error: str) -> int:
         """Record a tick whose transaction was rolled back (its own small transaction).
@@ -307,7 +395,7 @@ class Store(Queries):
         Returns:
             The failed tick's id.
         """
-        with Session(self._write_engine) as s, s.begin():
+        with _store_errors("failed tick"), Session(self._write_engine) as s, s.begin():
             result = s.execute(insert(TickRow).values(
                 started_at=now, finished_at=now, duration_s=0.0, policy=policy,
                 dry_run=dry_run, status="failed", error=error[:10000]))

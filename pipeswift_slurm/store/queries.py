@@ -127,14 +127,15 @@ def _profile_texts(s: Session, job_ids: Iterable[int]) -> dict[int, str]:
     return out
 
 
-def _decision_of(row: DecisionRow) -> Decision:
+def decision_of(row: DecisionRow) -> Decision:
+    """The Decision a decisions row holds."""
     config = None
     if row.tp is not None:
         values = {name: getattr(row, name) for name in CONFIG_FIELDS}
         config = ExecConfig(**values)
     return Decision(job_id=row.job_id, config=config, site_factor=row.site_factor,
                     time_limit_s=row.time_limit_s, requeue=bool(row.requeue),
-                    reason=row.reason or "", predicted_start_s=row.predicted_start_s,
+                    hold=None if row.hold is None else bool(row.hold), reason=row.reason or "", predicted_start_s=row.predicted_start_s,
                     predicted_end_s=row.predicted_end_s)
 
 
@@ -145,14 +146,14 @@ def _last_applied_for(s: Session, job_ids: Iterable[int]) -> dict[int, Decision]
                   .where(DecisionRow.job_id.in_(chunk), DecisionRow.applied.is_(True))
                   .group_by(DecisionRow.job_id))
         for row in s.scalars(select(DecisionRow).where(DecisionRow.id.in_(latest))):
-            out[row.job_id] = _decision_of(row)
+            out[row.job_id] = decision_of(row)
     return out
 
 
 def _decisions_for(s: Session, job_id: int) -> list[RecordedDecision]:
     rows = s.scalars(select(DecisionRow).where(DecisionRow.job_id == job_id)
                      .order_by(DecisionRow.id))
-    return [RecordedDecision(r.tick_id, r.at, _decision_of(r), bool(r.intended),
+    return [RecordedDecision(r.tick_id, r.at, decision_of(r), bool(r.intended),
                              None if r.applied is None else bool(r.applied), r.error)
             for r in rows]
 

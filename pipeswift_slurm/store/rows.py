@@ -113,12 +113,13 @@ def decision_kind(d: Decision) -> str:
     parts = [name for name, on in (("resize", d.config is not None),
                                    ("site_factor", d.site_factor is not None),
                                    ("time_limit", d.time_limit_s is not None),
-                                   ("requeue", d.requeue)) if on]
+                                   ("requeue", d.requeue), ("hold", d.hold is True),
+                                   ("release", d.hold is False)) if on]
     return "+".join(parts) or "none"
 
 
 def decision_values(d: Decision, tick_id: int, at: float, applied: Optional[bool],
-                     error: Optional[str]) -> dict[str, Any]:
+                     error: Optional[str], awaiting_outcome: bool = False) -> dict[str, Any]:
     c = d.config
     values: dict[str, Any] = {name: getattr(c, name) if c else None for name in CONFIG_FIELDS}
     values.update(
@@ -127,7 +128,8 @@ def decision_values(d: Decision, tick_id: int, at: float, applied: Optional[bool
         site_factor=d.site_factor, time_limit_s=d.time_limit_s, requeue=d.requeue,
         reason=d.reason, predicted_start_s=d.predicted_start_s,
         predicted_end_s=d.predicted_end_s, intended=d.changes_anything,
-        applied=False if (error and applied is None) else applied, error=error)
+        applied=False if (error and applied is None) else applied, error=error,
+        hold=d.hold, awaiting_outcome=awaiting_outcome)
     return values
 
 
@@ -159,6 +161,9 @@ INSERT_TRANSITIONS = insert(TRANSITIONS)
 INSERT_DECISIONS = insert(DECISIONS)
 INSERT_SNAPSHOT = insert(TABLES["tick_snapshots"])
 INSERT_TICK = insert(TICKS)
+SETTLE_DECISIONS = (update(DECISIONS).where(DECISIONS.c.id == bindparam("b_id"))
+                    .values(applied=bindparam("b_applied"), error=bindparam("b_error"),
+                            awaiting_outcome=bindparam("b_awaiting")))
 FINISH_TICK = (update(TICKS).where(TICKS.c.tick_id == bindparam("b_tick_id"))
                 .values({k: bindparam("b_" + k) for k in
                          ("finished_at", "duration_s", "status", "error") + TICK_COUNTS}))

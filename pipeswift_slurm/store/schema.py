@@ -162,7 +162,10 @@ class DecisionRow(Base):
     ``ExecConfig.short()``; the config's fields are stored one per column so the Decision
     can be rebuilt exactly. ``intended`` is True when the decision moves any lever;
     ``applied`` is True (applied), False (failed: see ``error``) or NULL (not attempted:
-    dry run, or identical to the last applied decision).
+    dry run, or identical to the last applied decision). A live tick writes its decisions
+    before it changes Slurm, with ``awaiting_outcome`` set (an intent), and clears it once
+    the outcome is known; an intent whose tick died (or whose outcome Slurm did not say) is
+    settled by the next tick from what Slurm shows (``error`` then says so).
     """
 
     __tablename__ = "decisions"
@@ -188,12 +191,14 @@ class DecisionRow(Base):
     site_factor: Mapped[Optional[int]]
     time_limit_s: Mapped[Optional[int]]
     requeue: Mapped[bool]
+    hold: Mapped[Optional[bool]]
     reason: Mapped[Optional[str]]
     predicted_start_s: Mapped[Optional[float]]
     predicted_end_s: Mapped[Optional[float]]
     intended: Mapped[bool]
     applied: Mapped[Optional[bool]]
     error: Mapped[Optional[str]]
+    awaiting_outcome: Mapped[bool] = mapped_column(server_default=text("0"))
 
     __table_args__ = (
         Index("ix_decisions_job_id", "job_id"),
@@ -232,3 +237,17 @@ class TickSnapshotRow(Base):
     pending_gpus: Mapped[int]
     n_pending: Mapped[int]
     n_running: Mapped[int]
+
+
+class ControllerLeaseRow(Base):
+    """Which controller may act (one row, ``id`` 1): taken at the start of every live tick
+    with a conditional UPDATE, so two controllers sharing the history (two hosts, or two
+    lock files) never act in the same tick. ``holder`` is ``host pid N``; NULL when free;
+    a lease past ``expires_at`` (epoch s) is free too."""
+
+    __tablename__ = "controller_lease"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    holder: Mapped[Optional[str]]
+    taken_at: Mapped[Optional[float]]
+    expires_at: Mapped[float] = mapped_column(server_default=text("0"))

@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session
 
 from pipeswift_slurm.core.model import PENDING, RUNNING, ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.store import rows as R
-from pipeswift_slurm.store.queries import (ACTIVE_STATES, VANISHED_STARTED, VANISHED_UNSTARTED, CalibrationEntry,
+from pipeswift_slurm.store.queries import (ACTIVE_STATES, decision_of, VANISHED_STARTED, VANISHED_UNSTARTED, CalibrationEntry,
                                            Queries, RunRecord, SnapshotSummary, T, chunks)
 from pipeswift_slurm.core.sizeclass import size_class
-from pipeswift_slurm.store.schema import ProfileRow
+from pipeswift_slurm.store.schema import DecisionRow, ProfileRow, TickRow
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class TickTx(Queries):
 
     def record_decisions(self, decisions: Sequence[Decision],
                          applied: Optional[Mapping[int, Optional[bool]]] = None,
-                         errors: Optional[Mapping[int, str]] = None) -> None:
+                         errors: Optional[Mapping[int, str]] = None, awaiting_outcome: bool = False) -> None:
         """Record this tick's decisions (one bulk insert).
 
         Args:
@@ -220,15 +220,47 @@ class TickTx(Queries):
             applied: map from job_id to True (applied), False (failed) or None/absent (not
                 attempted: dry run, or same as the last applied decision).
             errors: map from job_id to the backend's error text (implies applied=False).
+            awaiting_outcome: the decisions are intents, written before Slurm is changed;
+                ``Store.record_outcomes`` (or the next tick's ``settle_intents``) says
+                what became of them.
         """
         applied, errors = applied or {}, errors or {}
         rows = [R.decision_values(d, self.tick_id, self.now, applied.get(d.job_id),
-                                 errors.get(d.job_id)) for d in decisions]
+                                 errors.get(d.job_id), awaiting_outcome) for d in decisions]
         if rows:
             self.conn.execute(R.INSERT_DECISIONS, rows)
         self._counts["n_decisions"] += len(rows)
         self._counts["n_applied"] += sum(1 for r in rows if r["applied"] is True)
         self._counts["n_errors"] += sum(1 for r in rows if r["applied"] is False)
+
+    def awaiting_intents(self) -> list[tuple[int, int, Decision]]:
+        """Earlier ticks' intents whose outcome is not known: (row id, tick_id, decision)."""
+        stmt = select(DecisionRow).where(DecisionRow.awaiting_outcome.is_(True), DecisionRow.tick_id != self.tick_id)
+        return [(r.id, r.tick_id, decision_of(r)) for r in self.session.scalars(stmt.order_by(DecisionRow.id))]
+
+    def settle_intents(self, outcomes: Mapping[int, tuple[int, Optional[bool], str]]) -> None:
+        """Record what became of earlier intents, as Slurm shows it now.
+
+        Args:
+            outcomes: map from decision row id to (its tick_id, applied: True, False or None
+                when Slurm cannot tell, e.g. the job left, and the note kept in ``error``).
+                A tick still marked 'acting' (it died between changing Slurm and recording
+                the outcome) becomes 'interrupted'.
+        """
+        if not outcomes:
+            return
+        self.conn.execute(R.SETTLE_DECISIONS, [{"b_id": row_id, "b_applied": applied, "b_error": note,
+                                                "b_awaiting": False}
+                                               for row_id, (_, applied, note) in outcomes.items()])
+        for tick_id in sorted({t for t, _, _ in outcomes.values()}):
+            applied = sum(1 for t, a, _ in outcomes.values() if t == tick_id and a is True)
+            self.session.execute(update(TickRow).where(TickRow.tick_id == tick_id, TickRow.status == "acting").values(
+                status="interrupted", error="stopped after changing Slurm; outcomes settled by tick %d from "
+                                            "Slurm's state" % self.tick_id))
+            self.session.execute(update(TickRow).where(TickRow.tick_id == tick_id).values(
+                n_applied=TickRow.n_applied + applied))
+        log.info("settled %d earlier intent(s) from Slurm's state: %d applied", len(outcomes),
+                 sum(1 for _, a, _ in outcomes.values() if a is True))
 
     def set_predicted_run(self, job_id: int, predicted_run_s: float) -> None:
         """Record the latest run-time estimate (seconds) for the config the job runs with."""

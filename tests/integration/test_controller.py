@@ -161,11 +161,16 @@ def decision_row(site: Site, job_id: int) -> sqlite3.Row:
 
 
 def assert_consistent(site: Site) -> None:
-    """No half-recorded tick: every tick closed, every decision's tick and job exist."""
+    """No half-recorded tick: every tick closed (or, killed while acting, settled by a later
+    one), every decision's tick and job exist, no intent left without its outcome but the
+    last tick's."""
     assert site.rows("PRAGMA integrity_check")[0][0] == "ok"
     assert site.rows("PRAGMA foreign_key_check") == []
-    ticks = site.rows("SELECT * FROM ticks")
-    assert ticks and all(t["status"] in ("ok", "failed") and t["finished_at"] is not None for t in ticks)
+    ticks = site.rows("SELECT * FROM ticks ORDER BY tick_id")
+    assert ticks and all(t["status"] in ("ok", "failed", "interrupted") and t["finished_at"] is not None
+                         for t in ticks[:-1])
+    assert ticks[-1]["status"] in ("ok", "failed", "acting")
+    assert site.rows("SELECT id FROM decisions WHERE awaiting_outcome AND tick_id != ?", ticks[-1]["tick_id"]) == []
     assert site.rows("SELECT id FROM decisions WHERE tick_id NOT IN (SELECT tick_id FROM ticks)") == []
     assert site.rows("SELECT tick_id FROM tick_snapshots WHERE tick_id NOT IN (SELECT tick_id FROM ticks)") == []
 
@@ -431,31 +436,46 @@ api_controller(Site(Path({dir!r}), dict(os.environ)), SlurmCliBackend()).tick()
 
 def test_killed_ticks_leave_no_half_recorded_tick(site: Site, blocker: int,
                                                   submit_job: Callable[..., int]) -> None:
+    """A tick killed while acting left its intents (written before Slurm was changed); one
+    killed inside its store transaction left nothing; one killed with -9 right after Slurm
+    applied its batch (before the database heard of it) is settled by the next tick, and
+    the history shows the change (issue 23: nothing lost)."""
     job_id = opted_in(submit_job)
     site.tick_ok()
-    # killed while acting: the batched scontrol hangs
+    slurm = SubprocessRunner(env=site.env)
+    # killed while acting: the batched scontrol hangs (nothing applied)
     marker = site.dir / "acting"
     env = site.fake_scontrol('[ $# -eq 0 ] && { touch %s; sleep 60; }' % marker)
-    slurm = SubprocessRunner(env=site.env)
     slurm(["scontrol", "update", "JobId=%d" % job_id, "SiteFactor=0"])  # something to do again
     proc = subprocess.Popen(site.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     _kill_when(proc, marker)
-    # killed inside the store transaction, after the tick's rows were written
+    assert [t["status"] for t in site.rows("SELECT status FROM ticks ORDER BY tick_id")] == ["ok", "acting"]
+    # killed inside the store transaction, after the tick's rows were written: nothing kept
     marker = site.dir / "recording"
     code = _KILL_IN_STORE.format(testdir=str(Path(__file__).parent), marker=str(marker), dir=str(site.dir))
     proc = subprocess.Popen([sys.executable, "-c", code], env=site.env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     _kill_when(proc, marker)
-    assert site.count("ticks") == 1
-    assert_consistent(site)
-
-    slurm(["scontrol", "update", "JobId=%d" % job_id, "SiteFactor=0"])  # the killed tick had applied it
-    site.tick_ok()
     assert site.count("ticks") == 2
+    # killed with -9 right after the real scontrol applied the batch
+    real = shutil.which("scontrol", path=site.env.get("PATH"))
+    marker = site.dir / "applied"
+    env = site.fake_scontrol('[ $# -eq 0 ] && { %s; touch %s; kill -9 $PPID; exit 0; }' % (real, marker))
+    proc = subprocess.Popen(site.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    proc.communicate(timeout=TICK_TIMEOUT_S)
+    assert proc.returncode == -signal.SIGKILL and marker.exists()
+    killed = site.rows("SELECT tick_id, status FROM ticks ORDER BY tick_id DESC LIMIT 1")[0]
+    assert killed["status"] == "acting"
+    factor = site_factors(slurm).get(job_id)
+    assert factor, "the killed tick's batch set the job's SiteFactor"
+    site.tick_ok()  # settles both killed ticks from what Slurm shows
     assert_consistent(site)
-    last = site.rows("SELECT * FROM ticks ORDER BY tick_id DESC LIMIT 1")[0]
-    assert last["status"] == "ok" and last["n_applied"] >= 1
+    rows = {r["tick_id"]: r for r in site.rows("SELECT * FROM decisions WHERE job_id = ?", job_id)}
+    assert rows[killed["tick_id"]]["applied"] == 1 and rows[killed["tick_id"]]["site_factor"] == factor
+    assert site.rows("SELECT status FROM ticks WHERE tick_id = ?", killed["tick_id"])[0][0] == "interrupted"
+    assert rows[2]["applied"] == 0  # the one killed before its batch ran: Slurm shows it was not applied
 
 
 # ------------------------------------------------------------------ history: queue and run seconds

@@ -60,6 +60,9 @@ def make_fake(jobs: list[Any], nodes: list[Any]) -> Any:
         def release(self) -> None:
             check("release %d" % self.id)
 
+        def hold(self, mode: Optional[str] = None) -> None:
+            check("hold %d" % self.id if mode is None else "hold %d mode=%s" % (self.id, mode))
+
     class Jobs(dict):
         @classmethod
         def load(cls, preload_passwd_info: bool = False) -> "Jobs":

@@ -26,6 +26,18 @@ class JobGone(BackendError):
     """The job finished, was cancelled or left PENDING between observe and act."""
 
 
+class OutcomeUnknown(BackendError):
+    """Slurm was asked to change a job but did not say whether it did (the command timed
+    out): the controller reads the job back on its next tick and records what it shows."""
+
+
+def releases_own_hold(decision: Decision) -> bool:
+    """A decision that only releases the controller's own hold: allowed whatever the job's
+    opt-in says now (a hold the controller set is always its own to release)."""
+    return decision.hold is False and decision.config is None and decision.site_factor is None \
+        and decision.time_limit_s is None and not decision.requeue
+
+
 def applicable(decision: Decision, job: Job) -> bool:
     """The guard every real backend runs before changing a job: a job that is not opted in
     is never changed (False, logged); resizing a job that is no longer PENDING raises.
@@ -33,7 +45,7 @@ def applicable(decision: Decision, job: Job) -> bool:
     Raises:
         JobGone: a resize for a job that started or finished since the snapshot.
     """
-    if not job.opted_in:
+    if not job.opted_in and not releases_own_hold(decision):
         log.warning("job %d is not opted in to pipeswift; not changing it", job.job_id)
         return False
     if decision.config is not None and not job.pending and not decision.requeue:

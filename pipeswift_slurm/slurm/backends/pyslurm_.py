@@ -21,7 +21,7 @@ from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, ClusterView, De
 from pipeswift_slurm.slurm.backends import BackendError, applicable
 from pipeswift_slurm.slurm.backends.slurm_cli import Runner, classify_error, read_site_factors, subprocess_runner
 from pipeswift_slurm.slurm.backends.slurm_parse import decision_config, expand_hostlist, parse_gres
-from pipeswift_slurm.slurm.backends.scontrol_argv import resize_fields
+from pipeswift_slurm.slurm.backends.scontrol_argv import admin_comment_value, resize_fields, without_hold_mark
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +72,19 @@ def node_from_pyslurm(pn: Any) -> Node:
                 partitions=tuple(pn.partitions or ()))
 
 
-def modify_kwargs(decision: Decision, now: float) -> dict[str, Any]:
-    """``JobSubmitDescription`` keywords for what pyslurm can change (all but the size)."""
+def modify_kwargs(decision: Decision, now: float, job: Optional[Job] = None,
+                  held: Optional[bool] = None) -> dict[str, Any]:
+    """``JobSubmitDescription`` keywords for what pyslurm can change (all but the size).
+    The decision token carries the hold mark ``held`` (default: whether the decision holds
+    the job) and replaces only our own word of ``job``'s AdminComment."""
     kwargs: dict[str, Any] = {}
     if decision.time_limit_s is not None:
-        kwargs["time_limit"] = str(max(1, -(-int(decision.time_limit_s) // 60)))
+        kwargs["time_limit"] = max(1, -(-int(decision.time_limit_s) // 60))  # minutes, an int (a str raises)
     if decision.site_factor is not None:
         kwargs["site_factor"] = int(decision.site_factor)
     if decision.config is not None:
-        kwargs["admin_comment"] = token.encode_decision(decision.config, int(now))
+        ours = token.encode_decision(decision.config, int(now), held=bool(decision.hold) if held is None else held)
+        kwargs["admin_comment"] = admin_comment_value(job.admin_comment, ours, job.job_id) if job else ours
     return kwargs
 
 
@@ -152,16 +156,41 @@ class PyslurmBackend:
             raise classify_error(exc, job.job_id) from exc
 
     def _apply(self, decision: Decision, job: Job) -> None:
+        """Requeue, resize (``scontrol update``), then the rest through ``modify``. Holds as
+        the CLI backend: the mark (``hold=1`` in the token) goes on before ``hold()``, and
+        comes off only after ``release()``, so a job the controller held always says so
+        and is always released by it. Only the admin ``hold()`` is called (a user-mode hold
+        crashes pyslurm 24.11)."""
         ps = self._ps
+        now = self._clock()
         if decision.requeue:
             self._call("requeue", lambda: ps.Job(job.job_id).requeue())
         if decision.config is not None:
             fields = resize_fields(decision.config, job)
             self._run(["scontrol", "update", "JobId=%d" % job.job_id, *fields])
-        kwargs = modify_kwargs(decision, self._clock())
+        if decision.hold is False:
+            before = modify_kwargs(replace(decision, site_factor=None), now, job, held=True)
+            self._modify(job.job_id, before)
+            self._call("release", lambda: ps.Job(job.job_id).release())
+            after = modify_kwargs(Decision(job.job_id, config=decision.config, site_factor=decision.site_factor),
+                                  now, job, held=False)
+            if decision.config is None:
+                unmarked = without_hold_mark(job.admin_comment, job.job_id)
+                after.update({"admin_comment": unmarked} if unmarked else {})
+            self._modify(job.job_id, after)
+            return
+        if decision.hold and decision.config is None:
+            raise BackendError("job %d: a hold needs the decision's config to mark it as the controller's; "
+                               "not held" % job.job_id)
+        self._modify(job.job_id, modify_kwargs(decision, now, job))
+        if decision.hold:
+            self._call("hold", lambda: ps.Job(job.job_id).hold())
+
+    def _modify(self, job_id: int, kwargs: dict[str, Any]) -> None:
         if kwargs:
-            log.info("job %d: modify %s", job.job_id, sorted(kwargs))
-            self._call("modify", lambda: ps.Job(job.job_id).modify(ps.JobSubmitDescription(**kwargs)))
+            ps = self._ps
+            log.info("job %d: modify %s", job_id, sorted(kwargs))
+            self._call("modify", lambda: ps.Job(job_id).modify(ps.JobSubmitDescription(**kwargs)))
 
 
 def _with_site_factor(job: Job, factors: dict[int, int]) -> Job:

@@ -6,11 +6,16 @@ argv word (whitespace is refused), so no user text ever reaches a shell.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import re
 from typing import Optional, Sequence
 
 from pipeswift_slurm.core import token
 from pipeswift_slurm.core.model import Decision, ExecConfig, GpuRequest, Job
 from pipeswift_slurm.slurm.backends import BackendError
+
+log = logging.getLogger(__name__)
 
 
 def gres_value(req: GpuRequest, count: int) -> str:
@@ -53,19 +58,65 @@ def _argv_value(name: str, value: str) -> str:
     return "%s=%s" % (name, value)
 
 
-def update_argv(decision: Decision, job: Job, now: float) -> Optional[list[str]]:
+# Slurm refuses a longer AdminComment (job_mgr's 1024-character string check).
+ADMIN_COMMENT_MAX_CHARS = 1024
+_OUR_WORD = re.compile(r"(?:^|\s)%s\S*" % re.escape(token.DECISION_PREFIX))
+
+
+def admin_comment_value(existing: str, ours: str, job_id: int) -> str:
+    """The AdminComment to write: our decision token ``ours`` (first, so readers find it
+    first) and the text of ``existing`` that is not ours (other admins' notes), unchanged.
+    Other text is dropped, with a log line, when it holds control characters (it could
+    not travel as one argv word) or when both together pass ``ADMIN_COMMENT_MAX_CHARS``."""
+    others = _OUR_WORD.sub("", existing).strip()
+    if not others:
+        return ours
+    if not others.isprintable():
+        log.warning("job %d: AdminComment text that is not ours holds control characters; replaced by our token",
+                    job_id)
+        return ours
+    merged = "%s %s" % (ours, others)
+    if len(merged) > ADMIN_COMMENT_MAX_CHARS:
+        log.warning("job %d: AdminComment would pass Slurm's %d characters; kept our token, dropped the other "
+                    "%d characters: %.80r", job_id, ADMIN_COMMENT_MAX_CHARS, len(others), others)
+        return ours
+    return merged
+
+
+def without_hold_mark(existing: str, job_id: int) -> Optional[str]:
+    """``existing`` with our decision token's hold mark removed (None: no mark to remove)."""
+    match = _OUR_WORD.search(existing)
+    if match is None or not token.held_by_controller(existing):
+        return None
+    word = match.group().strip()
+    unmarked = ";".join(item for item in word.split(";") if item != "hold=1")
+    return admin_comment_value(existing, unmarked, job_id)
+
+
+def _admin_comment_field(value: str) -> str:
+    if not value or not value.isprintable():
+        raise BackendError("refusing AdminComment value that is empty or holds control characters: %r" % value)
+    return "AdminComment=" + value
+
+
+def update_argv(decision: Decision, job: Job, now: float, held: Optional[bool] = None,
+                site_factor: bool = True) -> Optional[list[str]]:
     """The ``scontrol update JobId=N ...`` argv for a decision, or None if it changes nothing
-    an update can (a requeue alone). ``now`` (epoch s) stamps the decision token."""
+    an update can (a requeue alone). ``now`` (epoch s) stamps the decision token; ``held``
+    is the hold mark the token carries (default: whether the decision holds the job);
+    ``site_factor`` False leaves the SiteFactor to a later command. The token replaces only
+    our own word of the job's AdminComment (``admin_comment_value``)."""
     fields: list[str] = []
     if decision.config is not None:
         fields += resize_fields(decision.config, job)
     if decision.time_limit_s is not None:
         fields.append("TimeLimit=%d" % max(1, -(-int(decision.time_limit_s) // 60)))
-    if decision.site_factor is not None:
+    if decision.site_factor is not None and site_factor:
         fields.append("SiteFactor=%d" % int(decision.site_factor))
     if decision.config is not None:
-        fields.append(_argv_value("AdminComment", token.encode_decision(decision.config, int(now),
-                                                                        held=bool(decision.hold))))
+        mark = bool(decision.hold) if held is None else held
+        ours = token.encode_decision(decision.config, int(now), held=mark)
+        fields.append(_admin_comment_field(admin_comment_value(job.admin_comment, ours, job.job_id)))
     return ["scontrol", "update", "JobId=%d" % job.job_id, *fields] if fields else None
 
 
@@ -75,16 +126,53 @@ def requeue_argv(job_id: int) -> list[str]:
 
 
 def apply_argvs(decision: Decision, job: Job, now: float) -> list[list[str]]:
-    """Every command a decision needs, in order: requeue first (the job must be pending
-    again before it can be resized), then the update."""
+    """Every command a decision needs, in order. A requeue comes first (the job must be
+    pending again before it can be resized). A hold is one update that marks the job as
+    ours (``hold=1`` in the token) and holds it (``Priority=0``: an admin hold, Reason
+    JobHeldAdmin, the same RPC as ``scontrol hold``), so a held job always carries the mark
+    and the controller can always release it. A release keeps the mark until the job is
+    released: resize (mark kept), ``scontrol release``, then the SiteFactor (Slurm refuses
+    priority changes on a held job) and the token without the mark.
+
+    Raises:
+        BackendError: a hold with nothing to mark it with (no config, no token of ours).
+    """
     argvs = [requeue_argv(job.job_id)] if decision.requeue else []
-    if decision.hold:  # hold before resizing, so the job cannot start in between
-        argvs.append(["scontrol", "hold", str(int(job.job_id))])
-    update = update_argv(decision, job, now)
-    argvs += [update] if update else []
-    if decision.hold is False:  # release last: the job becomes eligible at its new size
+    if decision.hold:
+        if decision.config is None:
+            raise BackendError("job %d: a hold needs the decision's config to mark it as the controller's; "
+                               "not held" % job.job_id)
+        update = update_argv(decision, job, now, held=True)
+        assert update is not None
+        return argvs + [update + ["Priority=0"]]
+    if decision.hold is False:
+        first = update_argv(_without_site_factor(decision), job, now, held=True) if decision.config else None
+        argvs += [first] if first else []
         argvs.append(["scontrol", "release", str(int(job.job_id))])
-    return argvs
+        last = update_argv(_only_mark(decision), job, now, held=False)
+        if decision.config is None:
+            unmarked = without_hold_mark(job.admin_comment, job.job_id)
+            last = (last or ["scontrol", "update", "JobId=%d" % job.job_id]) + (
+                [_admin_comment_field(unmarked)] if unmarked else [])
+        argvs += [last] if last and len(last) > 3 else []
+        return argvs
+    update = update_argv(decision, job, now)
+    return argvs + ([update] if update else [])
+
+
+def _without_site_factor(decision: Decision) -> Decision:
+    return dataclasses.replace(decision, site_factor=None)
+
+
+def _only_mark(decision: Decision) -> Decision:
+    """The part of a release that follows ``scontrol release``: SiteFactor and the token."""
+    return Decision(decision.job_id, config=decision.config, site_factor=decision.site_factor)
+
+
+def batchable(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` can be a line of ``batch_text`` (no word holds whitespace; an
+    AdminComment that keeps another admin's note with spaces runs as its own command)."""
+    return all(w and not any(c.isspace() for c in w) for w in argv[1:])
 
 
 SCONTROL_BATCH_ARGV = ["scontrol"]

@@ -80,6 +80,7 @@ class SimBackend:
     """
 
     name = "sim"
+    in_memory = True  # no change can outlive the process: the controller writes no intents first
 
     def __init__(self, num_nodes: int, gpus_per_node: int, scheduler: str = "backfill",
                  age_weight: int = 1000, max_age_s: float = 7 * 86400.0, allow_requeue: bool = True,

@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from pipeswift_slurm.core.model import ClusterView, Decision, Job
-from pipeswift_slurm.slurm.backends import BackendError, JobGone, applicable
+from pipeswift_slurm.slurm.backends import BackendError, JobGone, OutcomeUnknown, applicable
 from pipeswift_slurm.slurm.backends.scontrol_argv import BATCH_MAX_LINES, BATCH_PROCESSES, SCONTROL_BATCH_ARGV
-from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, batch_text, update_argv
+from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, batch_text, batchable, update_argv
 from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
 from pipeswift_slurm.slurm.backends.slurm_parse import JSON_REPORTED, parse_batch_errors
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_scontrol_nodes
@@ -81,7 +81,7 @@ class SubprocessRunner:
         except FileNotFoundError:
             raise BackendError("%s: command not found (is the Slurm client installed?)" % argv[0]) from None
         except subprocess.TimeoutExpired:
-            raise BackendError("%s timed out after %.0f s" % (" ".join(argv[:2]), self.timeout_s)) from None
+            raise OutcomeUnknown("%s timed out after %.0f s" % (" ".join(argv[:2]), self.timeout_s)) from None
         if proc.returncode != 0:
             raise BackendError("%s failed (exit %d): %s" % (" ".join(argv[:2]), proc.returncode,
                                                             _first_line(proc.stderr or proc.stdout)))
@@ -104,7 +104,7 @@ class SubprocessRunner:
         except FileNotFoundError:
             raise BackendError("%s: command not found (is the Slurm client installed?)" % argv[0]) from None
         except subprocess.TimeoutExpired:
-            raise BackendError("%s (%d commands on stdin) timed out after %.0f s"
+            raise OutcomeUnknown("%s (%d commands on stdin) timed out after %.0f s"
                                % (argv[0], stdin_text.count("\n"), self.timeout_s)) from None
         return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
@@ -272,7 +272,8 @@ class SlurmCliBackend:
         error that names no job, the jobs not yet accounted for are re-run in halves
         until each error has its job (updates set absolute values, so re-running one
         that succeeded changes nothing). If slurmctld stops answering mid-batch, the
-        batch ends at the runner's timeout and every job in it gets that error.
+        batch ends at the runner's timeout and every job in it gets OutcomeUnknown (some
+        lines may have been applied: the next tick records each job by what Slurm shows).
 
         Returns:
             One outcome per item, in order: None (applied, or nothing to do), JobGone (the
@@ -293,7 +294,9 @@ class SlurmCliBackend:
             except BackendError as exc:
                 results[i] = exc
                 continue
-            if argv is not None:
+            if argv is not None and not batchable(argv):  # another admin's note with spaces
+                results[i] = self._apply_one(decision, job)
+            elif argv is not None:
                 log.info("job %d: %s", job.job_id, " ".join(argv[1:]))
                 batch.append(_Update(i, job.job_id, argv))
         size = min(BATCH_MAX_LINES, max(1, -(-len(batch) // self._batch_processes)))
@@ -319,9 +322,9 @@ class SlurmCliBackend:
         assert self._feed is not None
         try:
             done = self._feed(list(SCONTROL_BATCH_ARGV), batch_text([u.argv for u in batch]))
-        except BackendError as exc:  # could not run, or timed out: no outcome is known
-            for u in batch:
-                results[u.index] = BackendError(str(exc))
+        except BackendError as exc:  # could not run (none applied), or timed out (OutcomeUnknown: the
+            for u in batch:            # next tick reads each job back and records what Slurm shows)
+                results[u.index] = type(exc)(str(exc))
             return
         if done.returncode == 0 and not done.stderr.strip():
             return
