@@ -12,6 +12,13 @@
 # tests/run-all.sh (the README's test command, and CI) runs it first. It needs root (chroot,
 # mounts); elsewhere, or with PIPESWIFT_OTHER_SLURM=0, it says why it skips and exits 0.
 #   OTHER_DEBIAN_DIR=/var/tmp/pipeswift-<release>   where the chroot lives
+#   OTHER_CTLD_PORT=6917 OTHER_SLURMD_PORT_BASE=17101   its test cluster's ports (the host's
+#                                                   network: two chroots at once need others)
+#   PIPESWIFT_SHARED=<checkout>/../shared           where pyslurm-24.11.0.tar.gz is looked for
+# On Debian 13 (the Slurm 24.11 chroot) pyslurm 24.11.0 is built from the shared source
+# (vendor/pyslurm-24.11.0.tar.gz; never part of the project) into the chroot's venv, and the
+# wheel is kept in the chroot for the next run; without that file the pyslurm leg is skipped
+# with one line (tests/integration/test_backend_pyslurm_live.py then skips).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 say() { echo "[other-debian] $*"; }
@@ -30,6 +37,12 @@ DIR=$(realpath -m "${OTHER_DEBIAN_DIR:-/var/tmp/pipeswift-$SUITE}")
 [ "$DIR" != / ] || { say "OTHER_DEBIAN_DIR must not be /"; exit 2; }
 PACKAGES=slurmctld,slurmd,slurm-client,slurm-wlm-basic-plugins,munge,sqlite3,procps,ca-certificates
 PACKAGES=$PACKAGES,python3,python3-venv,gcc,libc6-dev,musl-tools
+PYSLURM_PACKAGES="libslurm-dev python3-dev"   # building pyslurm (Debian 13 only)
+[ "$SUITE" != trixie ] || PACKAGES=$PACKAGES,${PYSLURM_PACKAGES// /,}
+CTLD_PORT=${OTHER_CTLD_PORT:-6917}
+SLURMD_PORT_BASE=${OTHER_SLURMD_PORT_BASE:-17101}
+SHARED=${PIPESWIFT_SHARED:-$(dirname "$PWD")/shared}
+PYSLURM_SRC=$SHARED/vendor/pyslurm-24.11.0.tar.gz
 TESTBED=/tmp/pipeswift-testbed-other   # the chroot's test cluster, on ports the main one leaves free
 
 stop_inside() {  # every process whose root is the chroot (slurmctld, slurmd, munged, ...)
@@ -108,10 +121,37 @@ fi
 inside 'set -e; [ -x /root/venv/bin/python ] || python3 -m venv /root/venv
         /root/venv/bin/pip install -q -e "/root/pipeswift[dev]"'
 say "$(inside 'slurmctld -V; /root/venv/bin/python --version' | tr '\n' ' ')"
+
+# pyslurm 24.11.0 for the live pyslurm backend tests: built once per source (wheel cached in
+# the chroot), installed into the venv. Cython < 3.1: the tag has a typo newer Cython rejects.
+if [ "$SUITE" != trixie ]; then
+  say "pyslurm leg skipped: Debian $SUITE's Slurm has no matching pyslurm release"
+elif [ ! -f "$PYSLURM_SRC" ]; then
+  say "pyslurm leg skipped: no shared source at $PYSLURM_SRC"
+else
+  SUM=$(sha256sum "$PYSLURM_SRC" | cut -c1-16)
+  mkdir -p "$DIR/root/pyslurm-wheels/$SUM"
+  if ! ls "$DIR/root/pyslurm-wheels/$SUM"/pyslurm-*.whl >/dev/null 2>&1; then
+    say "building pyslurm 24.11.0 from $PYSLURM_SRC (once per source; a few minutes)"
+    T0=$SECONDS
+    cp "$PYSLURM_SRC" "$DIR/root/pyslurm-wheels/$SUM/src.tar.gz"
+    inside "set -e; dpkg -s $PYSLURM_PACKAGES >/dev/null 2>&1 || { apt-get update -qq
+              DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PYSLURM_PACKAGES >/dev/null; }
+            cd /root/pyslurm-wheels/$SUM && echo 'Cython<3.1' > constraints.txt
+            PIP_CONSTRAINT=\$PWD/constraints.txt SLURM_INCLUDE_DIR=/usr/include \
+              SLURM_LIB_DIR=/usr/lib/x86_64-linux-gnu PYSLURM_BUILD_JOBS=\$(nproc) \
+              /root/venv/bin/pip wheel -q --no-deps -w . ./src.tar.gz >build.log 2>&1 \
+              || { tail -5 build.log; exit 1; }
+            rm -f src.tar.gz" || { say "pyslurm build failed (log: $DIR/root/pyslurm-wheels/$SUM/build.log)"; exit 1; }
+    say "pyslurm built in $((SECONDS - T0)) s"
+  fi
+  inside "/root/venv/bin/pip install -q --no-deps /root/pyslurm-wheels/$SUM/pyslurm-*.whl" \
+    || { say "pyslurm wheel does not install"; exit 1; }
+fi
 [ $# -gt 0 ] || set -- tests/unit tests/integration
 ARGS=$(printf ' %q' "$@")
 inside "set -e; cd /root/pipeswift
-        export SLURM_TESTBED_DIR=$TESTBED CTLD_PORT=6917 SLURMD_PORT_BASE=17101
+        export SLURM_TESTBED_DIR=$TESTBED CTLD_PORT=$CTLD_PORT SLURMD_PORT_BASE=$SLURMD_PORT_BASE
         export PATH=/root/venv/bin:\$PATH
         FRESH=1 bash tests/slurm/testbed.sh up
         source \$SLURM_TESTBED_DIR/env.sh

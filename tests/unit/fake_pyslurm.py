@@ -35,7 +35,9 @@ def fake_node(name: str, gpus: int = 8, used: int = 0, gpu_key: str = "gpu", **k
     return types.SimpleNamespace(**base)
 
 
-def make_fake(jobs: list[Any], nodes: list[Any]) -> Any:
+def make_fake(jobs: list[Any], nodes: list[Any], older: Optional[dict[str, dict[Any, dict[str, Any]]]] = None) -> Any:
+    """``older``: {"job": {id: dict}, "node": {name: dict}} gives the module pyslurm's older
+    ``job().get()`` / ``node().get()`` API (absent otherwise, as in a pyslurm without it)."""
     mod = types.SimpleNamespace(RPCError=RPCError, calls=[], fail_with=None, __version__="25.11.2")
 
     def check(what: str) -> None:
@@ -76,7 +78,18 @@ def make_fake(jobs: list[Any], nodes: list[Any]) -> Any:
             return cls({n.name: n for n in nodes})
 
     mod.Job, mod.Jobs, mod.Nodes, mod.JobSubmitDescription = Job, Jobs, Nodes, JobSubmitDescription
+    for kind, table in (older or {}).items():
+        setattr(mod, kind, _older_api(kind, table, check))
     return mod
+
+
+def _older_api(kind: str, table: dict[Any, dict[str, Any]], check: Any) -> Any:
+    class Older:
+        def get(self) -> dict[Any, dict[str, Any]]:
+            check("%s().get" % kind)
+            return table
+
+    return Older
 
 
 def fail(mod: Any, message: Optional[str]) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from pipeswift_slurm.core import token
 from pipeswift_slurm.slurm.backends import BackendError, JobGone
-from pipeswift_slurm.slurm.backends.pyslurm_ import PyslurmBackend, gres_dict_request, modify_kwargs
+from pipeswift_slurm.slurm.backends.pyslurm_ import PyslurmBackend, gres_dict_request, gres_text, modify_kwargs
 from pipeswift_slurm.core.model import Decision, ExecConfig, GpuRequest, Job
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,7 +51,8 @@ def cluster() -> object:
 def test_snapshot_maps_documented_attributes() -> None:
     mod, run = cluster(), Recorder({"sprio": "2|1500|500\n3|1000|0\n"})
     view = PyslurmBackend(module=mod, run=run, clock=lambda: NOW).snapshot()
-    assert mod.calls == ["Jobs.load", "Nodes.load"] and [c[0] for c in run.calls] == ["sprio"]
+    assert mod.calls == ["Jobs.load", "Nodes.load"]
+    assert [c[0] for c in run.calls] == ["sprio", "scontrol", "sacctmgr", "sacctmgr"]  # site factors, limits
     jobs = {j.job_id: j for j in view.jobs}
     assert jobs[1].running and jobs[1].gpus == 16 and jobs[1].node_list == ("node1", "node2")
     assert jobs[2].opted_in and jobs[2].gpu_request == GpuRequest(count=1, gpu_type="a100")
@@ -62,6 +63,23 @@ def test_snapshot_maps_documented_attributes() -> None:
     assert view.now == NOW and view.free_gpus == 8 and view.total_gpus == 24
     view = PyslurmBackend(module=mod, run=run, partitions=["debug"], read_site_factors=False).snapshot()
     assert [j.job_id for j in view.jobs] == [5] and [n.name for n in view.nodes] == ["node4"]
+
+
+def test_snapshot_reads_what_the_newer_api_lacks_from_the_older_one(caplog: pytest.LogCaptureFixture) -> None:
+    """A ``--gpus`` job (no ``gres_per_node``) and a node's used GPUs (``allocated_gres`` is
+    empty unless GPUs are TRES) come from ``job().get()`` / ``node().get()``."""
+    jobs = [fake_job(7, "RUNNING", num_nodes=2, allocated_nodes="node[1-2]", start_time=1_700_000_100),
+            fake_job(8, gres_per_node={"gres/gpu:a100": 2})]
+    older = {"job": {7: {"tres_per_job": "gres/gpu:3", "tres_per_node": None}, 8: {"tres_per_node": "gres/gpu:a100:2"}},
+             "node": {"node1": {"gres_used": ["gpu:a100:2(IDX:0-1)"]}}}
+    mod = make_fake(jobs, [fake_node("node1", gpu_key="gpu:a100"), fake_node("node2")], older)
+    with caplog.at_level("INFO"):
+        view = PyslurmBackend(module=mod, run=Recorder(), read_limits=False).snapshot()
+    got = {j.job_id: j for j in view.jobs}
+    assert got[7].gpus == 3 and got[7].gpu_request == GpuRequest(field="tres_per_job", count=3, slash=True)
+    assert got[8].gpus == 2 and got[8].gpu_request == GpuRequest(count=2, gpu_type="a100", slash=True)
+    assert [(n.name, n.gpus_alloc, n.gpu_type) for n in view.nodes] == [("node1", 2, "a100"), ("node2", 0, "")]
+    assert mod.calls == ["job().get", "node().get", "Jobs.load", "Nodes.load"]
 
 
 def test_snapshot_rpc_error_is_backend_error() -> None:
@@ -105,6 +123,7 @@ def test_apply_requeue_skip_and_errors() -> None:
 
 def test_helpers() -> None:
     assert gres_dict_request({"gpu": "4"}) == GpuRequest(count=4)
+    assert gres_text({"gres/gpu:a100": 2, "gpu": {"count": 8, "indexes": "0-7"}}) == "gres/gpu:a100:2,gpu:8"
     assert gres_dict_request({"mps": 100}) == GpuRequest(count=0) == gres_dict_request(None)
     assert modify_kwargs(Decision(1), NOW) == {}
 

@@ -1,72 +1,112 @@
-"""Backend over pyslurm 25.11's documented API (``Jobs.load()``, ``Nodes.load()``,
-``Job(id).modify(JobSubmitDescription(...))``, ``Job(id).requeue()``).
+"""Backend over pyslurm's API (``Jobs.load()``, ``Nodes.load()``, ``Job(id).modify(
+JobSubmitDescription(...))``, ``hold()``/``release()``/``requeue()``), run live against
+Slurm 24.11 with pyslurm 24.11.0 (tests/integration/test_backend_pyslurm_live.py).
 
 The only module that touches pyslurm, and only lazily (or through an injected ``module``):
-``import pyslurm`` without a reachable slurm.conf kills the interpreter. pyslurm's modify
-ignores node counts, so the resize (``NumNodes=a-a`` plus the GPU request, in one RPC so the
-job can never start half-resized) goes through ``scontrol update`` with the same runner and
-argv builders as the CLI backend. ``pyslurm.RPCError`` is caught here and nowhere else.
+``import pyslurm`` without a reachable slurm.conf kills the interpreter. Each job becomes a
+``squeue --json``-shaped record read by the CLI backend's own parser, so both backends map
+fields by one rule. What pyslurm cannot do goes through the documented fallback, said once
+in the log (the table in docs/slurm-backends.md):
+
+- node counts: pyslurm's modify sets them only at submit (silently does nothing), so the
+  resize (``NumNodes=a-a`` plus the GPU request, one RPC so the job never starts
+  half-resized) is the CLI backend's ``scontrol update`` argv, run with the same runner;
+- ``--gpus`` (per-job) requests and a node's used GPUs (``Job`` has only ``gres_per_node``;
+  ``Node.allocated_gres`` is empty unless GPUs are tracked as TRES): read with pyslurm's own
+  older API (``pyslurm.job().get()``, ``pyslurm.node().get()``: the same load RPCs);
+- the site factor: written through modify, read with ``sprio`` (pyslurm cannot read it);
+- a hold is always the admin one (``hold(mode="user")`` crashes pyslurm 24.11).
+
+``pyslurm.RPCError`` (and the older API's ValueError) is caught here and nowhere else.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from pipeswift_slurm.core import token
-from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, ClusterView, Decision, GpuRequest, Job, Node
+from pipeswift_slurm.core.model import ClusterView, Decision, GpuRequest, Job, Node
 from pipeswift_slurm.slurm.backends import BackendError, applicable
 from pipeswift_slurm.slurm.backends.slurm_cli import Runner, classify_error, read_site_factors, subprocess_runner
-from pipeswift_slurm.slurm.backends.slurm_parse import decision_config, expand_hostlist, parse_gres
+from pipeswift_slurm.slurm.backends.slurm_parse import parse_gres, parse_squeue_json
 from pipeswift_slurm.slurm.backends.scontrol_argv import admin_comment_value, resize_fields, without_hold_mark
+from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
 
 log = logging.getLogger(__name__)
 
+# what pyslurm cannot do, and what is used instead (each said once per process)
+FALLBACKS = {
+    "resize": "pyslurm cannot change a job's node count (it sets nodes only at submit): "
+              "resizing with scontrol update NumNodes=a-a and the GPU request",
+    "site_factor": "pyslurm cannot read a job's site factor: reading it with sprio",
+    "older_api": "pyslurm.Job has no per-job GPU request (--gpus) and Node.allocated_gres is empty "
+                 "unless GPUs are TRES: reading both with pyslurm's older job()/node() API",
+    "no_older_api": "this pyslurm has no job()/node() API: --gpus requests read as 0 GPUs and "
+                    "used GPUs come from allocated_gres only",
+}
+_said: set[str] = set()
 
-def gres_dict_request(gres: Optional[dict[str, Any]]) -> GpuRequest:
-    """GPU request from pyslurm's ``gres_per_node`` dict (``{"gpu": 2}``, ``{"gpu:a100": 4}``,
-    25.11 may keep a ``gres/`` prefix in the key)."""
+
+def say_fallback(what: str) -> None:
+    """Log the fallback ``what`` (a FALLBACKS key) once per process."""
+    if what not in _said:
+        _said.add(what)
+        log.info("%s", FALLBACKS[what])
+
+
+def gres_text(gres: Optional[Mapping[str, Any]]) -> str:
+    """pyslurm's GRES dict back to Slurm's spelling: ``{"gres/gpu:a100": 2}`` ->
+    ``gres/gpu:a100:2`` (an ``IDX`` entry is ``{"count": n, "indexes": ...}``)."""
+    items = []
     for key, value in (gres or {}).items():
-        req = parse_gres("%s:%s" % (key, value))
-        if req is not None:
-            return req
-    return GpuRequest(count=0)
+        count = value.get("count") if isinstance(value, Mapping) else value
+        items.append("%s:%s" % (key, count))
+    return ",".join(items)
 
 
-def _epoch(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+def gres_dict_request(gres: Optional[Mapping[str, Any]]) -> GpuRequest:
+    """GPU request from a pyslurm GRES dict (``{"gpu": 2}``, ``{"gres/gpu:a100": 4}``)."""
+    return parse_gres(gres_text(gres)) or GpuRequest(count=0)
 
 
-def job_from_pyslurm(pj: Any) -> Job:
-    """Map one ``pyslurm.Job`` to a ``model.Job`` (same policies as the CLI parsers)."""
-    state = str(pj.state or "").split("+")[0].upper()
-    req = gres_dict_request(getattr(pj, "gres_per_node", None))
-    num_nodes = int(pj.num_nodes or 1)
-    comment, admin = pj.comment or "", pj.admin_comment or ""
-    is_meta = bool(getattr(pj, "array_tasks_waiting", None)) and getattr(pj, "array_task_id", None) is None
-    gpus = req.count * num_nodes
-    limit_min = pj.time_limit if isinstance(pj.time_limit, int) else None
-    return Job(
-        job_id=int(pj.id), state=state, submit_time=_epoch(pj.submit_time) or 0.0,
-        num_nodes=num_nodes, gpus=gpus, priority=int(pj.priority or 0), user=pj.user_name or "",
-        name=pj.name or "", partition=pj.partition or "", state_reason=pj.state_reason or "",
-        eligible_time=_epoch(pj.eligible_time),
-        start_time=None if state == PENDING else _epoch(pj.start_time),
-        end_time=_epoch(pj.end_time) if state in FINISHED_STATES else None,
-        time_limit_s=limit_min * 60 if limit_min else None,
-        opted_in=token.PROFILE_PREFIX in comment and not is_meta, comment=comment, admin_comment=admin,
-        node_list=expand_hostlist(pj.allocated_nodes or "") if state != PENDING else (),
-        gpu_request=req, config=decision_config(admin, int(pj.id)),
-        restarts=int(getattr(pj, "requeue_count", 0) or 0))
+def job_record(pj: Any, older: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """One ``pyslurm.Job`` as a ``squeue --json`` (22.05 names) record; ``older`` is the
+    job's dict from ``pyslurm.job().get()`` (the raw ``tres_per_*`` strings)."""
+    rec: dict[str, Any] = dict(
+        job_id=pj.id, job_state=pj.state, node_count=pj.num_nodes, priority=pj.priority,
+        user_name=pj.user_name, name=pj.name, partition=pj.partition, state_reason=pj.state_reason,
+        submit_time=pj.submit_time, eligible_time=pj.eligible_time, start_time=pj.start_time,
+        end_time=pj.end_time, time_limit=pj.time_limit, comment=pj.comment, admin_comment=pj.admin_comment,
+        nodes=pj.allocated_nodes, array_task_string=pj.array_tasks_waiting, array_task_id=pj.array_task_id,
+        restart_cnt=getattr(pj, "requeue_count", 0), account=getattr(pj, "account", None),
+        qos=getattr(pj, "qos", None), tasks=getattr(pj, "ntasks", None),
+        tres_per_node=gres_text(getattr(pj, "gres_per_node", None)))
+    for name in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket"):
+        if older and older.get(name):
+            rec[name] = older[name]
+    return rec
 
 
-def node_from_pyslurm(pn: Any) -> Node:
-    """Map one ``pyslurm.Node``: GPUs from ``configured_gres`` / ``allocated_gres`` dicts."""
+def job_from_pyslurm(pj: Any, older: Optional[Mapping[str, Any]] = None) -> Job:
+    """Map one ``pyslurm.Job`` to a ``model.Job`` with the CLI backend's parser."""
+    jobs = parse_squeue_json(json.dumps({"jobs": [job_record(pj, older)]}, default=str))
+    if not jobs:
+        raise BackendError("pyslurm job %s could not be read" % getattr(pj, "id", "?"))
+    return jobs[0]
+
+
+def node_from_pyslurm(pn: Any, gres_used: Optional[Iterable[str]] = None) -> Node:
+    """Map one ``pyslurm.Node``: GPUs from ``configured_gres``; used GPUs from
+    ``allocated_gres``, else the older API's ``gres_used`` strings (``gpu:a100:2(IDX:0-1)``)."""
     cfg = gres_dict_request(pn.configured_gres)
     used = gres_dict_request(pn.allocated_gres)
+    if not used.count and gres_used:
+        used = parse_gres(",".join(gres_used)) or used
     return Node(name=pn.name, gpus=cfg.count, gpus_alloc=used.count,
                 state=str(pn.state or "UNKNOWN").upper(), gpu_type=cfg.gpu_type or "",
                 partitions=tuple(pn.partitions or ()))
@@ -93,22 +133,25 @@ class PyslurmBackend:
 
     Args:
         module: the pyslurm module (tests pass a fake); imported on first use if None.
-        run: runner for the ``scontrol update`` resize and ``sprio`` (see SlurmCliBackend).
+        run: runner for the ``scontrol update`` resize, ``sprio`` and the site limits
+            (see SlurmCliBackend).
         partitions: manage only these partitions (None: all).
         clock: epoch seconds.
         read_site_factors: read ``Job.site_factor`` with one ``sprio`` call per snapshot.
+        read_limits: read the site's limits once per snapshot (as SlurmCliBackend).
     """
 
     name = "pyslurm"
 
     def __init__(self, module: Any = None, run: Runner = subprocess_runner,
                  partitions: Optional[Iterable[str]] = None, clock: Callable[[], float] = time.time,
-                 read_site_factors: bool = True) -> None:
+                 read_site_factors: bool = True, read_limits: bool = True) -> None:
         self._module = module
         self._run = run
         self._partitions = frozenset(partitions) if partitions else None
         self._clock = clock
         self._read_site_factors = read_site_factors
+        self._limits = LimitsReader(run) if read_limits else None
 
     @property
     def _ps(self) -> Any:
@@ -123,23 +166,45 @@ class PyslurmBackend:
             raise BackendError("pyslurm %s: %s" % (what, exc)) from exc
 
     def snapshot(self) -> ClusterView:
-        """One ``Jobs.load()``, one ``Nodes.load()`` (and one ``sprio``).
+        """``Jobs.load()`` and ``Nodes.load()``, the older API's job and node loads for the
+        GPU fields the newer one lacks, one ``sprio`` and the site limits.
 
         Raises:
             BackendError: pyslurm raised RPCError (e.g. slurmctld unreachable).
         """
         now = self._clock()
-        jobs = [job_from_pyslurm(pj) for pj in self._call("Jobs.load", self._ps.Jobs.load).values()]
-        nodes = [node_from_pyslurm(pn) for pn in self._call("Nodes.load", self._ps.Nodes.load).values()]
+        older_jobs, older_nodes = self._older("job"), self._older("node")
+        jobs = [job_from_pyslurm(pj, older_jobs.get(pj.id))
+                for pj in self._call("Jobs.load", self._ps.Jobs.load).values()]
+        nodes = [node_from_pyslurm(pn, (older_nodes.get(pn.name) or {}).get("gres_used"))
+                 for pn in self._call("Nodes.load", self._ps.Nodes.load).values()]
         factors = self._site_factors()
         wanted = self._partitions
-        jobs = [_with_site_factor(j, factors) for j in jobs
+        jobs = [replace(j, site_factor=factors.get(j.job_id, 0)) for j in jobs
                 if wanted is None or wanted.intersection(j.partition.split(","))]
+        if self._limits is not None:
+            jobs = with_caps(jobs, self._limits.read())
         nodes = [n for n in nodes if wanted is None or wanted.intersection(n.partitions)]
         return ClusterView(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
 
+    def _older(self, kind: str) -> dict[Any, Mapping[str, Any]]:
+        """``pyslurm.job().get()`` / ``pyslurm.node().get()`` (id/name -> dict), or {}
+        when this pyslurm has no such API."""
+        factory = getattr(self._ps, kind, None)
+        if factory is None:
+            say_fallback("no_older_api")
+            return {}
+        say_fallback("older_api")
+        try:
+            return self._call("%s().get" % kind, lambda: factory().get()) or {}
+        except ValueError as exc:  # the older API raises ValueError for Slurm errors
+            raise BackendError("pyslurm %s().get: %s" % (kind, exc)) from exc
+
     def _site_factors(self) -> dict[int, int]:
-        return read_site_factors(self._run) if self._read_site_factors else {}
+        if not self._read_site_factors:
+            return {}
+        say_fallback("site_factor")
+        return read_site_factors(self._run)
 
     def apply(self, decision: Decision, job: Job) -> None:
         """Same contract as ``SlurmCliBackend.apply``.
@@ -167,6 +232,7 @@ class PyslurmBackend:
             self._call("requeue", lambda: ps.Job(job.job_id).requeue())
         if decision.config is not None:
             fields = resize_fields(decision.config, job)
+            say_fallback("resize")
             self._run(["scontrol", "update", "JobId=%d" % job.job_id, *fields])
         if decision.hold is False:
             before = modify_kwargs(replace(decision, site_factor=None), now, job, held=True)
@@ -191,7 +257,3 @@ class PyslurmBackend:
             ps = self._ps
             log.info("job %d: modify %s", job_id, sorted(kwargs))
             self._call("modify", lambda: ps.Job(job_id).modify(ps.JobSubmitDescription(**kwargs)))
-
-
-def _with_site_factor(job: Job, factors: dict[int, int]) -> Job:
-    return replace(job, site_factor=factors.get(job.job_id, 0))
