@@ -198,7 +198,7 @@ class DecisionRow(Base):
     intended: Mapped[bool]
     applied: Mapped[Optional[bool]]
     error: Mapped[Optional[str]]
-    awaiting_outcome: Mapped[bool] = mapped_column(server_default=text("0"))
+    awaiting_outcome: Mapped[bool] = mapped_column(server_default=false())
 
     __table_args__ = (
         Index("ix_decisions_job_id", "job_id"),
