@@ -16,6 +16,7 @@ The ticks run as cron runs them: ``python -m pipeswift_slurm.cli controller tick
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -98,15 +99,16 @@ def rows(db: Path, sql: str, *args: object) -> list[sqlite3.Row]:
 
 @pytest.mark.parametrize("form", LIVE, ids=[f.form_id for f in LIVE])
 def test_a_tick_with_100_honest_jobs_and_one_hostile_job(
-        form: Form, tmp_path: Path, slurm_env: dict[str, str], slurm: SubprocessRunner, blocker: int,
+        form: Form, request: pytest.FixtureRequest, tmp_path: Path, slurm_env: dict[str, str], slurm: SubprocessRunner, blocker: int,
         queue: Queue) -> None:
     honest = [queue.submit("-N1", "--gpus-per-node=1", "-D", "/tmp", "-J", "honest", "--comment", HONEST)
               for _ in range(N_HONEST)]
     others = [queue.submit("-N1", "--gpus-per-node=1", "-D", "/tmp", "-J", "bob", user=OTHER_USER)
               for _ in range(3)]
     workdir: Arg = "/tmp"
-    if form.workdir is not None:
+    if form.workdir is not None:  # a folder the hostile user can reach (tmp_path is root's alone)
         base = Path(tempfile.mkdtemp(prefix="pswift-hostile-"))
+        request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
         base.chmod(0o755)
         workdir = os.fsencode(base) + form.workdir.replace(b"/tmp", b"", 1)
         os.makedirs(workdir, mode=0o777, exist_ok=True)
