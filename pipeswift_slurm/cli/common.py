@@ -5,7 +5,10 @@ measured layer profile option. Imports nothing from the command modules or the g
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 import click
@@ -36,6 +39,34 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     """One clear error line on stderr and a non-zero exit, never a traceback."""
     click.echo("pipeswift: error: %s" % message, err=True)
     sys.exit(code)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf`` (click lets both through
+    its bounds: ``nan`` compares false with any bound, so ``--load nan`` once hung a run)."""
+
+    name = "finite float range"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail("%r is not a finite number" % value, param, ctx)
+        return number
+
+
+def output_file(path: str, what: str) -> Path:
+    """``path`` as a file this command will write, checked before any work: its folder must
+    exist, be a folder and be writable (else one line, exit 2). ``what`` names the option."""
+    target = Path(path)
+    folder = target.parent
+    if not folder.is_dir():
+        fail("%s %s: the folder %s %s; give a path in an existing folder"
+             % (what, path, folder, "is not a folder" if folder.exists() else "does not exist"))
+    if target.is_dir():
+        fail("%s %s: is a folder; give a file name" % (what, path))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        fail("%s %s: the folder %s is not writable; give a path in a folder you can write" % (what, path, folder))
+    return target
 
 
 def open_store(url: str, *, reader: bool = False, journal_mode: str = "DELETE") -> Any:

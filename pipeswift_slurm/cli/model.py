@@ -12,6 +12,7 @@ import click
 
 from pipeswift_slurm.cli.common import Obj, echo_json, fail, layer_profile_option, load_layer_profile, pass_obj
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, GpuType
+from pipeswift_slurm.core.request import MAX_GPUS
 
 
 def _profile(megatron_args: Sequence[str], world: Optional[int], gpus_per_node: int,
@@ -83,7 +84,7 @@ def estimate_dict(est: Any, profile: Any, cost: Any) -> dict[str, Any]:
 
 @click.command()
 @gpu_type_option
-@click.option("--num-gpus", type=click.IntRange(min=1), help="World size (default tp*pp*cp).")
+@click.option("--num-gpus", type=click.IntRange(min=1, max=MAX_GPUS), help="World size (default tp*pp*cp).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
 @layer_profile_option
@@ -136,12 +137,14 @@ def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: in
 def parse_gpu_range(text: str) -> tuple[int, int]:
     """'8' -> (8, 8); '4-16' -> (4, 16)."""
     lo, sep, hi = text.partition("-")
-    try:
-        low, high = int(lo), int(hi) if sep else int(lo)
-    except ValueError:
-        fail("--gpus %r: expected N or A-B, e.g. 4-16" % text)
+    parts = (lo, hi) if sep else (lo,)
+    if not all(p and len(p) <= 9 and all("0" <= c <= "9" for c in p) for p in parts):
+        fail("--gpus %r: expected N or A-B in digits 0-9, e.g. 4-16" % text[:40])
+    low, high = int(lo), int(hi) if sep else int(lo)
     if low < 1 or high < low:
         fail("--gpus %r: need 1 <= A <= B" % text)
+    if high > MAX_GPUS:
+        fail("--gpus %r: %d GPUs is beyond any cluster (at most %d)" % (text, high, MAX_GPUS))
     return low, high
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import math
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -11,9 +12,10 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from pipeswift_slurm.cli.common import Obj, fail, pass_obj
+from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, output_file, pass_obj
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.core.model import COMPLETED
+from pipeswift_slurm.core.request import MAX_GPUS
 
 
 def _policies(text: str) -> tuple[str, ...]:
@@ -55,9 +57,12 @@ def _bias(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     for item in items:
         prefix, _, value = item.partition("=")
         try:
-            out.append((prefix, float(value)))
+            ratio = float(value)
         except ValueError:
-            fail("--truth-bias %r: expected CLASS_PREFIX=RATIO, e.g. gpt-swiglu=1.3" % item)
+            ratio = math.nan
+        if not prefix or not math.isfinite(ratio) or ratio <= 0:
+            fail("--truth-bias %r: expected CLASS_PREFIX=RATIO with a finite RATIO > 0, e.g. gpt-swiglu=1.3" % item)
+        out.append((prefix, ratio))
     return tuple(out)
 
 
@@ -103,6 +108,8 @@ def history_file(db: str) -> Path:
     from pipeswift_slurm.store.history import shown_url, sqlite_path
 
     path = sqlite_path(db)
+    if path is not None:
+        output_file(str(path), "--db")
     if path is None:
         fail("--db %s: a simulation writes its history to a new SQLite file, never to a database server"
              " (its made-up jobs would mix with a controller's history there): give a file path, e.g."
@@ -275,7 +282,10 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
         if json_out == "-":
             click.echo(text)
         else:
-            Path(json_out).write_text(text + "\n")
+            try:
+                Path(json_out).write_text(text + "\n")
+            except OSError as exc:
+                fail("--json %s: cannot write it (%s)" % (json_out, exc.strerror or exc))
     if plot:
         plot_cdf(comp, plot)
 
@@ -285,10 +295,10 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Trace CSV (optionally .gz) in the shared schema; default: the synthetic LLM cluster.")
 @click.option("--jobs", "synthetic_jobs", type=click.IntRange(min=1), default=400, show_default=True,
               help="Jobs of the synthetic workload.")
-@click.option("--gpus", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--gpus", type=click.IntRange(min=1, max=MAX_GPUS), default=64, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), help="[default: the --config's, else 8]")
 @click.option("--gpu-type", help="[default: the --config's, else %s]" % DEFAULT_GPU_TYPE)
-@click.option("--load", type=click.FloatRange(min=0.01), help="Rescale arrivals to this offered load (synthetic"
+@click.option("--load", type=FiniteFloatRange(min=0.01), help="Rescale arrivals to this offered load (synthetic"
               " default 0.9; traces keep their own times unless given).")
 @click.option("--policy", "policy_text", default="fifo,slurm,sjf,tiresias,pipeswift", show_default=True,
               help="Policies to compare. BASE:NAME runs BASE under that name, with the preset knobs of"
@@ -302,17 +312,17 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--start", "start_epoch_s", callback=lambda _c, _p, v: _start_epoch_s(v), metavar="YYYY-MM-DD",
               help="Date (UTC) of the simulation's first moment, as the history (--db) and the reports show it;"
               " default: the trace's own dates when its times are dates (epoch seconds), else today.")
-@click.option("--start-day", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--start-day", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
               help="Skip this many days of the trace (see --window-days).")
-@click.option("--window-days", type=click.FloatRange(min=0.001))
+@click.option("--window-days", type=FiniteFloatRange(min=0.001))
 @click.option("--vc", "cluster_filter", help="Only jobs of this trace cluster (Philly virtual cluster).")
-@click.option("--flex", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+@click.option("--flex", type=FiniteFloatRange(0, 1), default=1.0, show_default=True,
               help="Share of jobs that allow resizing (half to double their GPUs).")
-@click.option("--tick-interval", "tick_interval_s", type=click.FloatRange(min=1), default=60.0, show_default=True)
-@click.option("--wait-bound-h", type=click.FloatRange(min=0.1), default=48.0, show_default=True,
+@click.option("--tick-interval", "tick_interval_s", type=FiniteFloatRange(min=1), default=60.0, show_default=True)
+@click.option("--wait-bound-h", type=FiniteFloatRange(min=0.1), default=48.0, show_default=True,
               help="Hard bound on any job's wait for pipeswift (hours).")
 @click.option("--truth-bias", multiple=True, help="CLASS_PREFIX=RATIO: true/predicted run time for a job class.")
-@click.option("--truth-noise", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--truth-noise", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
               help="Log-normal sigma of per-job truth noise.")
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
@@ -330,6 +340,9 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
     from pipeswift_slurm.sim.runner import RunSpec
 
     policies = _policies(policy_text)
+    for path, what in ((json_out, "--json"), (plot, "--plot")):
+        if path and path != "-":
+            output_file(path, what)  # before the run, not after it
     site, no_requeue = None, ()  # type: Optional[tuple[str, dict[str, Any]]], tuple[str, ...]
     gpu = obj.gpu(gpu_type) if gpu_type else None
     if config_path:

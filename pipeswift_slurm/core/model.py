@@ -151,9 +151,10 @@ class JobProfile:
     range the user allows the scheduler to choose from (equal bounds: rigid job);
     ``allowed_pp`` optionally restricts pipeline sizes. ``job_class`` keys calibration.
     ``uneven_split_allowed`` lets the planner keep the user's first/last-stage split.
-    ``run_time_factor`` (at most 1) scales every predicted run time of this one job: the
-    controller lowers it so that the prediction at the job's own size stays within the
-    job's own time limit (a claim cannot outlast what Slurm lets the job run).
+    ``run_time_factor`` scales every predicted run time of this one job: the controller
+    raises it by its user's correction (users whose jobs ran longer than claimed) and
+    lowers it so that the prediction at the job's own size stays within the job's own
+    time limit (a claim cannot outlast what Slurm lets the job run).
     """
 
     shape: ModelShape

@@ -168,8 +168,8 @@ def _number(path: Path, line: int, column: str, text: str) -> float:
         value = float(text)
     except ValueError:
         raise WorkloadError("%s:%d: column %r: %r is not a number" % (path, line, column, text)) from None
-    if math.isnan(value) or value < 0:
-        raise WorkloadError("%s:%d: column %r: %r must be a non-negative number" % (path, line, column, text))
+    if not math.isfinite(value) or value < 0:
+        raise WorkloadError("%s:%d: column %r: %r must be a finite non-negative number" % (path, line, column, text))
     return value
 
 
@@ -389,4 +389,7 @@ def build_workload(rows: Iterable[TraceRow], conv: Conversion, drop_oversized: b
                                                                       too_big[0].name, too_big[0].num_gpus))
     dropped = {id(r) for r in too_big}
     kept = [r for r in rows if id(r) not in dropped]
+    if rows and not kept:
+        raise WorkloadError("all %d job(s) are larger than the cluster's %d nodes x %d GPUs (--drop-oversized"
+                            " left nothing to simulate); use a bigger --gpus" % (len(rows), nodes, conv.gpus_per_node))
     return [to_megatron_job(i, r, conv) for i, r in enumerate(kept)]

@@ -1,6 +1,7 @@
 """The controller's calibration step: after each tick, refit the per-class bias of the
 run-time estimator from the jobs that finished, and hand the next tick the estimator
-with the new bias. ``StoreCalibration`` learns from the history (what cron and the
+with the new bias; and correct each user's claims by how much longer their jobs ran than
+predicted (``user_factors``: claims that lie cost the liar, not others). ``StoreCalibration`` learns from the history (what cron and the
 daemon run); ``OnlineCalibration`` from a simulation's own records of finished jobs,
 through ``core.calibration.OnlineCalibrator``. The controller calls either the same way
 (``Controller.tick``), so cron and the simulator share the step and its timing: a refit
@@ -9,10 +10,54 @@ at the end of tick t applies from tick t+1 on.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+import math
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from pipeswift_slurm.core.calibration import Observation, OnlineCalibrator, fit_bias
+from pipeswift_slurm.core.calibration import Observation, OnlineCalibrator, fit_bias, lookup_bias
 from pipeswift_slurm.core.estimator import Estimator
+
+# The per-user correction of claims: the mean excess log(actual / calibrated prediction)
+# of a user's finished jobs, over (their count + USER_PRIOR_JOBS): one job cannot condemn a
+# user (an honest job that ran 3x its prediction gives (3 / 1.25)^(1/3) = 1.34), many can.
+USER_PRIOR_JOBS = 2
+# A run up to this much longer than its calibrated prediction counts as honest (the cost
+# model's own per-job error): an honest user's noise would otherwise add up to a factor.
+USER_TOLERANCE = 1.25
+USER_FACTOR_MAX = 1000.0  # the job's own time limit caps the prediction well before this
+
+
+def user_factors(runs: Iterable[tuple[str, str, float, float]], bias: Mapping[str, float]) -> dict[str, float]:
+    """Per user, the factor (>= 1) their jobs' predicted run times are multiplied by, from
+    their finished jobs (user, job_class, uncalibrated predicted s, actual s).
+
+    Each job counts by how much longer it ran than its class-calibrated prediction (the
+    class bias, the cost model's error for every user's jobs of that class, is taken out
+    first), never by how much shorter: a job ends early for many reasons (it failed, its
+    user cancelled it, it converged), and a user who could earn a factor below 1, or
+    dilute their record, with jobs that claim long runs and end at once (cheap: they are
+    ranked as long jobs only while they wait) would win back the advantage the correction
+    takes. So a job that ended before its prediction / ``USER_TOLERANCE`` is no evidence
+    (left out), one within ``USER_TOLERANCE`` of it counts as honest (0), one longer by its
+    excess log ratio; the factor is never below 1. Shrunk toward 1 with few jobs: the mean
+    over (jobs + ``USER_PRIOR_JOBS``); at most ``USER_FACTOR_MAX``.
+    """
+    excess: dict[str, list[float]] = {}
+    for user, job_class, predicted_s, run_s in runs:
+        calibrated = predicted_s * (lookup_bias(bias, job_class) if bias else 1.0)
+        if not user or not calibrated > 0 or not run_s >= 0 or not math.isfinite(calibrated * run_s):
+            continue
+        log_ratio = math.log(max(run_s, 1e-9) / calibrated)
+        if log_ratio >= -math.log(USER_TOLERANCE):
+            excess.setdefault(user, []).append(max(0.0, log_ratio - math.log(USER_TOLERANCE)))
+    return {user: min(USER_FACTOR_MAX, math.exp(sum(xs) / (len(xs) + USER_PRIOR_JOBS)))
+            for user, xs in excess.items() if sum(xs) > 0}
+
+
+def user_factor_of(calibration: Any, user: str) -> float:
+    """``calibration``'s correction of ``user``'s claims; 1 when it keeps none (the
+    simulator's ``OnlineCalibration``, or no calibration at all)."""
+    factor = getattr(calibration, "user_factor", None)
+    return float(factor(user)) if factor is not None else 1.0
 
 
 class StoreCalibration:
@@ -37,6 +82,19 @@ class StoreCalibration:
     def __init__(self, store: Any, exclude_partitions: Sequence[str] = ()):
         self.store = store
         self.exclude_partitions = frozenset(exclude_partitions)
+        self._user_factors: Optional[dict[str, float]] = None
+
+    def user_factor(self, user: str) -> float:
+        """The per-user correction of ``user``'s claims (``user_factors``; 1 for a user
+        without evidence), read from the history on first use and after every refit."""
+        if self._user_factors is None:
+            from pipeswift_slurm.store.reads import finished_user_runs
+
+            bias = self.bias_map()
+            self._user_factors = user_factors(
+                ((r.user, r.job_class or "", r.predicted_run_s, r.run_s) for r in finished_user_runs(self.store)
+                 if r.partition not in self.exclude_partitions), bias)
+        return self._user_factors.get(user, 1.0)
 
     def learns_from(self, job: Any) -> bool:
         """Whether a finished job (``store.queries.FinishedJob``) may feed calibration."""
@@ -57,6 +115,7 @@ class StoreCalibration:
         self.store.save_calibration([CalibrationEntry(c.job_class, c.n_jobs, c.log_ratio, now)
                                      for c in fitted.values()])
         bias = self.bias_map()
+        self._user_factors = None  # refit from the new bias on next use
         return estimator if bias == estimator.bias_by_class else estimator.with_bias(bias)
 
 

@@ -25,6 +25,7 @@ from pipeswift_slurm.core.request import request_profile
 from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller
 from pipeswift_slurm.policy import Policy
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
+from pipeswift_slurm.slurm.calibrate import user_factor_of
 from pipeswift_slurm.slurm.factors import stable_factors
 from pipeswift_slurm.slurm.holds import own_holds_to_release
 from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
@@ -258,10 +259,9 @@ class Controller:
         return report
 
     def _within_time_limit(self, job: Job, cached: tuple[str, Optional[JobProfile], str]) -> JobProfile:
-        """The cached profile, its predictions kept within the job's time limit (kept in
-        the cache, so an unchanged job keeps the same profile object)."""
+        """The cached profile, its user's correction applied within the job's time limit (cached)."""
         assert cached[1] is not None
-        profile = within_time_limit(cached[1], job, self.estimator)
+        profile = within_time_limit(cached[1], job, self.estimator, user_factor_of(self.calibration, job.user))
         if profile is not cached[1]:
             self._profiles[job.job_id] = (cached[0], profile, cached[2])
         return profile

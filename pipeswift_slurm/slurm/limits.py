@@ -64,16 +64,18 @@ def within_site_limits(decision: Decision, job: Job) -> tuple[Decision, str]:
     return replace(decision, config=config, time_limit_s=limit, site_factor=factor), "; ".join(why)
 
 
-def within_time_limit(profile: JobProfile, job: Job, estimator: EstimatorProtocol) -> JobProfile:
-    """``profile`` with a ``run_time_factor`` that keeps its predicted run time at the job's
-    present size within the job's own time limit (Slurm ends it there whatever it claims);
-    ``profile`` itself when that changes nothing. Other sizes scale alike, so a resize
-    still rescales the limit as before."""
+def within_time_limit(profile: JobProfile, job: Job, estimator: EstimatorProtocol,
+                      user_factor: float = 1.0) -> JobProfile:
+    """``profile`` with a ``run_time_factor``: the job's user's correction (``user_factor``,
+    >= 1: ``slurm/calibrate.user_factors``), then capped so that the predicted run time at
+    the job's present size stays within the job's own time limit (Slurm ends it there
+    whatever it claims); ``profile`` itself when that changes nothing. Other sizes scale
+    alike, so a resize still rescales the limit as before."""
     base = profile if profile.run_time_factor == 1.0 else replace(profile, run_time_factor=1.0)
-    factor = 1.0
+    factor = max(1.0, user_factor)
     if job.time_limit_s:
         config = job.config if job.config is not None and job.config.gpus == job.gpus else profile.requested
         predicted = estimator.run_time_s(base, config)
-        if predicted > job.time_limit_s > 0:
+        if predicted * factor > job.time_limit_s > 0:
             factor = job.time_limit_s / predicted
     return profile if factor == profile.run_time_factor else replace(profile, run_time_factor=factor)

@@ -332,3 +332,21 @@ def last_snapshot(src: Any) -> Optional[Any]:
     """(n_nodes, total_gpus, free_gpus) of the last tick's cluster snapshot, or None."""
     rows = _rows(src, "SELECT n_nodes, total_gpus, free_gpus FROM tick_snapshots ORDER BY tick_id DESC LIMIT 1", {})
     return rows[0] if rows else None
+
+
+USER_RUNS_SQL = """
+SELECT "user", job_class, partition, predicted_run_s, run_s
+FROM jobs
+WHERE state IN {finished}
+  AND "user" IS NOT NULL AND "user" != ''
+  AND predicted_run_s > 0 AND run_s IS NOT NULL
+  AND calibration_skip IS NULL
+ORDER BY end_time, job_id
+"""
+
+
+def finished_user_runs(src: Any) -> list[Any]:
+    """Per finished job that may feed calibration (completed, a known config and prediction):
+    user, job_class, partition, predicted_run_s (the cost model's, uncalibrated), run_s;
+    oldest end first. What the per-user correction of claims is fitted from."""
+    return _rows(src, USER_RUNS_SQL.format(finished=FINISHED_SQL), {})

@@ -172,6 +172,33 @@ def job_profile(command: Sequence[str], request: ProfileRequest, alloc: Allocati
                            gpus_per_node=alloc.gpus_per_node, allocated=True)
 
 
+# What a claim says about the work (``TrainingPlan`` fields): with the model shape, what the
+# controller predicts run times from.
+CLAIM_PLAN_FIELDS = ("global_batch_size", "train_iters", "train_samples", "rampup_batch_size")
+
+
+def claim_mismatch(profile: JobProfile, request: ProfileRequest, alloc: Allocation) -> str:
+    """What differs between the command the job runs (``profile``) and the request in its
+    Comment, which the controller planned from: the model shape, the global batch and the
+    training length ('' when they agree, or when there is no request to compare). A job
+    claiming ``--train-iters 1`` in its request while its command trains for 100,000 would
+    otherwise be planned, and ranked, as a tiny job."""
+    if not request.argv:
+        return ""
+    try:
+        claimed = job_profile(request.argv, request, alloc)
+    except MegatronArgError:
+        return ""  # the controller could not plan from it either: it made no decision
+    diffs = []
+    if claimed.shape != profile.shape:
+        diffs += ["%s %s in the request, %s in the command" % (f, getattr(claimed.shape, f), getattr(profile.shape, f))
+                  for f in type(profile.shape).__dataclass_fields__
+                  if getattr(claimed.shape, f) != getattr(profile.shape, f)]
+    diffs += ["%s %s in the request, %s in the command" % (f, getattr(claimed.plan, f), getattr(profile.plan, f))
+              for f in CLAIM_PLAN_FIELDS if getattr(claimed.plan, f) != getattr(profile.plan, f)]
+    return "; ".join(diffs)
+
+
 def check_decision(admin_comment: str, profile: JobProfile, alloc: Allocation) -> tuple[Optional[ExecConfig], str]:
     """The controller's decision when it is valid for this allocation, else (None, why not)."""
     if "pswift-decision1;" not in admin_comment:
@@ -263,10 +290,16 @@ def choose(command: Sequence[str], alloc: Allocation, env: dict[str, str],
            run: Runner) -> tuple[Optional[ExecConfig], Optional[JobProfile], str]:
     """(config, profile, why) for this allocation; config None means "run unchanged"."""
     admin, comment = read_job_comments(alloc.job_id, run) if alloc.job_id else ("", "")
+    request = read_request(comment)
     try:
-        profile = job_profile(command, read_request(comment), alloc)
+        profile = job_profile(command, request, alloc)
     except MegatronArgError as exc:
         return None, None, "cannot read the Megatron arguments (%s); running the command unchanged" % exc
+    differs = claim_mismatch(profile, request, alloc)
+    if differs:
+        return None, profile, ("warning: the command is not what the job's request says (%s): the controller planned"
+                               " from the request, so no decision is applied; running the command unchanged"
+                               % differs)
     cfg, why = check_decision(admin, profile, alloc)
     if cfg is not None:
         return cfg, profile, why

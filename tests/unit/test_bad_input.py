@@ -1,0 +1,112 @@
+"""Issue 23: every bad input it lists ("Bad input that still gives a traceback or hangs",
+"Accepted silently although wrong") gives exactly one line on stderr and exit 2, quickly:
+never a traceback, a hang or a silent success. Each case runs ``python -m
+pipeswift_slurm.cli`` as a user would (a subprocess: stderr as the user sees it, and a
+timeout that turns a hang into a failure)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+SHAPE = ["--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "1024"]
+TRACE_HEADER = "job_id,submit_time_s,duration_s,num_gpus,user,cluster\n"
+TIMEOUT_S = 60
+
+
+def trace(tmp: Path, rows: str) -> str:
+    path = tmp / "trace.csv"
+    path.write_text(TRACE_HEADER + rows)
+    return str(path)
+
+
+def config(tmp: Path, text: str) -> str:
+    path = tmp / "config.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def a_file(tmp: Path) -> Path:
+    """A plain file: a path under it cannot be written, by root either (NotADirectory)."""
+    path = tmp / "plain-file"
+    path.write_text("x")
+    return path
+
+
+def read_only_folder(tmp: Path) -> Path:
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder (the path-under-a-file case covers root)")
+    folder = tmp / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
+SIM = ["simulate", "--policy", "fifo", "--jobs", "5", "--gpus", "16"]
+CASES: dict[str, Callable[[Path], list[str]]] = {
+    # Bad input that gave a traceback or hung
+    "estimate --train-iters 10^400": lambda t: ["estimate", "--", *SHAPE, "--train-iters", "1" + "0" * 400],
+    "simulate inf duration": lambda t: ["simulate", "--policy", "fifo", "--gpus", "16", "--workload",
+                                        trace(t, "j1,0,inf,8,alice,vc1\nj2,10,100,8,bob,vc1\n")],
+    "simulate nan duration": lambda t: ["simulate", "--policy", "fifo", "--gpus", "16", "--workload",
+                                        trace(t, "j1,0,nan,8,alice,vc1\n")],
+    "simulate --truth-bias gpt=nan": lambda t: [*SIM, "--truth-bias", "gpt=nan"],
+    "simulate --truth-bias gpt=inf": lambda t: [*SIM, "--truth-bias", "gpt=inf"],
+    "simulate --truth-bias gpt=0": lambda t: [*SIM, "--truth-bias", "gpt=0"],
+    "simulate --load nan": lambda t: [*SIM, "--load", "nan"],
+    "simulate --load inf": lambda t: [*SIM, "--load", "inf"],
+    "simulate --flex nan": lambda t: [*SIM, "--flex", "nan"],
+    "simulate --tick-interval inf": lambda t: [*SIM, "--tick-interval", "inf"],
+    "simulate --gpus 1000000007": lambda t: ["simulate", "--policy", "fifo", "--jobs", "5", "--gpus", "1000000007"],
+    "simulate --drop-oversized dropping every job": lambda t: [
+        "simulate", "--policy", "fifo", "--gpus", "16", "--drop-oversized", "--workload",
+        trace(t, "j1,0,100,800,alice,vc1\nj2,5,100,64,bob,vc1\n")],
+    "postgresql URL without its driver": lambda t: [
+        "controller", "tick", "--config", config(t, '[store]\nurl = "postgresql+nosuchdriver://u@h/db"\n')],
+    "lock file in a folder that cannot be made": lambda t: [
+        "controller", "tick", "--config", config(t, '[store]\nurl = "%s"\n[controller]\nlock_file = "%s"\n'
+                                                 % (t / "h.sqlite", a_file(t) / "sub" / "lock"))],
+    "simulate --db under a file": lambda t: [*SIM, "--db", str(a_file(t) / "h.sqlite")],
+    "simulate --json under a file": lambda t: [*SIM, "--json", str(a_file(t) / "m.json")],
+    "simulate --db in a missing folder": lambda t: [*SIM, "--db", str(t / "missing" / "h.sqlite")],
+    "simulate --db in a read-only folder": lambda t: [*SIM, "--db", str(read_only_folder(t) / "h.sqlite")],
+    "simulate --json in a read-only folder": lambda t: [*SIM, "--json", str(read_only_folder(t) / "m.json")],
+    "estimate --num-gpus 1000000007": lambda t: ["estimate", "--num-gpus", "1000000007", "--", *SHAPE],
+    "plan --gpus 1-100000000": lambda t: ["plan", "--gpus", "1-100000000", "--", *SHAPE],
+    "plan --gpus 1-10^5000": lambda t: ["plan", "--gpus", "1-1" + "0" * 5000, "--", *SHAPE],
+    "plan global batch 10^15": lambda t: ["plan", "--gpus", "8", "--", *SHAPE, "--global-batch-size", "1" + "0" * 15],
+    # Accepted silently although wrong
+    "estimate Arabic digits": lambda t: ["estimate", "--", *SHAPE, "--num-layers", "\u0662\u0664"],
+    "estimate fullwidth digits": lambda t: ["estimate", "--", *SHAPE, "--num-layers", "\uff12\uff14"],
+    "estimate 1_024": lambda t: ["estimate", "--", *SHAPE, "--hidden-size", "1_024"],
+    "plan --gpus Arabic digits": lambda t: ["plan", "--gpus", "\u0668", "--", *SHAPE],
+    "plan --gpus 1_6": lambda t: ["plan", "--gpus", "1_6", "--", *SHAPE],
+    "config plan_depth=-1": lambda t: [*SIM, "--config", config(t, '[policy]\nname = "pipeswift"\n'
+                                                               '[policy.knobs]\nplan_depth = -1\n')],
+    "config aging=nan": lambda t: [*SIM, "--config", config(t, '[policy]\nname = "pipeswift"\n'
+                                                           '[policy.knobs]\naging = nan\n')],
+    "config wait_bound_s='long'": lambda t: [*SIM, "--config", config(t, '[policy]\nname = "pipeswift"\n'
+                                                                    '[policy.knobs]\nwait_bound_s = "long"\n')],
+    "controller tick with wait_bound_s='long'": lambda t: [
+        "controller", "tick", "--config", config(t, '[store]\nurl = "%s"\n[policy]\nname = "pipeswift"\n'
+                                                 '[policy.knobs]\nwait_bound_s = "long"\n' % (t / "h.sqlite"))],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_gives_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
+    argv = CASES[case](tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("PIPESWIFT_CONFIG", None)
+    env.pop("PIPESWIFT_DB", None)
+    done = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli", *argv], capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env=env, cwd=tmp_path, check=False)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 1, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr and lines[0].startswith("pipeswift: error: ")
+    assert not (tmp_path / "plain-file" / "sub").exists()
