@@ -77,3 +77,10 @@ def test_no_module_imports_another_modules_private_names() -> None:
             found += ["%s imports %s.%s" % (own, node.module, a.name) for a in node.names
                       if a.name.startswith("_") and not a.name.startswith("__")]
     assert not found, found
+
+
+def test_test_modules_have_names_of_their_own() -> None:
+    """pytest imports tests/unit, tests/integration and tests/e2e (no packages) into one
+    namespace: two test files of one name stop the whole run at collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert not sorted({n for n in names if names.count(n) > 1})

@@ -18,7 +18,7 @@ hold any byte but NUL, and ``squeue --json`` passes non-UTF-8 bytes through raw)
 
 ``live`` marks forms Slurm 22.05 accepts as given (``sbatch`` argv cannot hold NUL, a
 Comment holds at most 1,024 characters, a work directory must exist): the live corpus
-test (tests/integration/test_hostile_corpus.py) submits those. Imported by path (not a
+test (tests/integration/test_hostile_corpus_live.py) submits those. Imported by path (not a
 package): ``sys.path.insert(0, <this folder>)``.
 """
 
