@@ -171,7 +171,7 @@ def compare_shared(path: str | Path, hardware: Optional[str] = None) -> tuple[li
             gpus = int(rec["num_gpus"])
             try:
                 gpu = get_gpu_type(SHARED_GPU_TYPES.get(rec["gpu"], rec["gpu"]), hardware)
-                node = getattr(gpu, "nvlink_domain_gpus", 0) or gpu.gpus_per_node
+                node = max(gpu.nvlink_domain_gpus, gpu.gpus_per_node)
                 profile = profile_from_argv(shared_argv(rec), world_size=gpus, gpus_per_node=node)
             except (MegatronArgError, HardwareError) as exc:
                 refused.append(Refused(rec["model"], rec["gpu"], gpus, str(exc)))
