@@ -204,8 +204,8 @@ def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int, *, var
 
     Keeps the user's context-parallel size and embedding/loss accounting; varies tp (powers
     of two dividing the heads, within a node) when ``vary_tp``, pp over the sizes that divide
-    the GPUs, the layer split (even where pp divides the layers, else the uneven first/last
-    splits of :func:`uneven_splits`, and the user's own split at the user's pp), micro-batch
+    the GPUs, the layer split (even where pp divides the layers, else the best uneven first/last
+    split of :func:`uneven_splits`, and the user's own split at the user's pp), micro-batch
     sizes that divide the per-replica batch, and interleaving up to ``max_vp`` virtual
     stages. With a memory predicate ``fits``, only fitting configs are yielded, and larger
     micro-batches are skipped once none fits (activation memory grows with the micro-batch size).
@@ -229,7 +229,9 @@ def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int, *, var
 def uneven_splits(num_layers: int, pp: int) -> list[tuple[Optional[int], Optional[int]]]:
     """(first, last) stage sizes that split ``num_layers`` over ``pp`` stages when pp does not
     divide them: the other stages hold floor or ceil(layers / pp) each, and the first and
-    last at most one more than those (Megatron's rules still apply: :func:`stage_layers`)."""
+    last at most one more than those (Megatron's rules still apply: :func:`stage_layers`).
+    Best first: the fewest layers on the fullest stage, then the smallest spread, then the
+    fewest on the last (which also computes the logits and the loss)."""
     if pp < 2 or num_layers % pp == 0:
         return []
     out: list[tuple[Optional[int], Optional[int]]] = []
@@ -241,14 +243,20 @@ def uneven_splits(num_layers: int, pp: int) -> list[tuple[Optional[int], Optiona
         one = num_layers - middle * (pp - 1)  # only the first (or only the last) stage differs
         if 1 <= one <= middle + 1:
             out += [(one, None), (None, one)]
-    return sorted(set(out), key=lambda fl: (fl[0] or 0, fl[1] or 0))
+    def rank(split: tuple[Optional[int], Optional[int]]) -> tuple[int, int, int, int]:
+        layers = stage_layers(num_layers, ExecConfig(tp=1, pp=pp, dp=1, micro_batch_size=1, num_micro_batches=1,
+                                                     decoder_first_pipeline_num_layers=split[0],
+                                                     decoder_last_pipeline_num_layers=split[1]))
+        return (max(layers), max(layers) - min(layers), layers[-1], -layers[0]) if layers else (num_layers + 1, 0, 0, 0)
+
+    return sorted(set(out), key=lambda fl: (rank(fl), fl[0] or 0, fl[1] or 0))
 
 
 def _split_choices(profile: JobProfile, pp: int) -> list[tuple[Optional[int], Optional[int]]]:
     user, plan = profile.requested, profile.plan
     if plan.embedding_in_pipeline_split or plan.loss_in_pipeline_split:
         return [(None, None)]  # Megatron takes no first/last split beside it
-    splits = uneven_splits(profile.shape.num_layers, pp) or [(None, None)]
+    splits = uneven_splits(profile.shape.num_layers, pp)[:1] or [(None, None)]  # the best only: planning stays fast
     if uneven(user) and pp == user.pp:
         mine = (user.decoder_first_pipeline_num_layers, user.decoder_last_pipeline_num_layers)
         splits = [mine] + [s for s in splits if s != mine]
@@ -262,22 +270,20 @@ def _micro_batch_variants(profile: JobProfile, base: ExecConfig, gpus_per_node: 
         if mbs < profile.min_micro_batch_size or (profile.max_micro_batch_size and mbs > profile.max_micro_batch_size):
             continue
         m = gbs // (mbs * base.dp)
-        any_fit = False
+        any_fit = any_valid = False
         for vp in range(1, max_vp + 1):
             if vp > 1 and (base.pp < 2 or m % base.pp):
-                continue
+                continue  # Megatron's interleaving rule, checked cheaply first
             cfg = replace(base, micro_batch_size=mbs, num_micro_batches=m, vp=vp)
             if check_config(profile, cfg, gpus_per_node):
                 continue
+            any_valid = True
             if fits is not None and not fits(cfg):
                 continue
             any_fit = True
             yield cfg
-        if fits is not None and not any_fit and mbs >= profile.min_micro_batch_size:
-            valid = [vp for vp in range(1, max_vp + 1) if not check_config(profile, replace(
-                base, micro_batch_size=mbs, num_micro_batches=m, vp=vp), gpus_per_node)]
-            if valid:
-                return  # valid but out of memory: larger micro-batches need even more
+        if fits is not None and not any_fit and any_valid:
+            return  # valid but out of memory: larger micro-batches need even more
 
 
 def _tp_choices(profile: JobProfile, gpn: int) -> list[int]:
