@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.layer_profile import LayerProfileMismatch, layer_profile_mismatch, layer_profile_refusal
-from pipeswift_slurm.core.megatron_rules import stage_layers
+from pipeswift_slurm.core.megatron_rules import profile_stage_layers
 from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
 
 V = TypeVar("V")
@@ -63,6 +63,16 @@ def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_gbps: float, latency_s
     if ranks <= 1 or nbytes <= 0:
         return 0.0
     return 2 * (ranks - 1) / ranks * nbytes / (bandwidth_gbps * 1e9) + 2 * (ranks - 1) * latency_s
+
+
+def _layers(profile: JobProfile, cfg: ExecConfig) -> list[int]:
+    """Transformer layers per pipeline rank; for a split Megatron refuses (callers may ask
+    about any config), the layers spread as evenly as whole layers allow."""
+    layers = profile_stage_layers(profile, cfg)
+    if layers is None:
+        whole, extra = divmod(profile.shape.num_layers, cfg.pp)
+        layers = [whole + (rank < extra) for rank in range(cfg.pp)]
+    return layers
 
 
 @dataclass(frozen=True)
@@ -208,7 +218,7 @@ class CostModel:
         """Forward+backward seconds of one micro-batch on each pipeline rank, including
         the logits on the last rank and exposed p2p (2 transfers per micro-batch per
         chunk; half of it hidden when interleaving overlaps p2p, Megatron's default)."""
-        layers = stage_layers(profile.shape.num_layers, cfg) or [profile.shape.num_layers]
+        layers = _layers(profile, cfg)
         fwd, bwd = self.layer_times_s(profile, cfg)
         p2p = self._p2p_s(profile, cfg) * 2 * cfg.vp * (0.5 if cfg.vp > 1 else 1.0)
         times = [n * (fwd + bwd) + p2p for n in layers]
@@ -233,15 +243,17 @@ class CostModel:
         """Weights on the most loaded rank: its layers' weights plus the input embedding
         (first stage) or output layer (last stage), V_pad*h each, all split over tp."""
         shape = profile.shape
-        key = (shape, cfg.tp, cfg.pp, cfg.decoder_first_pipeline_num_layers, cfg.decoder_last_pipeline_num_layers)
+        key = (shape, cfg.tp, cfg.pp, cfg.decoder_first_pipeline_num_layers, cfg.decoder_last_pipeline_num_layers,
+               profile.plan.embedding_in_pipeline_split, profile.plan.loss_in_pipeline_split)
         hit = self._params_cache.get(key)
         if hit is None:
-            hit = self._params_cache[key] = self._params_most_loaded(shape, cfg)
+            hit = self._params_cache[key] = self._params_most_loaded(profile, cfg)
         return hit
 
     @staticmethod
-    def _params_most_loaded(shape: ModelShape, cfg: ExecConfig) -> float:
-        layers = stage_layers(shape.num_layers, cfg) or [shape.num_layers]
+    def _params_most_loaded(profile: JobProfile, cfg: ExecConfig) -> float:
+        shape = profile.shape
+        layers = _layers(profile, cfg)
         embed = shape.padded_vocab_size(cfg.tp) * shape.hidden_size
         ppl = shape.params_per_layer
         if len(layers) == 1:
@@ -308,7 +320,7 @@ class CostModel:
         embedding activations on the first rank and 4*s*b*(h+V)/t for the logits and
         loss on the last, plus the GPU's reserved memory."""
         shape, plan = profile.shape, profile.plan
-        layers = stage_layers(shape.num_layers, cfg) or [shape.num_layers]
+        layers = _layers(profile, cfg)
         if plan.precision == "fp32":
             per_param = 8 + 8 / cfg.dp if plan.use_distributed_optimizer else 16
         else:
@@ -336,7 +348,8 @@ class CostModel:
         plan = profile.plan
         return self._estimates.setdefault((profile.shape, plan.global_batch_size, plan.precision,
                                            plan.recompute_granularity, plan.sequence_parallel,
-                                           plan.use_distributed_optimizer), {})
+                                           plan.use_distributed_optimizer, plan.embedding_in_pipeline_split,
+                                           plan.loss_in_pipeline_split), {})
 
     def estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         """Iteration time = pipeline + data-parallel reduction + optimizer step; memory;

@@ -49,6 +49,9 @@ class GpuType:
         latency_s: per-message latency of a collective or p2p transfer, s.
         gpus_per_node: GPUs in one node of the reference design (8 in DGX/HGX; 4 in a
             GB200 NVL72 compute tray), for callers that are not told a node size.
+        nvlink_domain_gpus: GPUs that one NVLink fabric joins (8 in DGX/HGX, where it is the
+            node; 72 in a GB200 NVL72 rack). Where a layout is known to stay inside domains
+            (the published GB200 runs), a domain is laid out as one node.
     """
 
     name: str
@@ -65,6 +68,7 @@ class GpuType:
     reserved_gib: float = 3.0
     latency_s: float = 20e-6
     gpus_per_node: int = 8
+    nvlink_domain_gpus: int = 8
 
     def efficiency(self, work_gflop: float) -> float:
         """Achieved fraction of peak for a layer whose per-GPU forward work is ``work_gflop``."""
@@ -109,13 +113,14 @@ _BUILTIN = (
     # GB200 NVL72 (nvidia.com/en-us/data-center/gb200-nvl72, 72 GPUs): FP16/BF16 360 PFLOP/s
     # and TF32 180 PFLOP/s with sparsity (2,500 and 1,250 TFLOP/s dense per GPU), up to 13.4 TB
     # HBM3e at 576 TB/s (186GB and 8 TB/s per GPU), NVLink 5 1.8 TB/s bidirectional per GPU.
-    # A Slurm node is one compute tray: two GB200 superchips, 4 GPUs. Between trays of one rack
-    # NVLink continues; inter_node_gbps is the 400 Gb/s NIC per GPU that leaves the rack (set
-    # it to nvlink_gbps in a hardware file when jobs stay inside one NVL72 rack).
+    # A Slurm node is one compute tray: two GB200 superchips, 4 GPUs. Between the 18 trays of one
+    # rack NVLink continues (nvlink_domain_gpus 72); inter_node_gbps is the 400 Gb/s NIC per GPU
+    # that leaves the rack (set it to nvlink_gbps in a hardware file when jobs stay inside one
+    # NVL72 rack).
     # No published Megatron row to fit: efficiency as H200's.
     GpuType("GB200-186GB", peak_tflops=2500, fp32_tflops=1250, mem_gib=173.2, hbm_gbps=8000,
             nvlink_gbps=720, inter_node_gbps=50, eff_max=0.80, work_half_gflop=120.0, startup_s=75,
-            gpus_per_node=4),
+            gpus_per_node=4, nvlink_domain_gpus=72),
 )
 DEFAULT_GPU_TYPE = "A100-80GB"
 
@@ -143,7 +148,7 @@ def gpu_type_for_device(device_name: str, mem_gib: float = 0.0) -> Optional[str]
 
 
 def _coerce(path: str, name: str, key: str, value: object) -> Union[int, float]:
-    if key == "gpus_per_node":
+    if key in ("gpus_per_node", "nvlink_domain_gpus"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise HardwareError("%s: gpu.%s.%s must be a positive integer (got %r)" % (path, name, key, value))
         return value

@@ -27,6 +27,7 @@ FLAGS: dict[str, str] = {
     "--num-layers-per-virtual-pipeline-stage": "int",
     "--num-virtual-stages-per-pipeline-rank": "int",
     "--decoder-first-pipeline-num-layers": "int", "--decoder-last-pipeline-num-layers": "int",
+    "--account-for-embedding-in-pipeline-split": "bool", "--account-for-loss-in-pipeline-split": "bool",
     "--context-parallel-size": "int", "--sequence-parallel": "bool",
     "--micro-batch-size": "int", "--global-batch-size": "int", "--rampup-batch-size": "int3",
     "--train-iters": "int", "--train-samples": "int", "--recompute-granularity": "str",
@@ -222,15 +223,26 @@ def plan_from_args(values: dict[str, object], micro_batch_size: int, dp: int) ->
                         use_distributed_optimizer=bool(values.get("--use-distributed-optimizer")),
                         recompute_granularity=recompute,
                         sequence_parallel=bool(values.get("--sequence-parallel")),
-                        save_interval=save_interval if resumes else None)
+                        save_interval=save_interval if resumes else None,
+                        embedding_in_pipeline_split=bool(values.get("--account-for-embedding-in-pipeline-split")),
+                        loss_in_pipeline_split=bool(values.get("--account-for-loss-in-pipeline-split")))
 
 
 def _vp_from_args(values: dict[str, object], layers: int, pp: int) -> int:
+    """Virtual stages per rank (Megatron-LM validate_args): given, or the layers per stage
+    (counting an embedding/loss that the split accounts for) over the layers per virtual
+    stage, which an uneven first/last split does not accept."""
     per_stage = values.get("--num-layers-per-virtual-pipeline-stage")
     stages = values.get("--num-virtual-stages-per-pipeline-rank")
     if per_stage is not None and stages is not None:
         raise MegatronArgError("--num-virtual-stages-per-pipeline-rank",
                                "cannot be combined with --num-layers-per-virtual-pipeline-stage")
+    if per_stage is not None and ("--decoder-first-pipeline-num-layers" in values
+                                  or "--decoder-last-pipeline-num-layers" in values):
+        raise MegatronArgError("--num-layers-per-virtual-pipeline-stage", "an uneven first/last split needs"
+                               " --num-virtual-stages-per-pipeline-rank instead")
+    layers += bool(values.get("--account-for-embedding-in-pipeline-split"))
+    layers += bool(values.get("--account-for-loss-in-pipeline-split"))
     if per_stage is not None:
         assert isinstance(per_stage, int)
         if per_stage < 1 or layers % pp or (layers // pp) % per_stage:

@@ -2,7 +2,7 @@
 ExecConfig, keeping every other argument as the user wrote it.
 
 Pure: imports only ``core.model``, ``core.megatron`` (the flag table and argv grammar)
-and ``core.megatron_rules`` (the layer split).
+and ``core.megatron_rules`` (whether a split is uneven).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 from pipeswift_slurm.core.megatron import FLAGS, flag_width, parse_argv, split_flag
-from pipeswift_slurm.core.megatron_rules import stage_layers
+from pipeswift_slurm.core.megatron_rules import uneven
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 
@@ -28,9 +28,11 @@ def _config_flags(argv: Sequence[str], profile: Optional[JobProfile], cfg: ExecC
         flags["--context-parallel-size"] = cfg.cp
     gbs = profile.plan.global_batch_size if profile else values.get("--global-batch-size")
     flags["--global-batch-size"] = gbs or cfg.micro_batch_size * cfg.dp * cfg.num_micro_batches
-    if cfg.vp > 1 and "--num-layers-per-virtual-pipeline-stage" in values and profile:
-        layers = stage_layers(profile.shape.num_layers, cfg) or [0]
-        flags["--num-layers-per-virtual-pipeline-stage"] = layers[0] // cfg.vp
+    if cfg.vp > 1 and "--num-layers-per-virtual-pipeline-stage" in values and profile and not uneven(cfg):
+        # Megatron derives vp from (layers + accounted embedding/loss) / pp / this value
+        plan = profile.plan
+        layers = profile.shape.num_layers + plan.embedding_in_pipeline_split + plan.loss_in_pipeline_split
+        flags["--num-layers-per-virtual-pipeline-stage"] = layers // cfg.pp // cfg.vp
         flags["--num-virtual-stages-per-pipeline-rank"] = None
     else:
         flags["--num-layers-per-virtual-pipeline-stage"] = None

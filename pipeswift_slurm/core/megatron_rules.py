@@ -35,13 +35,29 @@ class Problem:
         return "%s: %s" % (self.flag, self.message)
 
 
-def stage_layers(num_layers: int, config: ExecConfig) -> Optional[list[int]]:
-    """Layers per pipeline rank, or None when the split is invalid (Megatron's rules)."""
+def stage_layers(num_layers: int, config: ExecConfig, embedding: bool = False,
+                 loss: bool = False) -> Optional[list[int]]:
+    """Transformer layers per pipeline rank, or None when the split is invalid (megatron-core
+    0.16.1 ``TransformerConfig.__post_init__`` and ``get_num_layers_to_build``).
+
+    Even: layers / pp each. Uneven (``--decoder-first/last-pipeline-num-layers``): the first
+    (last) rank holds its given count (>= 1), the other ranks share the rest evenly (at
+    least one layer each). ``embedding`` / ``loss`` (``--account-for-embedding/loss-in-
+    pipeline-split``, not combinable with first/last): the embedding (loss) counts as one
+    more layer, (layers + embedding + loss) / pp per rank, and the first (last) rank builds
+    one transformer layer fewer.
+    """
     pp = config.pp
     first, last = config.decoder_first_pipeline_num_layers, config.decoder_last_pipeline_num_layers
     if first is None and last is None:
-        return [num_layers // pp] * pp if num_layers % pp == 0 else None
-    if pp < 2:
+        total = num_layers + embedding + loss
+        if total % pp:
+            return None
+        layers = [total // pp] * pp
+        layers[0] -= embedding
+        layers[-1] -= loss
+        return layers if min(layers) >= 0 else None
+    if pp < 2 or embedding or loss:
         return None
     if (first is not None and first < 1) or (last is not None and last < 1):
         return None
@@ -59,21 +75,41 @@ def stage_layers(num_layers: int, config: ExecConfig) -> Optional[list[int]]:
     return layers
 
 
-def _split_problems(shape: ModelShape, cfg: ExecConfig) -> list[Problem]:
-    out = []
-    layers = stage_layers(shape.num_layers, cfg)
-    uneven = cfg.decoder_first_pipeline_num_layers is not None or cfg.decoder_last_pipeline_num_layers is not None
+def profile_stage_layers(profile: JobProfile, config: ExecConfig) -> Optional[list[int]]:
+    """:func:`stage_layers` of ``profile``'s model under ``config``, with the job's own
+    embedding/loss accounting."""
+    plan = profile.plan
+    return stage_layers(profile.shape.num_layers, config, plan.embedding_in_pipeline_split,
+                        plan.loss_in_pipeline_split)
+
+
+def uneven(config: ExecConfig) -> bool:
+    """Whether ``config`` sets a first or last stage of its own size."""
+    return config.decoder_first_pipeline_num_layers is not None or config.decoder_last_pipeline_num_layers is not None
+
+
+def _split_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
+    shape, plan = profile.shape, profile.plan
+    accounted = plan.embedding_in_pipeline_split or plan.loss_in_pipeline_split
+    if uneven(cfg) and accounted:
+        return [Problem("--account-for-embedding-in-pipeline-split", "cannot be combined with"
+                        " --decoder-first/last-pipeline-num-layers (megatron-core refuses both)")]
+    layers = profile_stage_layers(profile, cfg)
     if layers is None:
-        flag = "--decoder-first-pipeline-num-layers" if uneven else "--pipeline-model-parallel-size"
-        out.append(Problem(flag, "%d layers cannot be split over %d pipeline stages%s"
-                           % (shape.num_layers, cfg.pp, " with that first/last split" if uneven else "")))
-        return out
+        flag = "--decoder-first-pipeline-num-layers" if uneven(cfg) else "--pipeline-model-parallel-size"
+        extra = " with that first/last split" if uneven(cfg) else (
+            " counting the embedding/loss as layers" if accounted else "")
+        return [Problem(flag, "%d layers cannot be split over %d pipeline stages%s"
+                        % (shape.num_layers, cfg.pp, extra))]
+    out = []
     if cfg.vp > 1:
         if cfg.pp < 2:
             out.append(Problem("--num-virtual-stages-per-pipeline-rank", "interleaving needs pp >= 2"))
-        if any(n % cfg.vp for n in layers):
+        per_rank = [(shape.num_layers + plan.embedding_in_pipeline_split + plan.loss_in_pipeline_split)
+                    // cfg.pp] if accounted else layers
+        if any(n % cfg.vp for n in per_rank):
             out.append(Problem("--num-virtual-stages-per-pipeline-rank",
-                               "layers per stage %s not divisible by %d virtual stages" % (layers, cfg.vp)))
+                               "layers per stage %s not divisible by %d virtual stages" % (per_rank, cfg.vp)))
         if cfg.num_micro_batches < cfg.pp or cfg.num_micro_batches % cfg.pp:
             out.append(Problem("--micro-batch-size", "interleaved schedule needs a number of micro-batches"
                                " that is a multiple of pp (M=%d, pp=%d)" % (cfg.num_micro_batches, cfg.pp)))
@@ -124,8 +160,9 @@ def check_config(profile: JobProfile, cfg: ExecConfig, gpus_per_node: int = 8,
 
     Rules (Megatron-LM validate_args, megatron-core TransformerConfig and schedules):
     world = tp*pp*cp*dp; heads % tp == 0 and query groups % tp == 0; even layer split
-    (layers % pp) or a valid uneven first/last split; interleaving needs pp >= 2, layers
-    per stage divisible by vp, and M a multiple of pp (M >= pp); global batch divisible by
+    (layers % pp, counting the embedding/loss when the job does) or a valid uneven
+    first/last split (not both); interleaving needs pp >= 2, layers per stage divisible by
+    vp, and M a multiple of pp (M >= pp); global batch divisible by
     micro batch * dp, M >= 1; ramp-up steps divisible too; with cp > 1, seq % (2*cp) == 0;
     a tensor-parallel group stays inside a node. ``job_limits`` adds the job's own range,
     minimum micro-batch and allowed pp.
@@ -149,7 +186,7 @@ def check_config(profile: JobProfile, cfg: ExecConfig, gpus_per_node: int = 8,
     if cfg.cp > 1 and shape.seq_length % (2 * cfg.cp):
         out.append(Problem("--context-parallel-size", "seq length %d not divisible by 2*cp = %d"
                            % (shape.seq_length, 2 * cfg.cp)))
-    out += _split_problems(shape, cfg)
+    out += _split_problems(profile, cfg)
     out += _batch_problems(profile, cfg)
     if job_limits:
         out += _job_limit_problems(profile, cfg, gpus_per_node)
@@ -165,55 +202,88 @@ def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int, *, var
                       max_vp: int = 4, fits: Optional[Callable[[ExecConfig], bool]] = None) -> Iterator[ExecConfig]:
     """All structurally valid configs on exactly ``gpus`` GPUs.
 
-    Keeps the user's context-parallel size and uneven-split choice; varies tp (powers of
-    two dividing the heads, within a node) when ``vary_tp``, pp over divisors of the
-    layers (or the user's uneven split at the user's pp), micro-batch sizes that divide
-    the per-replica batch, and interleaving up to ``max_vp`` virtual stages. With a
-    memory predicate ``fits``, only fitting configs are yielded, and larger micro-batches
-    are skipped once none fits (activation memory grows with the micro-batch size).
+    Keeps the user's context-parallel size and embedding/loss accounting; varies tp (powers
+    of two dividing the heads, within a node) when ``vary_tp``, pp over the sizes that divide
+    the GPUs, the layer split (even where pp divides the layers, else the best uneven first/last
+    split of :func:`uneven_splits`, and the user's own split at the user's pp), micro-batch
+    sizes that divide the per-replica batch, and interleaving up to ``max_vp`` virtual
+    stages. With a memory predicate ``fits``, only fitting configs are yielded, and larger
+    micro-batches are skipped once none fits (activation memory grows with the micro-batch size).
     """
     user = profile.requested
     nodes, gpn = node_shape(gpus, gpus_per_node)
     tps = _tp_choices(profile, gpn) if vary_tp else [user.tp]
     gbs = profile.plan.global_batch_size
-    uneven_user = user.decoder_first_pipeline_num_layers is not None or user.decoder_last_pipeline_num_layers is not None
     for tp in tps:
-        for pp in _pp_choices(profile):
+        for pp in _pp_choices(profile, gpus):
             if gpus % (tp * pp * user.cp) or gbs % (gpus // (tp * pp * user.cp)):
                 continue
             dp = gpus // (tp * pp * user.cp)
-            base = ExecConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=1, num_micro_batches=1, cp=user.cp,
-                              num_nodes=nodes, gpus_per_node=gpn,
-                              decoder_first_pipeline_num_layers=user.decoder_first_pipeline_num_layers
-                              if uneven_user and pp == user.pp else None,
-                              decoder_last_pipeline_num_layers=user.decoder_last_pipeline_num_layers
-                              if uneven_user and pp == user.pp else None)
-            yield from _micro_batch_variants(profile, base, gpus_per_node, max_vp, fits)
+            for first, last in _split_choices(profile, pp):
+                base = ExecConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=1, num_micro_batches=1, cp=user.cp,
+                                  num_nodes=nodes, gpus_per_node=gpn, decoder_first_pipeline_num_layers=first,
+                                  decoder_last_pipeline_num_layers=last)
+                yield from _micro_batch_variants(profile, base, gpus_per_node, max_vp, fits)
+
+
+def uneven_splits(num_layers: int, pp: int) -> list[tuple[Optional[int], Optional[int]]]:
+    """(first, last) stage sizes that split ``num_layers`` over ``pp`` stages when pp does not
+    divide them: the other stages hold floor or ceil(layers / pp) each, and the first and
+    last at most one more than those (Megatron's rules still apply: :func:`stage_layers`).
+    Best first: the fewest layers on the fullest stage, then the smallest spread, then the
+    fewest on the last (which also computes the logits and the loss)."""
+    if pp < 2 or num_layers % pp == 0:
+        return []
+    out: list[tuple[Optional[int], Optional[int]]] = []
+    for middle in sorted({num_layers // pp, -(-num_layers // pp)}):
+        if middle < 1:
+            continue
+        rest = num_layers - middle * (pp - 2)  # first + last
+        out += [(f, rest - f) for f in range(max(1, rest - middle - 1), min(middle + 1, rest - 1) + 1)]
+        one = num_layers - middle * (pp - 1)  # only the first (or only the last) stage differs
+        if 1 <= one <= middle + 1:
+            out += [(one, None), (None, one)]
+    def rank(split: tuple[Optional[int], Optional[int]]) -> tuple[int, int, int, int]:
+        layers = stage_layers(num_layers, ExecConfig(tp=1, pp=pp, dp=1, micro_batch_size=1, num_micro_batches=1,
+                                                     decoder_first_pipeline_num_layers=split[0],
+                                                     decoder_last_pipeline_num_layers=split[1]))
+        return (max(layers), max(layers) - min(layers), layers[-1], -layers[0]) if layers else (num_layers + 1, 0, 0, 0)
+
+    return sorted(set(out), key=lambda fl: (rank(fl), fl[0] or 0, fl[1] or 0))
+
+
+def _split_choices(profile: JobProfile, pp: int) -> list[tuple[Optional[int], Optional[int]]]:
+    user, plan = profile.requested, profile.plan
+    if plan.embedding_in_pipeline_split or plan.loss_in_pipeline_split:
+        return [(None, None)]  # Megatron takes no first/last split beside it
+    splits = uneven_splits(profile.shape.num_layers, pp)[:1] or [(None, None)]  # the best only: planning stays fast
+    if uneven(user) and pp == user.pp:
+        mine = (user.decoder_first_pipeline_num_layers, user.decoder_last_pipeline_num_layers)
+        splits = [mine] + [s for s in splits if s != mine]
+    return splits
 
 
 def _micro_batch_variants(profile: JobProfile, base: ExecConfig, gpus_per_node: int, max_vp: int,
                           fits: Optional[Callable[[ExecConfig], bool]]) -> Iterator[ExecConfig]:
-    gbs, layers = profile.plan.global_batch_size, profile.shape.num_layers
+    gbs = profile.plan.global_batch_size
     for mbs in _divisors(gbs // base.dp):
         if mbs < profile.min_micro_batch_size or (profile.max_micro_batch_size and mbs > profile.max_micro_batch_size):
             continue
         m = gbs // (mbs * base.dp)
-        any_fit = False
+        any_fit = any_valid = False
         for vp in range(1, max_vp + 1):
-            if vp > 1 and (base.pp < 2 or m % base.pp or layers % (base.pp * vp)):
-                continue
+            if vp > 1 and (base.pp < 2 or m % base.pp):
+                continue  # Megatron's interleaving rule, checked cheaply first
             cfg = replace(base, micro_batch_size=mbs, num_micro_batches=m, vp=vp)
             if check_config(profile, cfg, gpus_per_node):
                 continue
+            any_valid = True
             if fits is not None and not fits(cfg):
                 continue
             any_fit = True
             yield cfg
-        if fits is not None and not any_fit and mbs >= profile.min_micro_batch_size:
-            valid = [vp for vp in range(1, max_vp + 1) if not check_config(profile, replace(
-                base, micro_batch_size=mbs, num_micro_batches=m, vp=vp), gpus_per_node)]
-            if valid:
-                return  # valid but out of memory: larger micro-batches need even more
+        if fits is not None and not any_fit and any_valid:
+            return  # valid but out of memory: larger micro-batches need even more
 
 
 def _tp_choices(profile: JobProfile, gpn: int) -> list[int]:
@@ -227,11 +297,9 @@ def _tp_choices(profile: JobProfile, gpn: int) -> list[int]:
     return sorted(t for t in choices if t <= max(gpn, 1))
 
 
-def _pp_choices(profile: JobProfile) -> list[int]:
-    pps = set(_divisors(profile.shape.num_layers))
-    if profile.requested.decoder_first_pipeline_num_layers is not None or \
-            profile.requested.decoder_last_pipeline_num_layers is not None:
-        pps.add(profile.requested.pp)
+def _pp_choices(profile: JobProfile, gpus: int) -> list[int]:
+    """Pipeline sizes that divide the GPUs, up to the layers (each stage needs one)."""
+    pps = {pp for pp in _divisors(gpus) if pp <= profile.shape.num_layers}
     if profile.allowed_pp:
         pps &= set(profile.allowed_pp)
     return sorted(pps)

@@ -8,7 +8,7 @@ anything outside the standard library (no SQLAlchemy, no Slurm, no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, total_ordering
 from typing import Optional
 
 # Slurm job states, spelled as Slurm spells them.
@@ -78,6 +78,10 @@ class TrainingPlan:
     ``save_interval`` is the iterations between checkpoints when the job both saves and
     loads them (``--save``, ``--load``, ``--save-interval``), so that a requeued job
     resumes; None when a requeue would start it over.
+    ``embedding_in_pipeline_split`` / ``loss_in_pipeline_split`` are Megatron's
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``:
+    the input embedding (loss) counts as one layer when the layers are split over the
+    pipeline stages; the planner keeps the user's choice.
     """
 
     global_batch_size: int
@@ -89,6 +93,8 @@ class TrainingPlan:
     recompute_granularity: Optional[str] = None
     sequence_parallel: bool = False
     save_interval: Optional[int] = None
+    embedding_in_pipeline_split: bool = False
+    loss_in_pipeline_split: bool = False
 
     @property
     def iterations(self) -> int:
@@ -100,7 +106,8 @@ class TrainingPlan:
         return 0
 
 
-@dataclass(frozen=True, order=True)
+@total_ordering
+@dataclass(frozen=True)
 class ExecConfig:
     """How a job runs: placement and Megatron parallel layout.
 
@@ -110,6 +117,7 @@ class ExecConfig:
     (1 = not interleaved), micro_batch_size, num_micro_batches = global batch /
     (micro_batch_size * dp). ``num_nodes * gpus_per_node`` is the world size.
     ``decoder_first/last_pipeline_num_layers`` describe an uneven split (None = even).
+    Configs order field by field, an even split (None) before any uneven one.
     """
 
     tp: int
@@ -123,6 +131,17 @@ class ExecConfig:
     gpus_per_node: int = 0
     decoder_first_pipeline_num_layers: Optional[int] = None
     decoder_last_pipeline_num_layers: Optional[int] = None
+
+    def _order(self) -> tuple[int, ...]:
+        return (self.tp, self.pp, self.dp, self.micro_batch_size, self.num_micro_batches, self.cp, self.vp,
+                self.num_nodes, self.gpus_per_node, -1 if self.decoder_first_pipeline_num_layers is None
+                else self.decoder_first_pipeline_num_layers, -1 if self.decoder_last_pipeline_num_layers is None
+                else self.decoder_last_pipeline_num_layers)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, ExecConfig):
+            return NotImplemented
+        return self._order() < other._order()
 
     @property
     def world_size(self) -> int:

@@ -1,11 +1,12 @@
-"""Compare the cost model with published Megatron throughput measurements.
+"""Compare the cost model with published Megatron measurements.
 
-Reads the CSV in ``tests/data/fidelity/published_megatron.csv`` (schema documented in its
-SOURCES.md), turns each row into a Megatron command line for the stated config, and
-returns predicted vs reported model TFLOP/s per GPU (rows without a stated shape are
-skipped). Rows that report hardware FLOPs
-with full recompute (4 passes instead of 3) are converted to model FLOPs (x 3/4).
-Used by ``bench/fidelity.py`` and its regression test. Reads one file; otherwise pure.
+Two CSV schemas: the repository's ``tests/data/fidelity/published_megatron.csv`` (schema in
+its SOURCES.md; model TFLOP/s per GPU; rows without a stated shape are skipped, rows that
+report hardware FLOPs with full recompute, 4 passes instead of 3, are converted to model
+FLOPs x 3/4) and the shared ``megatron_published.csv`` of NVIDIA's DGX Cloud recipes (schema
+and caveats in its SOURCES.md; step time per iteration). Each row becomes the Megatron
+command line of its stated config; the cost model's iteration time is compared with the
+row's. Used by ``bench/fidelity.py`` and its regression test. Reads one file; otherwise pure.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeswift_slurm.core.costmodel import CostModel
-from pipeswift_slurm.core.hardware import get_gpu_type
-from pipeswift_slurm.core.megatron import profile_from_argv
+from pipeswift_slurm.core.costmodel import CostModel, flops_per_iteration
+from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
+from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,21 @@ class FidelityRow:
     reported_tflops: float
     predicted_tflops: float
     mem_gib: float
+    reported_step_s: float = 0.0
+    predicted_step_s: float = 0.0
 
     @property
     def error(self) -> float:
-        """Signed relative error (predicted / reported - 1)."""
+        """Signed relative error of model TFLOP/s (predicted / reported - 1)."""
         return self.predicted_tflops / self.reported_tflops - 1.0
+
+    @property
+    def step_error(self) -> float:
+        """Signed relative error of the iteration time (predicted / reported - 1); from TFLOP/s
+        (reported / predicted - 1, the same model FLOPs per iteration) where no time is published."""
+        if self.reported_step_s and self.predicted_step_s:
+            return self.predicted_step_s / self.reported_step_s - 1.0
+        return self.reported_tflops / self.predicted_tflops - 1.0
 
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
@@ -99,13 +110,91 @@ def compare(path: str | Path, hardware: Optional[str] = None) -> list[FidelityRo
     return out
 
 
+# GPU names of the shared file -> built-in types (SOURCES.md: H100-80GB, GB200 NVL72).
+SHARED_GPU_TYPES = {"H100": "H100-80GB", "GB200": "GB200-186GB"}
+# SOURCES.md caveat 4: TP communication overlap (userbuffers) is off for Nemotron-4 340B.
+_NO_TP_OVERLAP = ("Nemotron4-340B",)
+
+
+def shared_argv(rec: dict[str, str]) -> list[str]:
+    """The Megatron command line of one row of the shared ``megatron_published.csv``, with
+    what its SOURCES.md states for every row: BF16, sequence parallelism where tp > 1, the
+    distributed optimizer with overlapped gradient reduction and parameter gathering, TP
+    communication overlap except on Nemotron-4 340B, selective recompute only for
+    Nemotron-4 340B in v24.11.1, and the embedding and the loss counted as pipeline stages
+    where pp x vp does not divide the layers (caveat 5)."""
+    layers, heads, tp, pp = int(rec["layers"]), rec["heads"], int(rec["tp"]), int(rec["pp"])
+    vp = int(rec["vp"] or 1)
+    args = ["--num-layers", str(layers), "--hidden-size", rec["hidden"], "--ffn-hidden-size", rec["ffn_hidden"],
+            "--num-attention-heads", heads, "--seq-length", rec["seq_len"], "--max-position-embeddings",
+            rec["seq_len"], "--vocab-size", rec["vocab"], "--tensor-model-parallel-size", str(tp),
+            "--pipeline-model-parallel-size", str(pp), "--context-parallel-size", rec["cp"] or "1",
+            "--micro-batch-size", rec["micro_batch"], "--global-batch-size", rec["global_batch"],
+            "--train-iters", "1", "--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
+            "--overlap-param-gather"]
+    if rec["activation"] == "swiglu":
+        args.append("--swiglu")
+    if rec["kv_heads"] and rec["kv_heads"] != heads:
+        args += ["--group-query-attention", "--num-query-groups", rec["kv_heads"]]
+    if vp > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(vp)]
+    if tp > 1:
+        args.append("--sequence-parallel")
+        if not rec["model"].startswith(_NO_TP_OVERLAP):
+            args.append("--tp-comm-overlap")
+    if rec["model"].startswith("Nemotron4-340B") and "v24.11.1" in rec["release"]:
+        args += ["--recompute-granularity", "selective"]
+    if pp > 1 and layers % (pp * vp):
+        args += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    return args
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A published row the model could not estimate, and why."""
+
+    model: str
+    gpu_type: str
+    num_gpus: int
+    reason: str
+
+
+def compare_shared(path: str | Path, hardware: Optional[str] = None) -> tuple[list[FidelityRow], list[Refused]]:
+    """Predicted vs published step time for every row of the shared ``megatron_published.csv``.
+
+    A GB200 row is laid out on its NVLink domain (``GpuType.nvlink_domain_gpus``, 72 GPUs of
+    an NVL72 rack) as one node: tensor parallelism of 8 spans two 4-GPU trays over NVLink.
+    Returns (estimated rows, refused rows with the reason)."""
+    out, refused = [], []
+    with open(path, newline="", encoding="utf-8") as handle:
+        for rec in csv.DictReader(handle):
+            gpus = int(rec["num_gpus"])
+            try:
+                gpu = get_gpu_type(SHARED_GPU_TYPES.get(rec["gpu"], rec["gpu"]), hardware)
+                node = max(gpu.nvlink_domain_gpus, gpu.gpus_per_node)
+                profile = profile_from_argv(shared_argv(rec), world_size=gpus, gpus_per_node=node)
+            except (MegatronArgError, HardwareError) as exc:
+                refused.append(Refused(rec["model"], rec["gpu"], gpus, str(exc)))
+                continue
+            est = CostModel(gpu).estimate(profile, profile.requested)
+            step_s = float(rec["step_time_s"])
+            flops = flops_per_iteration(profile.shape, profile.plan.global_batch_size)
+            out.append(FidelityRow(rec["release"], rec["model"], gpu.name, gpus, est.config.short(),
+                                   flops / (step_s * gpus) / 1e12, est.tflops_per_gpu, est.mem_gib,
+                                   step_s, est.iter_time_s))
+    return out, refused
+
+
 def summary(rows: list[FidelityRow]) -> dict[str, Any]:
     """Median and max absolute relative error, overall and per GPU type and source."""
     def stats(items: list[FidelityRow]) -> dict[str, Any]:
         errs = [abs(r.error) for r in items]
+        steps = [abs(r.step_error) for r in items]
         return {"rows": len(items), "median_abs_error": statistics.median(errs) if errs else None,
                 "max_abs_error": max(errs, default=None),
-                "mean_signed_error": statistics.fmean(r.error for r in items) if items else None}
+                "mean_signed_error": statistics.fmean(r.error for r in items) if items else None,
+                "median_abs_step_error": statistics.median(steps) if steps else None,
+                "max_abs_step_error": max(steps, default=None)}
 
     return {"all": stats(rows),
             "by_gpu_type": {g: stats([r for r in rows if r.gpu_type == g]) for g in sorted({r.gpu_type for r in rows})},

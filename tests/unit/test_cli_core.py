@@ -105,28 +105,29 @@ def test_plan_text_and_explain(runner: CliRunner, gpt_argv: list[str]) -> None:
 
 
 def test_plan_explain_json_lists_reasons(runner: CliRunner, gpt_argv: list[str]) -> None:
-    data = json.loads(invoke(runner, "plan", "--gpus", "5", "--json", "--explain", "--", *gpt_argv).stdout)
+    data = json.loads(invoke(runner, "plan", "--gpus", "25", "--json", "--explain", "--", *gpt_argv).stdout)
     assert data["valid_configs"] == 0 and data["configs"] == []
-    assert data["excluded"] and all(x["reason"] and x["gpus"] == 5 for x in data["excluded"])
+    assert data["excluded"] and all(x["reason"] and x["gpus"] == 25 for x in data["excluded"])
 
 
 def test_plan_with_no_valid_config_fails_politely(runner: CliRunner, gpt_argv: list[str]) -> None:
-    result = invoke(runner, "plan", "--gpus", "5", "--", *gpt_argv)
+    result = invoke(runner, "plan", "--gpus", "25", "--", *gpt_argv)
     assert result.exit_code == 1
     assert "no valid config" in result.stderr and "Traceback" not in result.output
 
 
 def test_plan_names_the_rule_not_memory_when_divisibility_excludes_a_count(runner: CliRunner,
                                                                            gpt_argv: list[str]) -> None:
-    """24 layers and a global batch of 512 have no split over 5 or 7 GPUs: the rules say so."""
-    result = invoke(runner, "plan", "--gpus", "4-8", "--", *gpt_argv)
+    """24 layers and a global batch of 512 have no split over 25 or 27 GPUs (5 or 7 run as 5 or 7
+    uneven stages): the rules say so."""
+    result = invoke(runner, "plan", "--gpus", "24-27", "--", *gpt_argv)
     assert result.exit_code == 0
     line = next(x for x in result.stdout.splitlines() if x.startswith("no valid layout"))
-    assert line.startswith("no valid layout on 5, 7 GPUs: every tp x pp x dp split breaks a Megatron rule")
+    assert line.startswith("no valid layout on 25, 27 GPUs: every tp x pp x dp split breaks a Megatron rule")
     assert "global batch 512 not divisible" in line and "24 layers not divisible" in line
     assert "memory" not in line
-    data = json.loads(invoke(runner, "plan", "--gpus", "4-8", "--json", "--", *gpt_argv).stdout)
-    assert [x["gpus"] for x in data["no_layout"]] == [[5, 7]]
+    data = json.loads(invoke(runner, "plan", "--gpus", "24-27", "--json", "--", *gpt_argv).stdout)
+    assert [x["gpus"] for x in data["no_layout"]] == [[25, 27]]
 
 
 def test_plan_says_memory_when_memory_is_the_cause(runner: CliRunner) -> None:

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from pipeswift_slurm.core import megatron, megatron_rules
 from pipeswift_slurm.core.megatron import MegatronArgError, parse_argv, profile_from_argv
 from pipeswift_slurm.core.megatron_render import render_args
-from pipeswift_slurm.core.megatron_rules import check_config, enumerate_configs, node_shape, stage_layers
+from pipeswift_slurm.core.megatron_rules import (check_config, enumerate_configs, node_shape, profile_stage_layers,
+                                                 stage_layers)
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 VP_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank")
@@ -210,8 +211,8 @@ def test_render_then_parse_round_trips_the_layout(shape: tuple[int, int, int, in
         cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch_size, cfg.vp, cfg.num_micro_batches)
     assert back.plan.global_batch_size == gbs
     assert got == cfg
-    if cfg.vp > 1:
-        wanted = VP_FLAGS[0] if per_vp_spelling else VP_FLAGS[1]
+    if cfg.vp > 1:  # Megatron takes the per-stage spelling only with an even split
+        wanted = VP_FLAGS[0] if per_vp_spelling and not megatron_rules.uneven(cfg) else VP_FLAGS[1]
         assert [a for a in out if a in VP_FLAGS] == [wanted]
     assert [a for a in out if a in extra and a.startswith("--") and a not in VP_FLAGS] == [
         "--lr", "--data-path"]
@@ -565,3 +566,75 @@ def test_the_profile_token_records_that_checkpoints_exist_but_never_their_paths(
     assert megatron.profile_from_argv(recorded, world_size=1).plan.save_interval == 5
     with pytest.raises(megatron.MegatronArgError, match="--save-interval"):
         megatron.profile_from_argv(_BASE + ["--save", "/ck", "--load", "/ck", "--save-interval", "0"], world_size=1)
+
+
+@pytest.mark.megatron
+def test_transformer_config_agrees_on_embedding_and_loss_in_the_split(mcore: types.SimpleNamespace) -> None:
+    mismatches = []
+    for layers, pp, vp, embedding, loss in itertools.product((6, 7, 22, 24, 30), (1, 2, 3, 4, 8), (1, 2, 4),
+                                                              (False, True), (False, True)):
+        if not (embedding or loss) or (vp > 1 and pp < 2):
+            continue
+        prof = profile_from_argv(shape_argv(layers=layers) + ["--pipeline-model-parallel-size", "1"]
+                                 + ["--account-for-embedding-in-pipeline-split"] * embedding
+                                 + ["--account-for-loss-in-pipeline-split"] * loss, world_size=1)
+        cfg = cfg_on(pp=pp, vp=vp, micro_batch_size=1, num_micro_batches=8)
+        ours = profile_stage_layers(prof, cfg)
+        if any(p.flag == "--num-virtual-stages-per-pipeline-rank" for p in check_config(prof, cfg, job_limits=False)):
+            ours = None
+        kw: dict[str, object] = {"num_layers": layers, "pipeline_model_parallel_size": pp,
+                                 "account_for_embedding_in_pipeline_split": embedding,
+                                 "account_for_loss_in_pipeline_split": loss}
+        if vp > 1:
+            kw["virtual_pipeline_model_parallel_size"] = vp
+        stages = [None] if vp == 1 else list(range(vp))
+        try:
+            tc = _tconfig(mcore, **kw)
+            theirs = [sum(mcore.get_num_layers_to_build(tc, vp_stage=v, pp_rank=r) for v in stages) for r in range(pp)]
+        except (ValueError, AssertionError):
+            theirs = None
+        if ours != theirs:
+            mismatches.append(((layers, pp, vp, embedding, loss), ours, theirs))
+    assert mismatches == [], f"(layers, pp, vp, embedding, loss), ours, megatron-core: {mismatches}"
+
+
+def test_a_split_counting_the_embedding_and_loss_runs_126_layers_on_8_stages() -> None:
+    # Llama 3.1 405B as NeMo runs it (dgxc-benchmarking v25.04): tp8 pp8 vp8, (126 + 2) / 8 = 16 per rank
+    argv = shape_argv(layers=126) + ["--pipeline-model-parallel-size", "8", "--num-virtual-stages-per-pipeline-rank",
+                                     "8", "--global-batch-size", "64"]
+    with pytest.raises(MegatronArgError, match="126 layers cannot be split over 8"):
+        profile_from_argv(argv, world_size=8)
+    prof = profile_from_argv(argv + ["--account-for-embedding-in-pipeline-split",
+                                     "--account-for-loss-in-pipeline-split"], world_size=8)
+    assert profile_stage_layers(prof, prof.requested) == [15] + [16] * 6 + [15]
+    with pytest.raises(MegatronArgError, match="cannot be combined"):
+        profile_from_argv(argv + ["--account-for-loss-in-pipeline-split", "--decoder-last-pipeline-num-layers", "8"],
+                          world_size=8)
+    per_stage = shape_argv(layers=126) + [
+        "--global-batch-size", "64", "--pipeline-model-parallel-size", "8", "--num-layers-per-virtual-pipeline-stage",
+        "2", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    assert profile_from_argv(per_stage, world_size=8).requested.vp == 8
+
+
+def test_a_decided_uneven_layout_round_trips_through_the_token_and_renders_its_flags() -> None:
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.hardware import get_gpu_type
+    from pipeswift_slurm.core.planner import Planner
+    from pipeswift_slurm.core.token import decode_decision, encode_decision
+
+    argv = ["pretrain_gpt.py", *shape_argv(), "--tensor-model-parallel-size", "1", "--lr", "1e-4"]
+    prof = profile_from_argv(argv, world_size=8).with_range(1, 8)
+    decided = Planner(CostModel(get_gpu_type("A100-80GB")), gpus_per_node=8).best(prof, 5)
+    assert decided is not None and decided.config.pp == 5 and megatron_rules.uneven(decided.config)
+    cfg, _ = decode_decision(encode_decision(decided.config, 1000))
+    assert cfg == decided.config
+    ran, why = megatron_rules.config_for_allocation(cfg, prof, 1, 5)
+    assert ran == cfg, why
+    out = render_args(argv, ran, prof)
+    values = parse_argv(out).values
+    assert values["--pipeline-model-parallel-size"] == 5
+    assert (values.get("--decoder-first-pipeline-num-layers"), values.get("--decoder-last-pipeline-num-layers")) == (
+        cfg.decoder_first_pipeline_num_layers, cfg.decoder_last_pipeline_num_layers)
+    back = profile_from_argv(out, world_size=5)
+    assert back.requested == cfg and stage_layers(24, back.requested) == stage_layers(24, cfg)
+    assert out[:1] == ["pretrain_gpt.py"] and "--lr" in out

@@ -13,7 +13,7 @@ from pipeswift_slurm.core import hardware
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import profile_from_argv
-from pipeswift_slurm.core.megatron_rules import check_config
+from pipeswift_slurm.core.megatron_rules import check_config, profile_stage_layers, uneven
 from pipeswift_slurm.core.model import JobProfile
 from pipeswift_slurm.core.planner import Planner, describe_no_layout
 
@@ -74,9 +74,9 @@ def test_three_gpu_fragment_gets_a_valid_layout(profile: JobProfile, planner: Pl
 
 
 def test_explain_lists_excluded_configs_with_reasons(profile: JobProfile, planner: Planner) -> None:
-    prof = profile.with_range(1, 16)
-    result = planner.plan(prof, 5, 5, explain=True)
-    assert result.ranked == []  # 5 GPUs: pp=5 does not split 24 layers, dp=5 does not divide 512
+    prof = profile.with_range(1, 32)
+    result = planner.plan(prof, 25, 25, explain=True)
+    assert result.ranked == []  # 25 GPUs: pp=5 with dp=5 (512 is not divisible by 5), 25 stages > 24 layers
     assert result.excluded
     assert all(x.reason for x in result.excluded)
     by_pp = {x.config.pp: x.reason for x in result.excluded if x.config is not None and x.config.tp == 1}
@@ -158,8 +158,8 @@ def wide_profile() -> JobProfile:
 
 @settings(max_examples=40, deadline=None)
 @given(gpus=st.integers(1, 64))
-def test_best_config_uses_all_gpus_and_splits_layers_evenly(shared_planner: Planner, wide_profile: JobProfile,
-                                                             gpus: int) -> None:
+def test_best_config_uses_all_gpus_and_splits_layers_as_megatron_allows(shared_planner: Planner,
+                                                                       wide_profile: JobProfile, gpus: int) -> None:
     best = shared_planner.best(wide_profile, gpus)
     if gpus & (gpus - 1) == 0:  # powers of two always have a layout for 512 samples and 16 heads
         assert best is not None
@@ -167,6 +167,21 @@ def test_best_config_uses_all_gpus_and_splits_layers_evenly(shared_planner: Plan
         return
     cfg = best.config
     assert cfg.world_size == gpus == cfg.num_nodes * cfg.gpus_per_node
-    assert wide_profile.shape.num_layers % cfg.pp == 0
-    assert cfg.decoder_first_pipeline_num_layers is None and cfg.decoder_last_pipeline_num_layers is None
+    layers = profile_stage_layers(wide_profile, cfg)
+    assert layers is not None and sum(layers) == wide_profile.shape.num_layers
+    # an uneven first/last split only where pp does not divide the layers
+    assert uneven(cfg) == (wide_profile.shape.num_layers % cfg.pp != 0)
     assert check_config(wide_profile, cfg) == []
+
+
+@pytest.mark.parametrize("gpus", [5, 7])
+def test_24_layers_on_an_odd_gpu_count_run_as_that_many_stages(shared_planner: Planner, wide_profile: JobProfile,
+                                                               gpus: int) -> None:
+    best = shared_planner.best(wide_profile, gpus)
+    assert best is not None
+    cfg = best.config
+    assert (cfg.pp, cfg.gpus) == (gpus, gpus) and uneven(cfg)
+    layers = profile_stage_layers(wide_profile, cfg)
+    # no stage holds more than ceil(24 / stages) (7 stages: 2, 4 x 5, 2: Megatron's middle stages are equal)
+    assert layers is not None and sum(layers) == 24 and max(layers) == -(-24 // gpus)
+    assert layers[-1] == min(layers)  # the last stage also computes the logits and the loss

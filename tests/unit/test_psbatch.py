@@ -416,10 +416,9 @@ def test_check_reports_what_psbatch_would_do_and_submits_nothing(tmp_path):
     assert "2-8 GPUs" in out and "checkpoints every 100 iterations" in out
     assert "'--comment=pswift1;args=<" in out and ";gpus=2-8;world=4' -p gpu meg.sh x" in out
     rows = _rows(out)
-    assert set(rows) == {2, 4, 8}  # no split of 8 heads, 8 layers and a batch of 64 over 3, 5, 6 or 7
-    assert ("no valid layout on 3, 5, 7 GPUs: every tp x pp x dp split breaks a Megatron rule: global batch 64"
-            " not divisible by micro-batch x data-parallel size; 8 layers not divisible by the pipeline size") in out
-    assert "no valid layout on 6 GPUs: " in out and "a tensor-parallel group must fit inside a node" in out
+    # 8 heads, 8 layers, a batch of 64: 3, 5, 6 and 7 GPUs run as that many stages (uneven first/last)
+    assert set(rows) == {2, 3, 4, 5, 6, 7, 8}
+    assert "no valid layout" not in out
     assert [g for g, (_, fastest) in rows.items() if fastest] == [8]
     # the same job submitted for real is what the report said
     done, calls = _psbatch(["-p", "gpu", "meg.sh", "x"], tmp_path)
