@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
 
-from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
+from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 
 def node_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
