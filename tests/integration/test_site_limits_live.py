@@ -45,6 +45,7 @@ def profile(gpus: tuple[int, int]) -> str:
 def dbd_env() -> Iterator[dict[str, str]]:
     """A 2 x 8-GPU cluster with MariaDB + slurmdbd, the QOS and an account for root."""
     folder = tempfile.mkdtemp(prefix="pstbl-", dir="/tmp")
+    os.chmod(folder, 0o755)  # mariadbd runs as mysql and keeps its log under it (mkdtemp: 0700)
     env = dict(os.environ, SLURM_TESTBED_DIR=folder, NODES="2", GPUS="8", FRESH="1", ACCOUNTING="dbd",
                CTLD_PORT=os.environ.get("PIPESWIFT_TBL_CTLD_PORT", "6951"),
                SLURMD_PORT_BASE=os.environ.get("PIPESWIFT_TBL_SLURMD_PORT_BASE", "17501"),
