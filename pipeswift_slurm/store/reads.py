@@ -334,10 +334,13 @@ def last_snapshot(src: Any) -> Optional[Any]:
     return rows[0] if rows else None
 
 
+# A job killed at its time limit ran at least that long: for the per-user correction it is
+# evidence (a claim that ran out its limit is exactly what the correction must see), though
+# not for the per-class bias, whose figure it would truncate.
 USER_RUNS_SQL = """
 SELECT "user", job_class, partition, predicted_run_s, run_s
 FROM jobs
-WHERE state IN {finished}
+WHERE (state IN {finished} OR state = 'TIMEOUT')
   AND "user" IS NOT NULL AND "user" != ''
   AND predicted_run_s > 0 AND run_s IS NOT NULL
   AND calibration_skip IS NULL
@@ -346,7 +349,8 @@ ORDER BY end_time, job_id
 
 
 def finished_user_runs(src: Any) -> list[Any]:
-    """Per finished job that may feed calibration (completed, a known config and prediction):
+    """Per finished job that may feed calibration (completed, or stopped at its time limit;
+    a known config and prediction):
     user, job_class, partition, predicted_run_s (the cost model's, uncalibrated), run_s;
     oldest end first. What the per-user correction of claims is fitted from."""
     return _rows(src, USER_RUNS_SQL.format(finished=FINISHED_SQL), {})

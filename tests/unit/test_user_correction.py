@@ -86,3 +86,15 @@ def test_store_calibration_reads_each_users_finished_jobs(tmp_path: Path) -> Non
     assert user_factor_of(calibration, "ann") == 1.0 and user_factor_of(calibration, "bob") == 1.0
     assert user_factor_of(OnlineCalibration(None, dict), "eve") == 1.0  # type: ignore[arg-type]
     assert user_factor_of(None, "eve") == 1.0
+
+
+def test_jobs_stopped_at_their_time_limit_count_against_their_user(tmp_path: Path) -> None:
+    """A liar's jobs that claim 100 s and run out a 10,000 s limit end in TIMEOUT, not
+    COMPLETED: they must still cost the liar (issue 23: claims that lie cost the liar)."""
+    store = Store.from_url(str(tmp_path / "h.sqlite"))
+    with store.engine.begin() as conn:
+        for job_id in range(1, 6):
+            conn.execute(text('INSERT INTO jobs (job_id, "user", state, job_class, predicted_run_s, run_s, end_time,'
+                              ' partition) VALUES (:j, :u, \'TIMEOUT\', :c, 100.0, 10000.0, :e, \'gpu\')'),
+                         dict(j=job_id, u="mallory", c=CLS, e=1000.0 + job_id))
+    assert user_factor_of(StoreCalibration(store), "mallory") == pytest.approx((100 / USER_TOLERANCE) ** (5 / 7))
