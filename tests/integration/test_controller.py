@@ -8,7 +8,7 @@ consistent history; history rows carry Slurm's own queue and run seconds; a tick
 nothing new issues no update; and with slurmctld stopped a tick fails with one line and
 leaves the database as it was (last in the module: it stops and restarts slurmctld).
 Two of them (a tick acts on its own job only; history rows carry Slurm's seconds) run
-again with the history on PostgreSQL (``ON_BOTH_BACKENDS``; tests/pg/postgres.sh)."""
+again with the history on PostgreSQL (every test, through the ``site`` fixture; tests/pg/postgres.sh)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,9 @@ class Site:
             engine = make_engine(self.db)
             try:
                 with engine.connect() as conn:
-                    return [r._mapping for r in conn.exec_driver_sql(sql.replace("?", "%s"), args)]
+                    result = conn.exec_driver_sql(sql.replace("?", "%s"), args)
+                    keys = list(result.keys())
+                    return [_Row(tuple(r), keys) for r in result]
             finally:
                 engine.dispose()
         with sqlite3.connect(self.db) as conn:
@@ -110,13 +112,28 @@ class Site:
         return dict(self.env, PATH="%s:%s" % (bindir, self.env.get("PATH", "")))
 
 
-@pytest.fixture
+class _Row(tuple):
+    """A result row readable by index and by column name, as sqlite3.Row is."""
+
+    def __new__(cls, values: tuple, keys: list[str]) -> "_Row":
+        row = super().__new__(cls, values)
+        row._index = {k: i for i, k in enumerate(keys)}  # type: ignore[attr-defined]
+        return row
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        return tuple.__getitem__(self, self._index[key] if isinstance(key, str) else key)  # type: ignore[attr-defined]
+
+    def keys(self) -> list[str]:
+        return list(self._index)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
 def site(request: pytest.FixtureRequest, tmp_path: Path, slurm_env: dict[str, str],
          new_database: Any) -> Iterator[Site]:
-    """A site with its history in a SQLite file; a test marked ``ON_BOTH_BACKENDS`` runs
-    again with it on PostgreSQL (a fresh schema of the test server; skipped, with the
-    reason, when none is up): the same ticks, the same assertions."""
-    backend = getattr(request, "param", "sqlite")
+    """A site with its history in a SQLite file, and again on PostgreSQL (a fresh schema of
+    the test server; skipped, with the reason, when none is up): every controller test runs
+    the same ticks with the same assertions on both stores."""
+    backend = request.param
     if backend == "sqlite":
         yield Site(tmp_path, slurm_env)
         return
@@ -124,7 +141,6 @@ def site(request: pytest.FixtureRequest, tmp_path: Path, slurm_env: dict[str, st
         yield Site(tmp_path, slurm_env, url)
 
 
-ON_BOTH_BACKENDS = pytest.mark.parametrize("site", ["sqlite", "postgresql"], indirect=True)
 
 
 @pytest.fixture
@@ -164,8 +180,9 @@ def assert_consistent(site: Site) -> None:
     """No half-recorded tick: every tick closed (or, killed while acting, settled by a later
     one), every decision's tick and job exist, no intent left without its outcome but the
     last tick's."""
-    assert site.rows("PRAGMA integrity_check")[0][0] == "ok"
-    assert site.rows("PRAGMA foreign_key_check") == []
+    if not isinstance(site.db, str):  # SQLite's own checks (PostgreSQL keeps its constraints itself)
+        assert site.rows("PRAGMA integrity_check")[0][0] == "ok"
+        assert site.rows("PRAGMA foreign_key_check") == []
     ticks = site.rows("SELECT * FROM ticks ORDER BY tick_id")
     assert ticks and all(t["status"] in ("ok", "failed", "interrupted") and t["finished_at"] is not None
                          for t in ticks[:-1])
@@ -218,7 +235,6 @@ def test_tick_resizes_pending_psbatch_job_which_starts_at_new_size(
 
 
 # ------------------------------------------------------------------ never touch what is not ours
-@ON_BOTH_BACKENDS
 def test_tick_never_modifies_unmanaged_or_running_jobs(
         site: Site, slurm: SubprocessRunner, submit_job: Callable[..., int],
         wait_state: Callable[..., dict[str, str]]) -> None:
@@ -440,6 +456,9 @@ def test_killed_ticks_leave_no_half_recorded_tick(site: Site, blocker: int,
     killed inside its store transaction left nothing; one killed with -9 right after Slurm
     applied its batch (before the database heard of it) is settled by the next tick, and
     the history shows the change (issue 23: nothing lost)."""
+    if isinstance(site.db, str):
+        pytest.skip("SQLite only for now: its kill-in-the-store step drives a SQLite file, and on PostgreSQL"
+                    " the tick killed with -9 after its batch left no tick row to settle (issue 27, open)")
     job_id = opted_in(submit_job)
     site.tick_ok()
     slurm = SubprocessRunner(env=site.env)
@@ -479,7 +498,6 @@ def test_killed_ticks_leave_no_half_recorded_tick(site: Site, blocker: int,
 
 
 # ------------------------------------------------------------------ history: queue and run seconds
-@ON_BOTH_BACKENDS
 def test_history_rows_carry_slurms_queue_and_run_seconds(
         site: Site, submit_job: Callable[..., int], wait_state: Callable[..., dict[str, str]]) -> None:
     job_id = opted_in(submit_job, wrap="sleep 3")
@@ -498,7 +516,7 @@ def test_second_tick_with_nothing_new_issues_no_update(site: Site, blocker: int,
                                                        submit_job: Callable[..., int]) -> None:
     jobs = [opted_in(submit_job) for _ in range(3)]
     site.tick_ok()
-    assert {r["job_id"] for r in site.rows("SELECT job_id FROM decisions WHERE applied = 1")} == set(jobs)
+    assert {r["job_id"] for r in site.rows("SELECT job_id FROM decisions WHERE applied")} == set(jobs)
     calls = site.dir / "scontrol-calls"
     env = site.fake_scontrol('echo "[$*]" >> %s' % calls)
     done = site.tick(env)
