@@ -54,10 +54,8 @@ def user_factors(runs: Iterable[tuple[str, str, float, float]], bias: Mapping[st
 
 
 def user_factor_of(calibration: Any, user: str) -> float:
-    """``calibration``'s correction of ``user``'s claims; 1 when it keeps none (the
-    simulator's ``OnlineCalibration``, or no calibration at all)."""
-    factor = getattr(calibration, "user_factor", None)
-    return float(factor(user)) if factor is not None else 1.0
+    """``calibration``'s correction of ``user``'s claims; 1 with no calibration at all."""
+    return float(calibration.user_factor(user)) if calibration is not None else 1.0
 
 
 class StoreCalibration:
@@ -143,6 +141,10 @@ class OnlineCalibration:
         for record in done:
             del self._unfinished[record.job_id]
         return done
+
+    def user_factor(self, user: str) -> float:
+        """1: a simulation's users claim what their jobs run (its truth is set per class)."""
+        return 1.0
 
     def refit(self, now: float, estimator: Estimator) -> Estimator:
         """Observe the jobs finished by ``now``; the calibrator's new estimator after a refit."""

@@ -70,3 +70,7 @@ class Calibration(Protocol):
     policy's caches)."""
 
     def refit(self, now: float, estimator: Estimator) -> Estimator: ...
+
+    def user_factor(self, user: str) -> float:
+        """The correction (>= 1) of ``user``'s claimed run times; 1 when none is kept."""
+        ...

@@ -571,6 +571,9 @@ class _Step:
         self.calls.append(now)
         return ("refitted", estimator)
 
+    def user_factor(self, user):
+        return 1.0
+
 
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_the_controller_tick_ends_with_the_calibration_step(dry_run):
