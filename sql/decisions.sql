@@ -6,24 +6,25 @@
 -- Decisions that changed nothing (kind 'none') are left out; drop the WHERE to see them.
 --
 -- Run: sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite < sql/decisions.sql
+--      psql -X -d pipeswift -f sql/decisions.sql
 SELECT
     d.id,
     d.tick_id,
     datetime(d.at, 'unixepoch')                       AS at_utc,
     d.job_id,
-    j.user,
+    j."user",
     d.kind,
     d.config,
     d.gpus,
     d.site_factor,
     d.time_limit_s,
-    CASE WHEN d.applied = 1 THEN 'applied'
-         WHEN d.applied = 0 THEN 'FAILED'
+    CASE WHEN d.applied THEN 'applied'
+         WHEN NOT d.applied THEN 'FAILED'
          ELSE 'not applied' END                       AS outcome,
     d.error,
     d.reason
 FROM decisions AS d
 LEFT JOIN jobs AS j ON j.job_id = d.job_id
-WHERE d.intended = 1
+WHERE d.intended
 ORDER BY d.id DESC
 LIMIT 50;

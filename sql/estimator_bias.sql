@@ -8,6 +8,7 @@
 -- The median is nearest-rank (the lower middle value for an even count).
 --
 -- Run: sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite < sql/estimator_bias.sql
+--      psql -X -d pipeswift -f sql/estimator_bias.sql
 WITH ratios AS (
     SELECT COALESCE(NULLIF(job_class, ''), '(none)') AS job_class,
            run_s / predicted_run_s                  AS ratio
@@ -24,11 +25,11 @@ WITH ratios AS (
 SELECT
     r.job_class,
     COUNT(*)                                                   AS n_jobs,
-    ROUND(AVG(r.ratio), 4)                                     AS mean_ratio,
-    ROUND(MAX(CASE WHEN r.rank_ = (r.n + 1) / 2 THEN r.ratio END), 4) AS median_ratio,
-    ROUND(MIN(r.ratio), 4)                                     AS min_ratio,
-    ROUND(MAX(r.ratio), 4)                                     AS max_ratio,
-    ROUND(MAX(c.ratio), 4)                                     AS calibrated_ratio,
+    ROUND(CAST(AVG(r.ratio) AS NUMERIC), 4)                                     AS mean_ratio,
+    ROUND(CAST(MAX(CASE WHEN r.rank_ = (r.n + 1) / 2 THEN r.ratio END) AS NUMERIC), 4) AS median_ratio,
+    ROUND(CAST(MIN(r.ratio) AS NUMERIC), 4)                                     AS min_ratio,
+    ROUND(CAST(MAX(r.ratio) AS NUMERIC), 4)                                     AS max_ratio,
+    ROUND(CAST(MAX(c.ratio) AS NUMERIC), 4)                                     AS calibrated_ratio,
     MAX(c.n_jobs)                                              AS calibrated_on
 FROM ranked AS r
 LEFT JOIN calibration AS c ON c.job_class = r.job_class

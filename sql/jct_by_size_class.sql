@@ -7,6 +7,7 @@
 -- Percentiles are nearest-rank: the value at rank ceil(p * n) in ascending order.
 --
 -- Run: sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite < sql/jct_by_size_class.sql
+--      psql -X -d pipeswift -f sql/jct_by_size_class.sql
 WITH finished AS (
     SELECT COALESCE(size_class, 'unknown') AS size_class,
            end_time - submit_time          AS jct_s,
@@ -25,11 +26,11 @@ WITH finished AS (
 SELECT
     size_class,
     COUNT(*)                                                              AS n_jobs,
-    ROUND(AVG(jct_s) / 3600.0, 3)                                         AS mean_jct_h,
-    ROUND(MAX(CASE WHEN rank_ = (n + 1) / 2 THEN jct_s END) / 3600.0, 3)         AS p50_jct_h,
-    ROUND(MAX(CASE WHEN rank_ = (99 * n + 99) / 100 THEN jct_s END) / 3600.0, 3) AS p99_jct_h,
-    ROUND(MAX(jct_s) / 3600.0, 3)                                         AS max_jct_h,
-    ROUND(AVG(queue_s) / 3600.0, 3)                                       AS mean_queue_h
+    ROUND(CAST(AVG(jct_s) / 3600.0 AS NUMERIC), 3)                                         AS mean_jct_h,
+    ROUND(CAST(MAX(CASE WHEN rank_ = (n + 1) / 2 THEN jct_s END) / 3600.0 AS NUMERIC), 3)         AS p50_jct_h,
+    ROUND(CAST(MAX(CASE WHEN rank_ = (99 * n + 99) / 100 THEN jct_s END) / 3600.0 AS NUMERIC), 3) AS p99_jct_h,
+    ROUND(CAST(MAX(jct_s) / 3600.0 AS NUMERIC), 3)                                         AS max_jct_h,
+    ROUND(CAST(AVG(queue_s) / 3600.0 AS NUMERIC), 3)                                       AS mean_queue_h
 FROM ranked
 GROUP BY size_class
 ORDER BY CASE size_class WHEN 'small' THEN 0 WHEN 'medium' THEN 1 WHEN 'large' THEN 2 ELSE 3 END;

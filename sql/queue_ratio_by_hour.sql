@@ -8,13 +8,14 @@
 -- A ratio near 1 means jobs mostly wait; near 0, they mostly run.
 --
 -- Run: sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite < sql/queue_ratio_by_hour.sql
+--      psql -X -d pipeswift -f sql/queue_ratio_by_hour.sql
 SELECT
     strftime('%Y-%m-%d %H:00', submit_time, 'unixepoch')         AS hour_utc,
     COUNT(*)                                                      AS n_jobs,
-    ROUND(SUM(queue_s) / 3600.0, 3)                               AS queue_h,
-    ROUND(SUM(run_s) / 3600.0, 3)                                 AS run_h,
-    ROUND(SUM(queue_s) / NULLIF(SUM(queue_s + run_s), 0), 4)      AS queue_ratio,
-    ROUND(AVG(queue_s / NULLIF(queue_s + run_s, 0)), 4)           AS mean_job_ratio
+    ROUND(CAST(SUM(queue_s) / 3600.0 AS NUMERIC), 3)                               AS queue_h,
+    ROUND(CAST(SUM(run_s) / 3600.0 AS NUMERIC), 3)                                 AS run_h,
+    ROUND(CAST(SUM(queue_s) / NULLIF(SUM(queue_s + run_s), 0) AS NUMERIC), 4)      AS queue_ratio,
+    ROUND(CAST(AVG(queue_s / NULLIF(queue_s + run_s, 0)) AS NUMERIC), 4)           AS mean_job_ratio
 FROM jobs
 WHERE queue_s IS NOT NULL
   AND run_s IS NOT NULL

@@ -162,14 +162,28 @@ def module_backend(request) -> str:
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 
 
-def admin_sql_text(name: str, dialect: str) -> str:
-    """The text of admin query ``sql/<name>.sql``, or of its PostgreSQL variant
-    ``sql/postgresql/<name>.sql`` on PostgreSQL."""
-    name = name.removesuffix(".sql") + ".sql"
-    return (SQL_DIR / ("postgresql/" + name if dialect == "postgresql" else name)).read_text()
+def admin_sql_rows(db: str, name: str) -> list[dict]:
+    """The rows of admin query ``sql/<name>.sql`` (one file for every database) on ``db`` (a
+    SQLite path or a URL), as dicts of plain numbers and text. The text goes to the driver
+    as it is, with no parameters (as sqlite3 and psql read it: its ``%Y`` is no placeholder)."""
+    from decimal import Decimal
+    from pipeswift_slurm.store.history import make_engine
+    sql = (SQL_DIR / (name.removesuffix(".sql") + ".sql")).read_text()
+    engine = make_engine(str(db))
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute(sql)
+        keys = [c[0] for c in cursor.description]
+        # PostgreSQL's ROUND gives NUMERIC (Decimal); compare as numbers
+        return [{k: float(v) if isinstance(v, Decimal) else v for k, v in zip(keys, row)}
+                for row in cursor.fetchall()]
+    finally:
+        raw.close()
+        engine.dispose()
 
 
 @pytest.fixture(scope="session")
 def admin_sql():
-    """``admin_sql(name, dialect)``: the admin query for that database (see ``admin_sql_text``)."""
-    return admin_sql_text
+    """``admin_sql(db, name)``: the rows of admin query ``name`` on ``db`` (``admin_sql_rows``)."""
+    return admin_sql_rows

@@ -54,7 +54,7 @@ from sqlalchemy.schema import CreateColumn
 
 from pipeswift_slurm.core.model import Decision, Job
 from pipeswift_slurm.store.lease import LEASE_TTL_S, LeaseState, release_lease, take_lease
-from pipeswift_slurm.store.schema import Base, DecisionRow, TickRow
+from pipeswift_slurm.store.schema import Base, DecisionRow, TickRow, missing_date_functions
 from pipeswift_slurm.store.queries import CalibrationEntry, Queries, T
 from pipeswift_slurm.store.queries import (ACTIVE_STATES, CALIBRATION_STATES, CONFIG_FIELDS,  # noqa: F401
                             VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision,
@@ -282,7 +282,8 @@ class Store(Queries):
         ones (each has a default, so old rows stay valid)."""
         with self.engine.connect() as conn:
             have, missing = _missing(conn)
-        if set(Base.metadata.tables) <= have and not missing:
+            functions = missing_date_functions(conn)  # PostgreSQL: SQLite's, for sql/*.sql
+        if set(Base.metadata.tables) <= have and not missing and not functions:
             return
         # Under the write lock, so two processes opening a new file do not race.
         with self._write_engine.begin() as conn:
@@ -291,6 +292,8 @@ class Store(Queries):
                 conn.execute(text("ALTER TABLE %s ADD COLUMN %s" % (
                     table.name, CreateColumn(column).compile(dialect=conn.dialect))))
                 log.info("added column %s.%s", table.name, column.name)
+            for ddl in functions:
+                conn.execute(text(ddl))
         if not set(Base.metadata.tables) <= have:
             log.info("created tables %s", ", ".join(sorted(set(Base.metadata.tables) - have)))
 

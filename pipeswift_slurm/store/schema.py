@@ -17,7 +17,7 @@ Conventions:
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 from sqlalchemy import DOUBLE_PRECISION, REAL, Boolean, ForeignKey, Index, Integer, Text, false, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -30,6 +30,36 @@ from pipeswift_slurm.core.sizeclass import MEDIUM_MAX_GPU_H, SIZE_CLASSES, SMALL
 # SQLite's REAL is a double; PostgreSQL's is a 4-byte float (epoch seconds would lose
 # minutes), so there a float column is DOUBLE PRECISION.
 FLOAT = REAL().with_variant(DOUBLE_PRECISION(), "postgresql")
+
+
+# SQLite's two date functions, for PostgreSQL, so that the admin queries in sql/ are one
+# file for both databases: strftime(format, t, 'unixepoch') with the conversions %Y %m %d
+# %H %M %S (UTC; other text passes through to_char, so keep to digits and punctuation), and
+# datetime(t, 'unixepoch'). Any other modifier gives NULL, as SQLite's do. The store
+# creates them beside its tables (CREATE OR REPLACE: an upgrade rewrites them).
+POSTGRESQL_DATE_FUNCTIONS = (
+    # two controllers opening a new database at once: one replaces at a time
+    "SELECT pg_advisory_xact_lock(hashtext('pipeswift: date functions'))",
+    """CREATE OR REPLACE FUNCTION strftime(fmt TEXT, t DOUBLE PRECISION, modifier TEXT)
+RETURNS TEXT LANGUAGE sql STABLE AS $$
+SELECT CASE WHEN modifier = 'unixepoch' THEN to_char(to_timestamp(t) AT TIME ZONE 'UTC',
+    replace(replace(replace(replace(replace(replace(fmt, '%Y', 'YYYY'), '%m', 'MM'), '%d', 'DD'),
+                                    '%H', 'HH24'), '%M', 'MI'), '%S', 'SS')) END
+$$""",
+    """CREATE OR REPLACE FUNCTION datetime(t DOUBLE PRECISION, modifier TEXT)
+RETURNS TEXT LANGUAGE sql STABLE AS $$ SELECT strftime('%Y-%m-%d %H:%M:%S', t, modifier) $$""",
+)
+# Present when both exist (to_regprocedure follows the search_path, as the queries do).
+POSTGRESQL_HAS_DATE_FUNCTIONS = ("SELECT to_regprocedure('strftime(text, double precision, text)') IS NOT NULL"
+                                 " AND to_regprocedure('datetime(double precision, text)') IS NOT NULL")
+
+
+def missing_date_functions(conn: Any) -> tuple[str, ...]:
+    """The DDL still needed to give this database SQLite's date functions: none on SQLite
+    (it has them), nor on a PostgreSQL database that has them already."""
+    if conn.dialect.name != "postgresql" or conn.execute(text(POSTGRESQL_HAS_DATE_FUNCTIONS)).scalar():
+        return ()
+    return POSTGRESQL_DATE_FUNCTIONS
 
 
 class Base(DeclarativeBase):

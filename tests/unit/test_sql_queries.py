@@ -1,7 +1,7 @@
 """The admin queries in sql/*.sql, run on a small hand-built history, agree with the same
 figures computed independently in Python (and run under the sqlite3 command line); on
-PostgreSQL (a test server: tests/pg/postgres.sh) their variants in sql/postgresql/ do the
-same, also under psql."""
+PostgreSQL (a test server: tests/pg/postgres.sh) the same files do the same, also under psql
+(the store gives PostgreSQL SQLite's datetime() and strftime())."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from pipeswift_slurm.store.schema import size_class
@@ -108,23 +109,10 @@ def history(module_backend, new_database, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def run_query(module_backend, admin_sql):
-    """run_query(db, name): the rows of admin query ``name`` on that database, as dicts of
-    plain Python numbers and text (sql/NAME.sql on SQLite, sql/postgresql/NAME.sql on PostgreSQL)."""
-    def run(db: str, name: str) -> list[dict]:
-        if module_backend == "sqlite":
-            conn = sqlite3.connect(db)
-            conn.row_factory = sqlite3.Row
-            return [dict(r) for r in conn.execute(admin_sql(name, "sqlite"))]
-        engine = make_engine(db)
-        try:
-            with engine.connect() as conn:
-                rows = conn.exec_driver_sql(admin_sql(name, "postgresql"))
-                return [{k: float(v) if isinstance(v, Decimal) else v for k, v in r._mapping.items()}
-                        for r in rows]
-        finally:
-            engine.dispose()
-    return run
+def run_query(admin_sql):
+    """run_query(db, name): the rows of admin query ``name`` (sql/NAME.sql, on either
+    database), as dicts of plain Python numbers and text."""
+    return admin_sql
 
 
 def _hours(x: float) -> float:
@@ -244,13 +232,13 @@ def test_decisions(history, run_query):
 
 @pytest.mark.parametrize("name", QUERIES)
 def test_runs_under_the_command_line_client(history, run_query, module_backend, name):
-    """What the admin runs: sqlite3 < sql/NAME.sql, or psql -f sql/postgresql/NAME.sql."""
+    """What the admin runs: sqlite3 < sql/NAME.sql, or psql -f sql/NAME.sql."""
     db, _, _ = history
+    path = SQL_DIR / (name + ".sql")
     if module_backend == "sqlite":
         if shutil.which("sqlite3") is None:
             pytest.skip("no sqlite3 command line")
         argv = ["sqlite3", "-bail", "-csv", "-header", str(db)]
-        path = SQL_DIR / (name + ".sql")
     else:
         psql = shutil.which("psql") or max(Path("/usr/lib/postgresql").glob("*/bin/psql"), default=None)
         if psql is None:
@@ -259,7 +247,6 @@ def test_runs_under_the_command_line_client(history, run_query, module_backend, 
         argv = [str(psql), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--csv", "-h", url.host or "127.0.0.1",
                 "-p", str(url.port or 5432), "-U", url.username or "postgres", "-d", url.database,
                 "-c", "SET search_path TO %s" % url.query["options"].split("=", 1)[1]]
-        path = SQL_DIR / "postgresql" / (name + ".sql")
         argv += ["-f", str(path)]
     with open(path) as sql:
         done = subprocess.run(argv, stdin=sql, capture_output=True, text=True, timeout=30)
@@ -267,5 +254,29 @@ def test_runs_under_the_command_line_client(history, run_query, module_backend, 
     assert len(done.stdout.splitlines()) == 1 + len(run_query(db, name))
 
 
-def test_every_admin_query_has_a_postgresql_variant():
-    assert sorted(p.stem for p in (SQL_DIR / "postgresql").glob("*.sql")) == sorted(QUERIES)
+def test_one_file_per_admin_query_for_every_database():
+    """No dialect copies: every query is one portable file (issue 27: a rule written once)."""
+    assert sorted(p.stem for p in SQL_DIR.glob("*.sql")) == sorted(QUERIES + ("schema",))
+    assert [p for p in SQL_DIR.iterdir() if p.is_dir()] == []
+
+
+def test_sqlite_date_functions_agree_on_both_databases(history):
+    """The admin files call SQLite's datetime() and strftime(); on PostgreSQL the store
+    creates both, and they give the same text (fractions truncated, NULL for NULL or for an
+    unknown modifier)."""
+    db, _, _ = history
+    engine = make_engine(str(db))
+    try:
+        with engine.connect() as conn:
+            def one(sql: str, t):
+                return conn.execute(text(sql), {"t": t}).scalar()
+            for t in (T0, T0 + 59.7, 0.0):
+                want = datetime.fromtimestamp(int(t), tz=timezone.utc)
+                assert one("SELECT datetime(CAST(:t AS DOUBLE PRECISION), 'unixepoch')", t) == \
+                    want.strftime("%Y-%m-%d %H:%M:%S")
+                assert one("SELECT strftime('%Y-%m-%d %H:00', CAST(:t AS DOUBLE PRECISION), 'unixepoch')",
+                           t) == want.strftime("%Y-%m-%d %H:00")
+            assert one("SELECT datetime(CAST(:t AS DOUBLE PRECISION), 'unixepoch')", None) is None
+            assert one("SELECT datetime(CAST(:t AS DOUBLE PRECISION), 'localtime?')", T0) is None
+    finally:
+        engine.dispose()
