@@ -38,7 +38,8 @@ def _mean(values: Iterable[float]) -> Optional[float]:
 
 def lower_bound_s(jobs: Sequence[WorkloadJob], estimator: Any, truth: Any, cluster_gpus: int) -> float:
     """Mean over jobs of the best isolated true run time: no queue, best predicted config
-    on any GPU count the job allows (within the cluster)."""
+    on any GPU count the job allows (within the cluster), at its true run time (shape
+    factor included: with shape noise, the best a scheduler can do on these predictions)."""
     total = 0.0
     for job in jobs:
         lo, hi = job.profile.gpu_range

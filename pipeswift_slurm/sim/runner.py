@@ -32,7 +32,8 @@ class RunSpec:
     jobs. ``load`` None keeps the trace's own arrival times. ``class_bias`` is
     ((job_class prefix, true/predicted ratio), ...) for the truth; ``noise_sigma`` the
     log-normal per-job noise of the truth; ``shape_sigma`` the log-normal per-config-shape
-    factor of the truth (``sim/truth.py``, seeded by ``seed``).
+    factor of the truth (``sim/truth.py``, seeded by ``seed``), ``user_favour`` how much
+    faster than predicted the shape each job asked for really runs.
     """
 
     gpus: int = 64
@@ -52,6 +53,7 @@ class RunSpec:
     class_bias: tuple[tuple[str, float], ...] = ()
     noise_sigma: float = 0.0
     shape_sigma: float = 0.0
+    user_favour: float = 1.0
     cluster_filter: Optional[str] = None
     policy_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # by label, over policy.PRESETS
     no_requeue: tuple[str, ...] = ()  # labels run where the site does not allow requeue
@@ -116,7 +118,7 @@ def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[
 
 def shape_noise(spec: RunSpec) -> ShapeNoise:
     """The truth's per-config-shape factors of the spec (the same for every policy of a run)."""
-    return ShapeNoise(spec.shape_sigma, spec.seed)
+    return ShapeNoise(spec.shape_sigma, spec.seed, spec.user_favour)
 
 
 def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = None,

@@ -13,7 +13,12 @@ the model's scaling over data parallelism already covers; so resizing a job keep
 layout's factor, and only a change of layout draws another. The factor applies to the
 iteration time only (startup and checkpoint loading do not depend on the layout), on top
 of the per-job factor (class bias x noise, ``workload.py``). Sigma 0 (the default): every
-factor is 1 and the truth is the cost model. Pure.
+factor is 1 and the truth is the cost model.
+
+``user_favour`` F (``--truth-user-favour``, default 1) says users run tuned recipes: the
+shape a job asked for really runs F times faster than the model predicts (on top of its
+shape factor), any other shape does not; F > 1 makes every change of layout a worse bet.
+Pure.
 """
 
 from __future__ import annotations
@@ -48,10 +53,15 @@ class ShapeNoise:
 
     sigma: float = 0.0
     seed: int = 0
+    user_favour: float = 1.0
 
-    def factor(self, config: ExecConfig) -> float:
-        """True / predicted iteration time of ``config``'s shape (1 when sigma is 0)."""
-        return _draw(self.seed, self.sigma, shape_key(config)) if self.sigma > 0 else 1.0
+    def factor(self, config: ExecConfig, requested: Optional[ExecConfig] = None) -> float:
+        """True / predicted iteration time of ``config``'s shape (1 when sigma is 0), for a
+        job that asked for ``requested`` (its shape gets ``user_favour``; None: no job's)."""
+        drawn = _draw(self.seed, self.sigma, shape_key(config)) if self.sigma > 0 else 1.0
+        if self.user_favour != 1.0 and requested is not None and shape_key(requested) == shape_key(config):
+            return drawn / self.user_favour
+        return drawn
 
 
 class TruthModel(CostModel):
@@ -63,4 +73,4 @@ class TruthModel(CostModel):
         self.shape = shape
 
     def iter_time_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
-        return super().iter_time_s(profile, cfg) * self.shape.factor(cfg)
+        return super().iter_time_s(profile, cfg) * self.shape.factor(cfg, profile.requested)

@@ -369,7 +369,7 @@ def to_megatron_job(index: int, row: TraceRow, conv: Conversion) -> WorkloadJob:
         lo, hi = max(1, row.num_gpus // 2), min(2 * row.num_gpus, conv.cluster_gpus)
         profile = profile.with_range(lo, hi)
     factor = _truth_factor(profile.job_class, conv, rng)
-    shape = conv.shape_noise.factor(profile.requested)  # the user knows their layout's true run time
+    shape = conv.shape_noise.factor(profile.requested, profile.requested)  # the user knows it
     user_run_s = (conv.cost.startup_s(profile) + iters * iter_s * shape) * factor
     limit = math.ceil(TIME_LIMIT_FACTOR * user_run_s / TIME_LIMIT_ROUND_S) * TIME_LIMIT_ROUND_S
     return WorkloadJob(job_id=index + 1, name=row.name, user=row.user or synthetic_user(row.name),

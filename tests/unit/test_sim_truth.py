@@ -98,6 +98,18 @@ def test_a_shape_factor_changes_the_true_run_time_of_that_shape_only() -> None:
         assert noisy[j.job_id] == pytest.approx(plain[j.job_id] * factors[j.job_id], rel=1e-9)
 
 
+def test_user_favour_speeds_up_the_shape_the_job_asked_for_only() -> None:
+    a = job(1, mbs=2, hours=2.0)  # asked for tp1 pp1 mbs2 on 8 GPUs
+    favoured = TruthModel(GPU, ShapeNoise(0.2, seed=3, user_favour=2.0))
+    unfavoured = TruthModel(GPU, ShapeNoise(0.2, seed=3))
+    for config, ratio in ((cfg(mbs=2), 0.5), (cfg(mbs=2, dp=4), 0.5), (cfg(mbs=1), 1.0), (cfg(mbs=2, tp=2, dp=4), 1.0)):
+        assert favoured.iter_time_s(a.profile, config) == pytest.approx(
+            unfavoured.iter_time_s(a.profile, config) * ratio)
+    assert ShapeNoise(0.2, 3, 2.0).factor(cfg(mbs=2)) == ShapeNoise(0.2, 3).factor(cfg(mbs=2))  # no job: no favour
+    records = run([a], favoured).records
+    assert records[0].run_s == pytest.approx(run([a], unfavoured).records[0].run_s / 2)
+
+
 def test_sigma_zero_truth_model_is_the_cost_model() -> None:
     jobs = [job(1, mbs=2, hours=2.0), job(2, mbs=4, hours=3.0), job(3, mbs=1, hours=1.0, world=16)]
     for policy in ("fifo", "pipeswift"):
@@ -236,7 +248,18 @@ def test_simulate_prints_the_worst_user_line_and_no_warning_when_the_bound_is_ke
     assert "WARNING" not in result.stderr
 
 
-def test_simulate_rejects_a_negative_shape_noise() -> None:
-    result = invoke("--truth-shape-noise", "-0.1", "--policy", "fifo")
-    assert result.exit_code == 2 and "--truth-shape-noise" in result.stderr
+@pytest.mark.parametrize("option,value", [("--truth-shape-noise", "-0.1"), ("--truth-user-favour", "0"),
+                                          ("--truth-user-favour", "nan")])
+def test_simulate_rejects_bad_truth_options(option: str, value: str) -> None:
+    result = invoke(option, value, "--policy", "fifo")
+    assert result.exit_code == 2 and option in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_simulate_user_favour_is_in_the_spec_and_the_truth() -> None:
+    args = ("--truth-shape-noise", "0.1", "--policy", "slurm,pipeswift", "--json", "-")
+    plain, favoured = (json.loads(invoke(*args, *extra).stdout) for extra in ((), ("--truth-user-favour", "1.5")))
+    assert (plain["spec"]["truth_user_favour"], favoured["spec"]["truth_user_favour"]) == (1.0, 1.5)
+    # slurm runs every job in the layout it asked for: all of it 1.5 x faster (startup aside)
+    assert favoured["policies"][0]["mean_jct_s"] < plain["policies"][0]["mean_jct_s"]
+    assert favoured["workload"]["lower_bound_mean_jct_s"] <= plain["workload"]["lower_bound_mean_jct_s"]
