@@ -21,12 +21,14 @@ def over_wait_bound(view: ClusterView, runnable: Collection[int], bound_s: Optio
                     warn: bool = True) -> list[int]:
     """The pending jobs of ``runnable`` (job ids) queued longer than ``bound_s``
     (``Job.queued_s``: earlier runs of a requeued job do not count), longest first; none
-    when ``bound_s`` is None. With ``warn``, one WARNING line when there are any."""
+    when ``bound_s`` is None. With ``warn``, one WARNING line when there are any (a count,
+    no job ids: the line is about the load, not about one job)."""
     if bound_s is None:
         return []
     over = sorted(((wait_s, job.job_id) for job in view.jobs if job.pending and job.job_id in runnable
                    and (wait_s := job.queued_s(view.now)) > bound_s), key=lambda w: (-w[0], w[1]))
     if over and warn:
-        log.warning("%d pending job(s) waited past the wait bound of %.1f h (longest: job %d, %.1f h): the load is"
-                    " beyond what the bound allows", len(over), bound_s / 3600, over[0][1], over[0][0] / 3600)
+        log.warning("%d pending job(s) waited past the wait bound of %.1f h (the longest %.1f h): the load is beyond"
+                    " what the bound allows (pipeswift report waits names them)", len(over), bound_s / 3600,
+                    over[0][0] / 3600)
     return [job_id for _, job_id in over]
