@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 import click
 
 from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, output_file, pass_obj
+from pipeswift_slurm.cli.sim_notes import bound_warning, worst_users_line
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.core.model import COMPLETED
 from pipeswift_slurm.core.request import MAX_GPUS
@@ -222,6 +223,8 @@ def print_comparison(comp: Any) -> None:
                " JCT %s" % (w["source"], w["jobs"], w["flexible_jobs"], w["span_days"], _date(w["start_epoch_s"]),
                             w["offered_load"], duration(w["lower_bound_mean_jct_s"])))
     click.echo(comparison_table(comp))
+    if worst_users_line(comp):
+        click.echo(worst_users_line(comp))
     base = next((m["policy"] for m in comp.metrics if m["policy"] == "slurm"), comp.metrics[0]["policy"])
     click.echo(legend(base))
 
@@ -248,6 +251,8 @@ def comparison_json(comp: Any) -> dict[str, Any]:
                      else DEFAULT_GPU_TYPE, "workload": spec.workload or "synthetic", "load": spec.load,
                      "seed": spec.seed, "start_day": spec.start_day, "window_days": spec.window_days,
                      "flex": spec.flex, "tick_interval_s": spec.tick_interval_s, "wait_bound_s": spec.wait_bound_s,
+                     "truth_noise": spec.noise_sigma, "truth_shape_noise": spec.shape_sigma,
+                     "truth_user_favour": spec.user_favour,
                      "start": _date(comp.workload["start_epoch_s"])},
             "workload": comp.workload, "policies": comp.metrics}
 
@@ -324,6 +329,10 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--truth-bias", multiple=True, help="CLASS_PREFIX=RATIO: true/predicted run time for a job class.")
 @click.option("--truth-noise", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
               help="Log-normal sigma of per-job truth noise.")
+@click.option("--truth-shape-noise", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
+              help="Log-normal sigma of a seeded true/predicted factor per config shape (tp, pp, micro-batch).")
+@click.option("--truth-user-favour", type=FiniteFloatRange(min=0.1, max=10), default=1.0, show_default=True,
+              help="The layout shape each job asked for really runs this many times faster than predicted.")
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
 @click.option("--db", help="Write the controller history of pipeswift (else of the first policy) to this SQLite"
@@ -333,7 +342,8 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: Optional[int],
              gpu_type: Optional[str], load: Optional[float], policy_text: str, seed: int, start_day: float,
              window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
-             wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool,
+             wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, truth_shape_noise: float,
+             truth_user_favour: float, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
              config_path: Optional[str], start_epoch_s: Optional[float]) -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
@@ -362,11 +372,15 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    policy_knobs=knobs, no_requeue=no_requeue, seed=seed, start_day=start_day,
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
-                   noise_sigma=truth_noise, cluster_filter=cluster_filter,
+                   noise_sigma=truth_noise, shape_sigma=truth_shape_noise, cluster_filter=cluster_filter,
+                   user_favour=truth_user_favour,
                    start_epoch_s=start_epoch_s)
     comp = _run(spec, db)
     if json_out != "-":
         print_comparison(comp)
+    warning = bound_warning(comp)
+    if warning:
+        click.echo(warning, err=True)
     _outputs(comp, json_out, plot)
 
 

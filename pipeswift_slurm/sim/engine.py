@@ -123,7 +123,8 @@ class Simulation:
                                   age_weight=settings.age_weight, max_age_s=settings.max_age_s,
                                   allow_requeue=settings.allow_requeue, gpu_type=truth.gpu.name)
         self.controller = Controller(self.backend, policy, estimator, store,
-                                     ControllerSettings(allow_requeue=settings.allow_requeue),
+                                     ControllerSettings(allow_requeue=settings.allow_requeue,
+                                                        warn_wait_bound=False),  # the run's summary says it
                                      clock=time.perf_counter,
                                      calibration=OnlineCalibration(calibrator, lambda: self.records)
                                      if calibrator is not None else None)

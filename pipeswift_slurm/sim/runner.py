@@ -14,7 +14,8 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
-from pipeswift_slurm.sim.metrics import lower_bound_s, summarize
+from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
+from pipeswift_slurm.sim.truth import ShapeNoise, TruthModel
 from pipeswift_slurm.sim.workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
                        read_trace, rescale_load, select_window, synthetic_trace, window_start_s)
 
@@ -30,7 +31,9 @@ class RunSpec:
     ``workload`` None means the synthetic LLM-cluster generator with ``synthetic_jobs``
     jobs. ``load`` None keeps the trace's own arrival times. ``class_bias`` is
     ((job_class prefix, true/predicted ratio), ...) for the truth; ``noise_sigma`` the
-    log-normal per-job noise of the truth.
+    log-normal per-job noise of the truth; ``shape_sigma`` the log-normal per-config-shape
+    factor of the truth (``sim/truth.py``, seeded by ``seed``), ``user_favour`` how much
+    faster than predicted the shape each job asked for really runs.
     """
 
     gpus: int = 64
@@ -49,6 +52,8 @@ class RunSpec:
     drop_oversized: bool = False
     class_bias: tuple[tuple[str, float], ...] = ()
     noise_sigma: float = 0.0
+    shape_sigma: float = 0.0
+    user_favour: float = 1.0
     cluster_filter: Optional[str] = None
     policy_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # by label, over policy.PRESETS
     no_requeue: tuple[str, ...] = ()  # labels run where the site does not allow requeue
@@ -100,7 +105,7 @@ def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[
         raise WorkloadError("--gpus %d is not a multiple of --gpus-per-node %d" % (spec.gpus, spec.gpus_per_node))
     rows, own_start_s = trace_rows(spec)
     conv = Conversion(cost, spec.gpus, spec.gpus_per_node, flex=spec.flex, seed=spec.seed,
-                      class_bias=spec.class_bias, noise_sigma=spec.noise_sigma)
+                      class_bias=spec.class_bias, noise_sigma=spec.noise_sigma, shape_noise=shape_noise(spec))
     jobs = build_workload(rows, conv, drop_oversized=spec.drop_oversized)
     start_s = spec.start_epoch_s if spec.start_epoch_s is not None else own_start_s or today_utc_s()
     jobs = [replace(j, submit_s=j.submit_s + start_s) for j in jobs] if start_s else jobs
@@ -109,6 +114,11 @@ def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[
              "span_days": (max(r.submit_s for r in rows) - min(r.submit_s for r in rows)) / 86400.0 if rows else 0.0,
              "flexible_jobs": sum(1 for j in jobs if j.profile.flexible), "start_epoch_s": start_s}
     return jobs, facts
+
+
+def shape_noise(spec: RunSpec) -> ShapeNoise:
+    """The truth's per-config-shape factors of the spec (the same for every policy of a run)."""
+    return ShapeNoise(spec.shape_sigma, spec.seed, spec.user_favour)
 
 
 def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = None,
@@ -125,15 +135,17 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, get_gpu_type
 
     gpu = spec.gpu or get_gpu_type(DEFAULT_GPU_TYPE)
-    truth = CostModel(gpu)
-    jobs, facts = build_jobs(spec, truth)
+    truth = TruthModel(gpu, shape_noise(spec))
+    jobs, facts = build_jobs(spec, CostModel(gpu))
+    alone = alone_s(jobs, truth)
     estimator = Estimator(CostModel(gpu), spec.gpus_per_node)
     settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s)
     metrics, results = [], []
     for name in spec.policies:
         base = name.split(":")[0]
         knobs = {**PRESETS.get(name, {}), **spec.policy_knobs.get(name, {})}
-        if "wait_bound_s" in knob_defaults(base):
+        keeps_bound = "wait_bound_s" in knob_defaults(base)
+        if keeps_bound:
             knobs.setdefault("wait_bound_s", spec.wait_bound_s)
         policy = get_policy(base, **knobs)
         store = store_for(name) if store_for else None
@@ -147,9 +159,21 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         result.makespan_s = max(0.0, result.makespan_s - facts["start_epoch_s"])  # a duration, from time 0
         log.info("%s: %d jobs simulated in %.1f s", name, len(jobs), time.perf_counter() - t0)
         results.append(result)
-        metrics.append(summarize(result, jobs, spec.wait_bound_s))
+        metrics.append(summarize(result, jobs, knobs.get("wait_bound_s", spec.wait_bound_s), alone))
+        metrics[-1]["keeps_wait_bound"] = keeps_bound
     facts["lower_bound_mean_jct_s"] = lower_bound_s(jobs, estimator, truth, spec.gpus)
+    compare_users(metrics)
+    fifo = next((m for m in metrics if m["policy"] == "fifo"), None)
+    facts["fifo_bound_kept"] = fifo["bound_kept"] if fifo else None
     return Comparison(spec, facts, metrics, results, jobs)
+
+
+def compare_users(metrics: list[dict[str, Any]], base: str = "slurm") -> None:
+    """Set each policy's ``worst_user_vs_slurm`` (``metrics.worst_user`` against ``base``;
+    None when ``base`` did not run or no user has enough jobs)."""
+    ref = next((m for m in metrics if m["policy"] == base), None)
+    for m in metrics:
+        m["worst_user_vs_slurm"] = worst_user(m, ref) if ref is not None else None
 
 
 def with_policies(spec: RunSpec, policies: Sequence[str]) -> RunSpec:

@@ -15,6 +15,7 @@ job (``to_megatron_job``):
   * a share ``flex`` of jobs (seeded) allows resizing over half to double its GPUs
     (within the cluster); the others are rigid at their recorded count;
   * the user's time limit over-estimates the true run time: 1.5x, rounded up to 30 min;
+  * a row without a user gets one of 20 synthetic users (``synthetic_user``, Zipf-like, by job_id);
   * every job saves and loads checkpoints (``--save``, ``--load``) about every 30 min of
     its user config's run (``--save-interval``), so a requeued job resumes from its last
     checkpoint (see sim/engine.py);
@@ -40,6 +41,7 @@ from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
 from pipeswift_slurm.core.megatron_rules import node_shape
 from pipeswift_slurm.core.model import JobProfile
+from pipeswift_slurm.sim.truth import ShapeNoise
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
 TIME_LIMIT_FACTOR = 1.5
@@ -300,6 +302,7 @@ class Conversion:
     class_bias: tuple[tuple[str, float], ...] = ()
     noise_sigma: float = 0.0
     bands: Optional[Bands] = None
+    shape_noise: ShapeNoise = ShapeNoise()  # the truth's factor per config shape (sim/truth.py)
 
 
 def _candidates(row: TraceRow, conv: Conversion, rng: random.Random) -> tuple[list[str], dict[str, ZooModel]]:
@@ -366,11 +369,19 @@ def to_megatron_job(index: int, row: TraceRow, conv: Conversion) -> WorkloadJob:
         lo, hi = max(1, row.num_gpus // 2), min(2 * row.num_gpus, conv.cluster_gpus)
         profile = profile.with_range(lo, hi)
     factor = _truth_factor(profile.job_class, conv, rng)
-    user_run_s = conv.cost.job_time_s(profile, profile.requested) * factor
+    shape = conv.shape_noise.factor(profile.requested, profile.requested)  # the user knows it
+    user_run_s = (conv.cost.startup_s(profile) + iters * iter_s * shape) * factor
     limit = math.ceil(TIME_LIMIT_FACTOR * user_run_s / TIME_LIMIT_ROUND_S) * TIME_LIMIT_ROUND_S
-    return WorkloadJob(job_id=index + 1, name=row.name, user=row.user or "user", submit_s=row.submit_s,
-                       argv=argv, profile=profile, recorded_duration_s=row.duration_s, time_limit_s=limit,
-                       model=model.name, category=row.category, truth_factor=factor)
+    return WorkloadJob(job_id=index + 1, name=row.name, user=row.user or synthetic_user(row.name),
+                       submit_s=row.submit_s, argv=argv, profile=profile, recorded_duration_s=row.duration_s,
+                       time_limit_s=limit, model=model.name, category=row.category, truth_factor=factor)
+
+
+def synthetic_user(row_name: str, users: int = 20) -> str:
+    """'u00'..'u19' for a row without a user: weight 1/(k+1) for user k, seeded by the row's
+    name alone (the same user whatever ``--seed``; the row's own draws are untouched)."""
+    weights = [1.0 / (k + 1) for k in range(users)]
+    return "u%02d" % random.Random("user:" + row_name).choices(range(users), weights)[0]
 
 
 def build_workload(rows: Iterable[TraceRow], conv: Conversion, drop_oversized: bool = False) -> list[WorkloadJob]:
