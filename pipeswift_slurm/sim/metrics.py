@@ -29,14 +29,14 @@ def _mean(values: Iterable[float]) -> Optional[float]:
 
 
 def lower_bound_s(jobs: Sequence[WorkloadJob], estimator: Any, truth: Any, cluster_gpus: int) -> float:
-    """Mean over jobs of the best isolated true run time: no queue, best predicted config
+    """Mean over jobs of the best isolated true run time: no queue, the fastest predicted config
     on any GPU count the job allows (within the cluster)."""
     total = 0.0
     for job in jobs:
         lo, hi = job.profile.gpu_range
         best = None
         for gpus in range(lo, min(hi, cluster_gpus) + 1):
-            est = estimator.best(job.profile, gpus)
+            est = estimator.fastest(job.profile, gpus)
             if est is not None and (best is None or est.iter_time_s < best.iter_time_s):
                 best = est
         config = best.config if best is not None else job.profile.requested
