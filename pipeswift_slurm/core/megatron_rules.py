@@ -324,6 +324,17 @@ def user_layout_at(profile: JobProfile, gpus: int, gpus_per_node: int) -> Option
     return None if check_config(profile, cfg, gpus_per_node) else cfg
 
 
+def same_layout(a: ExecConfig, b: ExecConfig) -> bool:
+    """Whether ``a`` and ``b`` are one layout, whatever their data-parallel size, number of
+    micro-batches and node shape (what a GPU count changes): the same tp, pp, cp,
+    interleaving, micro-batch size and stage split."""
+    def key(c: ExecConfig) -> tuple[object, ...]:
+        return (c.tp, c.pp, c.cp, c.vp, c.micro_batch_size, c.decoder_first_pipeline_num_layers,
+                c.decoder_last_pipeline_num_layers)
+
+    return key(a) == key(b)
+
+
 def config_for_allocation(cfg: ExecConfig, profile: JobProfile, num_nodes: int,
                           gpus_per_node: int) -> tuple[Optional[ExecConfig], str]:
     """The controller's decided ``cfg`` as the launcher runs it in an allocation of

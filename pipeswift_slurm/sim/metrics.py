@@ -1,5 +1,6 @@
 """Metrics of a simulation run: JCT statistics, per size class, queue-time ratio, waits,
-utilisation, reconfigurations, decision cost, and the isolated-run lower bound.
+utilisation, reconfigurations (jobs resized; jobs run in a layout other than their user's),
+decision cost, and the isolated-run lower bound.
 
 Size classes (``sizeclass.size_class``, the same rule as the store and reports) use the
 job's GPU-time as submitted: requested GPUs x recorded duration. Pure: no I/O.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Optional, Sequence
 
+from pipeswift_slurm.core.megatron_rules import same_layout
 from pipeswift_slurm.core.sizeclass import size_class
 from pipeswift_slurm.sim.engine import SimResult
 from pipeswift_slurm.sim.workload import WorkloadJob
@@ -71,6 +73,8 @@ def summarize(result: SimResult, jobs: Sequence[WorkloadJob], wait_bound_s: floa
         "gpu_utilisation": busy / (result.makespan_s * result.total_gpus) if result.makespan_s else None,
         "makespan_s": result.makespan_s,
         "reconfigured_jobs": sum(1 for r in recs if r.reconfigured),
+        "relayout_jobs": sum(1 for r in recs if r.config is not None
+                             and not same_layout(r.config, by_id[r.job_id].profile.requested)),
         "restarts": sum(r.restarts for r in recs),
         "scontrol_updates": result.updates,
         "ticks": result.ticks,

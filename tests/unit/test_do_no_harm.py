@@ -92,3 +92,12 @@ def test_launcher_and_policy_choose_the_same_config_on_every_count() -> None:
             alloc = launcher.Allocation(*node_shape(gpus, 8))
             pinned = launcher.job_profile(_argv(tp, pp), ProfileRequest(()), alloc)
             assert launcher.best_config(pinned, alloc, est) == config == est.best(flexible, gpus).config, (tp, pp, gpus)
+
+
+def test_simulator_counts_jobs_run_in_another_layout_and_the_rule_lowers_it() -> None:
+    from pipeswift_slurm.sim.runner import RunSpec, run_comparison
+
+    spec = RunSpec(gpus=16, synthetic_jobs=40, policies=("pipeswift", "pipeswift:order"))
+    on, off = ({m["policy"]: m for m in run_comparison(replace(spec, do_no_harm=flag)).metrics} for flag in (True, False))
+    assert on["pipeswift:order"]["relayout_jobs"] == off["pipeswift:order"]["relayout_jobs"] == 0  # users' configs
+    assert on["pipeswift"]["relayout_jobs"] < off["pipeswift"]["relayout_jobs"]

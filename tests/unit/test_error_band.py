@@ -35,7 +35,7 @@ def test_repository_rows_give_the_shipped_bands_of_their_families() -> None:
 def test_shared_rows_give_the_shipped_bands_of_their_families() -> None:
     if not SHARED_CSV.is_file():
         pytest.skip("%s absent: the Hopper and Blackwell bands cannot be recomputed here" % SHARED_CSV)
-    shared, refused = compare_shared(SHARED_CSV)
+    shared, _refused = compare_shared(SHARED_CSV)
     derived = _derived(band_rows([], shared))
     assert {k[0] for k in derived} == set(SHARED_FAMILIES)
     assert derived == pytest.approx(_shipped(set(SHARED_FAMILIES)), abs=0.005)
@@ -69,3 +69,32 @@ def test_every_estimate_carries_its_band() -> None:
                                  "--bf16"], world_size=8)
     est = CostModel(get_gpu_type("H100-80GB")).estimate(profile, profile.requested)
     assert est.band == band_for("H100-80GB", profile.requested) and est.band.rel == 0.12
+
+
+def _layout_argv() -> list[str]:
+    return ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+            "--max-position-embeddings", "2048", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
+            "2", "--micro-batch-size", "1", "--global-batch-size", "64", "--train-iters", "100", "--bf16"]
+
+
+def test_estimate_and_plan_show_the_band_and_the_kept_layout() -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from pipeswift_slurm.cli.main import pipeswift
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(pipeswift, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    text = run("estimate", "--num-gpus", "8", "--", *_layout_argv())
+    assert "iteration time         0.862 s \u00b1 13 %" in text and "ampere, pp > 1, cp = 1" in text
+    data = json.loads(run("estimate", "--num-gpus", "8", "--gpu-type", "H100-80GB", "--json", "--", *_layout_argv()))
+    assert (data["error_band"], data["error_band_group"]) == (0.12, "hopper, pp > 1, cp = 1")
+    plan = json.loads(run("plan", "--gpus", "8", "--top", "3", "--json", "--", *_layout_argv()))
+    assert all(row["error_band"] == 0.22 and row["chosen"] is False for row in plan["configs"])  # tp1 pp1 first
+    kept = plan["user_layout_kept"]
+    assert [(k["gpus"], k["config"]["tp"], k["config"]["pp"], k["error_band"]) for k in kept] == [(8, 2, 2, 0.22)]
+    assert "runs on 8 GPUs: your layout 8gpu=1x8 tp2 pp2" in run("plan", "--gpus", "8", "--", *_layout_argv())
