@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
 
 from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison  # noqa: E402
+from pipeswift_slurm.sim.workload import WorkloadError  # noqa: E402
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "workloads" / "philly_dev.csv.gz"
 POLICIES = ALL_POLICIES + ("pipeswift:config",)
@@ -43,7 +44,12 @@ def main() -> int:
         return 2
     spec = RunSpec(gpus=args.gpus, workload=args.workload, cluster_filter=args.vc, start_day=args.start_day,
                    window_days=args.days, load=args.load, drop_oversized=True, policies=POLICIES)
-    runs = {on: {m["policy"]: m for m in run_comparison(replace(spec, do_no_harm=on)).metrics} for on in (True, False)}
+    try:
+        runs = {on: {m["policy"]: m for m in run_comparison(replace(spec, do_no_harm=on)).metrics}
+                for on in (True, False)}
+    except WorkloadError as exc:
+        print("bench/do_no_harm.py: %s (choose another --vc or window)" % exc, file=sys.stderr)
+        return 2
     out = {"spec": {k: v for k, v in vars(args).items()}, "policies": {}}
     for name in POLICIES:
         row = {}
