@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 
 class EstimatorProtocol(Protocol):
     """What a policy asks of an estimator (``Estimator`` is the one implementation; tests
-    and benches may pass others): predicted run times, and best configs per GPU count."""
+    and benches may pass others): predicted run times, and the config to run per GPU count
+    (``best``: the planner's ``choose``, the fastest unless the user's layout is within
+    the error band)."""
 
     def startup_s(self, profile: JobProfile) -> float: ...
 
@@ -59,7 +61,8 @@ class Estimator:
         and so its cache, depend on the node size); itself when that is its node size."""
         if gpus_per_node == self.gpus_per_node:
             return self
-        planner = Planner(self.cost, gpus_per_node, vary_tp=self.planner.vary_tp, max_vp=self.planner.max_vp)
+        planner = Planner(self.cost, gpus_per_node, vary_tp=self.planner.vary_tp, max_vp=self.planner.max_vp,
+                          do_no_harm=self.planner.do_no_harm)
         return Estimator(self.cost, gpus_per_node, self.bias_by_class, planner)
 
     def bias(self, job_class: str) -> float:
@@ -78,12 +81,18 @@ class Estimator:
             * profile.run_time_factor
 
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
-        """Fastest valid config on ``gpus`` GPUs (None when there is none)."""
+        """The config to run on ``gpus`` GPUs (None when none is valid): the fastest, unless
+        the user's own layout is within the error band (``Planner.choose``). The policies
+        and the launcher both ask this, so they choose alike."""
+        return self.planner.choose(profile, gpus)
+
+    def fastest(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+        """The fastest valid config on ``gpus`` GPUs, whatever the user's layout."""
         return self.planner.best(profile, gpus)
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
-        """(config, predicted run time) of the fastest valid config on ``gpus`` GPUs."""
-        est = self.planner.best(profile, gpus)
+        """(config, predicted run time) of the config to run on ``gpus`` GPUs (``best``)."""
+        est = self.planner.choose(profile, gpus)
         if est is None:
             return None
         iters = profile.plan.iterations

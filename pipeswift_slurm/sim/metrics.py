@@ -1,5 +1,6 @@
 """Metrics of a simulation run: JCT statistics, per size class, queue-time ratio, waits,
-utilisation, reconfigurations, decision cost, per user, and the isolated-run lower bound.
+utilisation, reconfigurations (jobs resized; jobs run in a layout other than their user's),
+decision cost, per user, and the isolated-run lower bound.
 
 Size classes (``sizeclass.size_class``, the same rule as the store and reports) use the
 job's GPU-time as submitted: requested GPUs x recorded duration. A job's slowdown is its
@@ -15,6 +16,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from pipeswift_slurm.core.megatron_rules import same_layout
 from pipeswift_slurm.core.sizeclass import size_class
 from pipeswift_slurm.sim.engine import SimResult
 from pipeswift_slurm.sim.workload import WorkloadJob
@@ -37,15 +39,15 @@ def _mean(values: Iterable[float]) -> Optional[float]:
 
 
 def lower_bound_s(jobs: Sequence[WorkloadJob], estimator: Any, truth: Any, cluster_gpus: int) -> float:
-    """Mean over jobs of the best isolated true run time: no queue, best predicted config
-    on any GPU count the job allows (within the cluster), at its true run time (shape
+    """Mean over jobs of the best isolated true run time: no queue, the fastest predicted
+    config on any GPU count the job allows (within the cluster), at its true run time (shape
     factor included: with shape noise, the best a scheduler can do on these predictions)."""
     total = 0.0
     for job in jobs:
         lo, hi = job.profile.gpu_range
         best = None
         for gpus in range(lo, min(hi, cluster_gpus) + 1):
-            est = estimator.best(job.profile, gpus)
+            est = estimator.fastest(job.profile, gpus)
             if est is not None and (best is None or est.iter_time_s < best.iter_time_s):
                 best = est
         config = best.config if best is not None else job.profile.requested
@@ -114,6 +116,8 @@ def summarize(result: SimResult, jobs: Sequence[WorkloadJob], wait_bound_s: floa
         "gpu_utilisation": busy / (result.makespan_s * result.total_gpus) if result.makespan_s else None,
         "makespan_s": result.makespan_s,
         "reconfigured_jobs": sum(1 for r in recs if r.reconfigured),
+        "relayout_jobs": sum(1 for r in recs if r.config is not None
+                             and not same_layout(r.config, by_id[r.job_id].profile.requested)),
         "restarts": sum(r.restarts for r in recs),
         "scontrol_updates": result.updates,
         "ticks": result.ticks,

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import GpuType
+from pipeswift_slurm.core.planner import Planner
 from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
 from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
@@ -60,6 +61,9 @@ class RunSpec:
     # epoch second of the simulation's time 0, as the history (store) sees it; None: the
     # trace's own dates when its times are dates, else today (UTC midnight); 0: relative
     start_epoch_s: Optional[float] = 0.0
+    # the planner keeps a user's layout within the error band (``planner.keep_user_layout``);
+    # False only to measure what that rule costs or saves (bench/do_no_harm.py)
+    do_no_harm: bool = True
 
 
 @dataclass
@@ -138,7 +142,9 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     truth = TruthModel(gpu, shape_noise(spec))
     jobs, facts = build_jobs(spec, CostModel(gpu))
     alone = alone_s(jobs, truth)
-    estimator = Estimator(CostModel(gpu), spec.gpus_per_node)
+    cost = CostModel(gpu)
+    estimator = Estimator(cost, spec.gpus_per_node, planner=Planner(cost, spec.gpus_per_node,
+                                                                   do_no_harm=spec.do_no_harm))
     settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s)
     metrics, results = [], []
     for name in spec.policies:
