@@ -33,6 +33,9 @@ def lower_bound_s(jobs: Sequence[WorkloadJob], estimator: Any, truth: Any, clust
     on any GPU count the job allows (within the cluster)."""
     total = 0.0
     for job in jobs:
+        if job.profile is None:  # replayed as it ran
+            total += job.recorded_duration_s
+            continue
         lo, hi = job.profile.gpu_range
         best = None
         for gpus in range(lo, min(hi, cluster_gpus) + 1):

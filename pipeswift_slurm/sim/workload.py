@@ -136,6 +136,8 @@ class WorkloadJob:
 
     ``truth_factor`` multiplies the cost model's run time to give the true one (class
     bias x per-job noise); ``time_limit_s`` is the user's limit for the user's config.
+    ``profile`` None: a history job replayed as it ran (sim/replay.py: ``as_ran_nodes`` x
+    ``as_ran_gpus_per_node`` GPUs for ``recorded_duration_s``); ``as_ran_jct_s``: its real JCT.
     """
 
     job_id: int
@@ -143,16 +145,23 @@ class WorkloadJob:
     user: str
     submit_s: float
     argv: tuple[str, ...]
-    profile: JobProfile
+    profile: Optional[JobProfile]
     recorded_duration_s: float
     time_limit_s: int
     model: str
     category: str = ""
     truth_factor: float = 1.0
+    as_ran_nodes: int = 0
+    as_ran_gpus_per_node: int = 0
+    as_ran_jct_s: Optional[float] = None
 
     @property
     def gpus(self) -> int:
-        return self.profile.requested.gpus
+        return self.profile.requested.gpus if self.profile else self.as_ran_nodes * self.as_ran_gpus_per_node
+
+    @property
+    def flexible(self) -> bool:
+        return self.profile is not None and self.profile.flexible
 
 
 # ---------------------------------------------------------------- reading traces
@@ -351,6 +360,12 @@ def _truth_factor(job_class: str, conv: Conversion, rng: random.Random) -> float
     return bias * noise
 
 
+def user_time_limit_s(run_s: float) -> int:
+    """The time limit a user gives a job that runs ``run_s``: an over-estimate,
+    ``TIME_LIMIT_FACTOR`` x, rounded up to ``TIME_LIMIT_ROUND_S``."""
+    return math.ceil(TIME_LIMIT_FACTOR * run_s / TIME_LIMIT_ROUND_S) * TIME_LIMIT_ROUND_S
+
+
 def to_megatron_job(index: int, row: TraceRow, conv: Conversion) -> WorkloadJob:
     """Turn one trace row into a Megatron job (seeded per row, so order-independent)."""
     rng = random.Random("%d:%s" % (conv.seed, row.name))
@@ -366,8 +381,7 @@ def to_megatron_job(index: int, row: TraceRow, conv: Conversion) -> WorkloadJob:
         lo, hi = max(1, row.num_gpus // 2), min(2 * row.num_gpus, conv.cluster_gpus)
         profile = profile.with_range(lo, hi)
     factor = _truth_factor(profile.job_class, conv, rng)
-    user_run_s = conv.cost.job_time_s(profile, profile.requested) * factor
-    limit = math.ceil(TIME_LIMIT_FACTOR * user_run_s / TIME_LIMIT_ROUND_S) * TIME_LIMIT_ROUND_S
+    limit = user_time_limit_s(conv.cost.job_time_s(profile, profile.requested) * factor)
     return WorkloadJob(job_id=index + 1, name=row.name, user=row.user or "user", submit_s=row.submit_s,
                        argv=argv, profile=profile, recorded_duration_s=row.duration_s, time_limit_s=limit,
                        model=model.name, category=row.category, truth_factor=factor)
