@@ -259,7 +259,14 @@ EOF
   chmod 600 "$DIR/etc/slurmdbd.conf"
   if ! alive "$DIR/run/slurmdbd.pid"; then
     "$SBIN/slurmdbd"
-    for _ in $(seq 1 150); do (exec 3<>"/dev/tcp/127.0.0.1/$DBD_PORT") 2>/dev/null && break; sleep 0.2; done
+    for _ in $(seq 1 150); do
+      (exec 3<>"/dev/tcp/127.0.0.1/$DBD_PORT") 2>/dev/null && break
+      [ -f "$DIR/run/slurmdbd.pid" ] && ! alive "$DIR/run/slurmdbd.pid" && break
+      sleep 0.2
+    done
+    # e.g. Slurm 24.11 with Debian 13's MariaDB 11.8: "fatal: _check_mysql_concat_is_sane"
+    alive "$DIR/run/slurmdbd.pid" || { echo "slurmdbd did not start: $(grep -m1 -E 'fatal|error' \
+      "$DIR/log/slurmdbd.log" 2>/dev/null || echo 'see its log')" >&2; exit 1; }
     say "slurmdbd started"
   fi
 }
