@@ -376,7 +376,8 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
                    noise_sigma=truth_noise, cluster_filter=cluster_filter,
-                   start_epoch_s=start_epoch_s, history=load_history(sacct_file, history_db)
+                   start_epoch_s=start_epoch_s, history=load_history(sacct_file, history_db, load=load,
+                                                                      vc=cluster_filter)
                    if (sacct_file or history_db) else None)
     comp = _run(spec, db)
     note = skipped_note(comp.workload)

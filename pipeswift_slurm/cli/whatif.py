@@ -13,14 +13,19 @@ from pipeswift_slurm.cli.common import fail
 TOP_GROUPS = 15  # rows per "what would have changed" table in the text output (JSON has all)
 
 
-def load_history(sacct: Optional[str], history_db: Optional[str]) -> Any:
-    """The History of ``--sacct FILE`` or ``--history DB``; one line, exit 2, when unusable."""
+def load_history(sacct: Optional[str], history_db: Optional[str], **trace_only: Any) -> Any:
+    """The History of ``--sacct FILE`` or ``--history DB``; one line, exit 2, when unusable
+    or when an option of trace workloads (``trace_only``: option name -> value) is given."""
     from pipeswift_slurm.sim.replay import history_from_rows
     from pipeswift_slurm.sim.sacct import read_sacct
     from pipeswift_slurm.sim.workload import WorkloadError
 
     if sacct and history_db:
         fail("--sacct and --history: give one history to replay, not both")
+    given = [name for name, value in trace_only.items() if value is not None]
+    if given:
+        fail("--%s: a history replay keeps its own times and jobs; leave it out (--start-day and --window-days"
+             " select a part of the history)" % given[0].replace("_", "-"))
     if sacct:
         try:
             return read_sacct(sacct)

@@ -137,7 +137,8 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, content: str, words: l
 
 def test_cli_missing_file_and_two_sources_are_one_line(tmp_path: Path) -> None:
     for args in (["--sacct", str(tmp_path / "none.json")], ["--sacct", str(DATA / DIALECTS[0]), "--history", "x.db"],
-                 ["--sacct", str(DATA / DIALECTS[0]), "--workload", str(DATA / DIALECTS[0])]):
+                 ["--sacct", str(DATA / DIALECTS[0]), "--workload", str(DATA / DIALECTS[0])],
+                 ["--sacct", str(DATA / DIALECTS[0]), "--load", "0.5"], ["--sacct", str(DATA / DIALECTS[0]), "--vc", "x"]):
         result = invoke("simulate", *args)
         assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
 
