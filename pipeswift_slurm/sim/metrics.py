@@ -44,6 +44,9 @@ def lower_bound_s(jobs: Sequence[WorkloadJob], estimator: Any, truth: Any, clust
     factor included: with shape noise, the best a scheduler can do on these predictions)."""
     total = 0.0
     for job in jobs:
+        if job.profile is None:  # replayed as it ran
+            total += job.recorded_duration_s
+            continue
         lo, hi = job.profile.gpu_range
         best = None
         for gpus in range(lo, min(hi, cluster_gpus) + 1):

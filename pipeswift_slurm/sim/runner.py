@@ -16,6 +16,7 @@ from pipeswift_slurm.core.planner import Planner
 from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
 from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
+from pipeswift_slurm.sim.replay import to_workload, what_changed
 from pipeswift_slurm.sim.truth import ShapeNoise, TruthModel
 from pipeswift_slurm.sim.workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
                        read_trace, rescale_load, select_window, synthetic_trace, window_start_s)
@@ -61,9 +62,10 @@ class RunSpec:
     # epoch second of the simulation's time 0, as the history (store) sees it; None: the
     # trace's own dates when its times are dates, else today (UTC midnight); 0: relative
     start_epoch_s: Optional[float] = 0.0
-    # the planner keeps a user's layout within the error band (``planner.keep_user_layout``);
-    # False only to measure what that rule costs or saves (bench/do_no_harm.py)
-    do_no_harm: bool = True
+from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
+from pipeswift_slurm.sim.truth import ShapeNoise, TruthModel
+from pipeswift_slurm.sim.metrics import lower_bound_s, summarize
+from pipeswift_slurm.sim.replay import to_workload, what_changed
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Comparison:
     metrics: list[dict[str, Any]]
     results: list[SimResult]
     jobs: list[WorkloadJob]
+    changed: Optional[dict[str, Any]] = None  # a history's replay: replay.what_changed
 
 
 def trace_rows(spec: RunSpec) -> tuple[list[TraceRow], Optional[float]]:
@@ -103,10 +106,38 @@ def today_utc_s() -> float:
     return float(now - now % 86400)
 
 
+def history_jobs(spec: RunSpec, conv: Conversion) -> tuple[list[WorkloadJob], dict[str, Any]]:
+    """The jobs of the spec's history in its window, times from 0, and the facts: the
+    window's own start (epoch s), span and offered load."""
+    jobs = to_workload(spec.history, conv, drop_oversized=spec.drop_oversized)
+    t0 = min(j.submit_s for j in jobs)
+    rel = [replace(j, submit_s=j.submit_s - t0) for j in jobs]
+    first = min((j.submit_s for j in rel if j.submit_s >= spec.start_day * 86400.0), default=0.0)
+    kept = select_window(rel, spec.start_day, spec.window_days)
+    if not kept:
+        raise WorkloadError("%s: no job in the selected window (start day %g, %s days)"
+                            % (spec.history.source, spec.start_day, spec.window_days or "all"))
+    span = kept[-1].submit_s - kept[0].submit_s
+    work = sum(j.gpus * j.recorded_duration_s for j in kept)
+    return kept, {"source": spec.history.source, "dialect": spec.history.dialect, "own_start_s": t0 + first,
+                  "span_days": span / 86400.0, "offered_load": work / (max(span, 1.0) * spec.gpus),
+                  "replayed_as_ran": sum(1 for j in kept if j.profile is None),
+                  "skipped": dict(sorted(spec.history.skipped.items()))}
+
+
 def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[str, Any]]:
     """Workload jobs plus a description (counts, offered load) for the report."""
     if spec.gpus % spec.gpus_per_node:
         raise WorkloadError("--gpus %d is not a multiple of --gpus-per-node %d" % (spec.gpus, spec.gpus_per_node))
+    if spec.history is not None:
+        conv = Conversion(cost, spec.gpus, spec.gpus_per_node, seed=spec.seed)
+        jobs, facts = history_jobs(spec, conv)
+        start_s = spec.start_epoch_s if spec.start_epoch_s is not None else facts.pop("own_start_s")
+        facts.pop("own_start_s", None)
+        jobs = [replace(j, submit_s=j.submit_s + start_s) for j in jobs] if start_s else jobs
+        facts.update({"jobs": len(jobs), "dropped_oversized": spec.history.skipped.get("larger than the cluster", 0),
+                      "flexible_jobs": sum(1 for j in jobs if j.flexible), "start_epoch_s": start_s})
+        return jobs, facts
     rows, own_start_s = trace_rows(spec)
     conv = Conversion(cost, spec.gpus, spec.gpus_per_node, flex=spec.flex, seed=spec.seed,
                       class_bias=spec.class_bias, noise_sigma=spec.noise_sigma, shape_noise=shape_noise(spec))
@@ -116,7 +147,7 @@ def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[
     facts = {"source": spec.workload or "synthetic", "jobs": len(jobs), "dropped_oversized": len(rows) - len(jobs),
              "offered_load": offered_load(rows, spec.gpus),
              "span_days": (max(r.submit_s for r in rows) - min(r.submit_s for r in rows)) / 86400.0 if rows else 0.0,
-             "flexible_jobs": sum(1 for j in jobs if j.profile.flexible), "start_epoch_s": start_s}
+             "flexible_jobs": sum(1 for j in jobs if j.flexible), "start_epoch_s": start_s}
     return jobs, facts
 
 
@@ -171,7 +202,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     compare_users(metrics)
     fifo = next((m for m in metrics if m["policy"] == "fifo"), None)
     facts["fifo_bound_kept"] = fifo["bound_kept"] if fifo else None
-    return Comparison(spec, facts, metrics, results, jobs)
+    changed = what_changed(jobs, results) if spec.history is not None else None
+    return Comparison(spec, facts, metrics, results, jobs, changed)
 
 
 def compare_users(metrics: list[dict[str, Any]], base: str = "slurm") -> None:

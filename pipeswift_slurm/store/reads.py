@@ -355,3 +355,19 @@ def finished_user_runs(src: Any) -> list[Any]:
     user, job_class, partition, predicted_run_s (the cost model's, uncalibrated), run_s;
     oldest end first. What the per-user correction of claims is fitted from."""
     return _rows(src, USER_RUNS_SQL.format(finished=FINISHED_SQL), {})
+
+
+RAN_JOBS_SQL = """
+SELECT j.job_id, j."user", j.name, j.partition, j.submit_time, j.start_time, j.end_time, j.state,
+       j.num_nodes, j.gpus, p.raw_text AS profile_text
+FROM jobs j LEFT JOIN profiles p ON p.job_id = j.job_id
+ORDER BY j.submit_time, j.job_id
+"""
+
+
+def ran_job_rows(src: Any) -> list[Any]:
+    """Every job of the history, oldest submission first: job_id, user, name, partition,
+    submit_time, start_time, end_time, state, num_nodes, gpus (as last seen: the allocation
+    of a job that ran) and profile_text (its profile token, NULL without one). What
+    ``pipeswift simulate --history`` replays."""
+    return _rows(src, RAN_JOBS_SQL, {})
