@@ -62,10 +62,12 @@ class RunSpec:
     # epoch second of the simulation's time 0, as the history (store) sees it; None: the
     # trace's own dates when its times are dates, else today (UTC midnight); 0: relative
     start_epoch_s: Optional[float] = 0.0
-from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
-from pipeswift_slurm.sim.truth import ShapeNoise, TruthModel
-from pipeswift_slurm.sim.metrics import lower_bound_s, summarize
-from pipeswift_slurm.sim.replay import to_workload, what_changed
+    # the planner keeps a user's layout within the error band (``planner.keep_user_layout``);
+    # False only to measure what that rule costs or saves (bench/do_no_harm.py)
+    do_no_harm: bool = True
+    # a site's own history (sim/replay.py History, from --sacct or --history) replayed
+    # instead of ``workload``; its own times are kept (``load`` is not applied)
+    history: Any = None
 
 
 @dataclass
