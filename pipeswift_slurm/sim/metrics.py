@@ -59,8 +59,10 @@ def lower_bound_s(jobs: Sequence[WorkloadJob], estimator: Any, truth: Any, clust
 
 
 def alone_s(jobs: Sequence[WorkloadJob], truth: Any) -> dict[int, float]:
-    """Map from job_id to the job's true run time alone in the config and on the GPUs it asked for."""
-    return {j.job_id: truth.job_time_s(j.profile, j.profile.requested) * j.truth_factor for j in jobs}
+    """Map from job_id to the job's true run time alone in the config and on the GPUs it
+    asked for (a job replayed as it ran: its recorded run time)."""
+    return {j.job_id: j.recorded_duration_s if j.profile is None
+            else truth.job_time_s(j.profile, j.profile.requested) * j.truth_factor for j in jobs}
 
 
 def user_metrics(result: SimResult, alone: Mapping[int, float]) -> dict[str, dict[str, Any]]:

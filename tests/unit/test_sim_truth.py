@@ -122,8 +122,8 @@ def test_lower_bound_uses_the_shape_factor() -> None:
     jobs = [job(1, mbs=2, hours=2.0), job(2, mbs=4, hours=3.0)]
     est = Estimator(CostModel(GPU), 8)
     truth = TruthModel(GPU, ShapeNoise(0.5, seed=2))
-    expected = sum(PLAIN.job_time_s(j.profile, est.best(j.profile, 8).config)
-                   * truth.shape.factor(est.best(j.profile, 8).config) for j in jobs) / 2
+    expected = sum(PLAIN.job_time_s(j.profile, est.fastest(j.profile, 8).config)
+                   * truth.shape.factor(est.fastest(j.profile, 8).config) for j in jobs) / 2
     assert lower_bound_s(jobs, est, truth, 16) == pytest.approx(expected)
     assert lower_bound_s(jobs, est, truth, 16) != pytest.approx(lower_bound_s(jobs, est, PLAIN, 16))
 
