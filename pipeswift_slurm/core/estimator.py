@@ -1,4 +1,5 @@
-"""Estimator: the cost model corrected by a per-job-class bias learned from finished jobs.
+"""Estimator: the cost model corrected by a per-job-class bias (and per-layout terms) learned
+from finished jobs.
 
 Every policy sees run times only through an Estimator, so calibration reaches all of them
 at once. The bias map (job_class -> actual/predicted ratio) comes from the Store in the
@@ -65,11 +66,12 @@ class Estimator:
                           do_no_harm=self.planner.do_no_harm)
         return Estimator(self.cost, gpus_per_node, self.bias_by_class, planner)
 
-    def bias(self, job_class: str) -> float:
-        """actual/predicted ratio for the class, else its model family's, else 1."""
+    def bias(self, job_class: str, config: Optional[ExecConfig] = None) -> float:
+        """actual/predicted ratio for the class, else its model family's, else 1; times the
+        class's learned layout terms for ``config`` when given (``core/layout_fit.py``)."""
         if not self.bias_by_class:
             return 1.0
-        return lookup_bias(self.bias_by_class, job_class)
+        return lookup_bias(self.bias_by_class, job_class, config)
 
     def startup_s(self, profile: JobProfile) -> float:
         return self.cost.startup_s(profile)
@@ -77,7 +79,7 @@ class Estimator:
     def run_time_s(self, profile: JobProfile, config: ExecConfig, iterations: Optional[int] = None) -> float:
         """Predicted run time (startup + iterations x iteration time) x the class bias x the
         job's own ``run_time_factor``."""
-        return self.cost.job_time_s(profile, config, iterations) * self.bias(profile.job_class) \
+        return self.cost.job_time_s(profile, config, iterations) * self.bias(profile.job_class, config) \
             * profile.run_time_factor
 
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
@@ -96,7 +98,7 @@ class Estimator:
         if est is None:
             return None
         iters = profile.plan.iterations
-        run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class) \
+        run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class, est.config) \
             * profile.run_time_factor
         return est.config, run_s
 
