@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from pipeswift_slurm.core.model import PENDING, RUNNING, Decision, ExecConfig
-from pipeswift_slurm.store.schema import CalibrationRow, DecisionRow, JobRow, ProfileRow, TickRow
+from pipeswift_slurm.store.schema import CalibrationRow, DecisionRow, JobRow, MeasurementRow, ProfileRow, TickRow
 
 
 T = TypeVar("T")
@@ -67,6 +67,26 @@ class RunRecord:
     predicted_run_s: Optional[float]
     config: Optional[str] = None
     calibration_skip: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class MeasurementEntry:
+    """One row of ``measurements`` (``schema.MeasurementRow``): what the launcher measured
+    of a job's layout, and whether the controller learns from it (``status`` 'ok')."""
+
+    job_id: int
+    user: Optional[str]
+    job_class: Optional[str]
+    config: Optional[str]
+    tp: Optional[int]
+    pp: Optional[int]
+    micro_batch_size: Optional[int]
+    vp: Optional[int]
+    iter_s: Optional[float]
+    predicted_iter_s: Optional[float]
+    iterations: Optional[int]
+    status: str
+    reported_at: float
 
 
 @dataclass(frozen=True)
@@ -179,6 +199,11 @@ def _calibration(s: Session) -> dict[str, tuple[float, int]]:
     return {job_class: (ratio, n_jobs) for job_class, ratio, n_jobs in rows}
 
 
+def _measurements(s: Session) -> list[MeasurementEntry]:
+    cols = [getattr(MeasurementRow, f) for f in MeasurementEntry.__dataclass_fields__]
+    return [MeasurementEntry(*r) for r in s.execute(select(*cols).order_by(MeasurementRow.job_id))]
+
+
 class Queries:
     """Read methods shared by Store (own read transaction) and TickTx (the tick's)."""
 
@@ -215,6 +240,10 @@ class Queries:
             include_vanished: also jobs whose end was estimated (state ``COMPLETED?``).
         """
         return self._read(_finished_jobs, job_class, since, include_vanished)
+
+    def measurements(self) -> list[MeasurementEntry]:
+        """Every measurement the launcher reported and the controller recorded, by job."""
+        return self._read(_measurements)
 
     def calibration(self) -> dict[str, tuple[float, int]]:
         """Map from job_class to (ratio actual/predicted, number of jobs behind it)."""

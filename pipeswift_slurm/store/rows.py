@@ -17,8 +17,8 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, RUNNING, Decision, Job, JobProfile
-from pipeswift_slurm.store.queries import ACTIVE_STATES, CONFIG_FIELDS, CalibrationEntry
-from pipeswift_slurm.store.schema import Base, CalibrationRow
+from pipeswift_slurm.store.queries import ACTIVE_STATES, CONFIG_FIELDS, CalibrationEntry, MeasurementEntry
+from pipeswift_slurm.store.schema import Base, CalibrationRow, MeasurementRow
 
 
 
@@ -84,6 +84,23 @@ def save_calibration(s: Session, rows: Iterable[CalibrationEntry]) -> None:
     s.execute(TABLES["calibration"].delete()
               .where(CalibrationRow.job_class.in_([v["job_class"] for v in values])))
     s.execute(insert(CalibrationRow), values)
+
+
+def save_measurement(s: Session, entry: MeasurementEntry) -> None:
+    """Replace the measurement of ``entry.job_id`` (a job's report is rewritten as it runs)."""
+    s.execute(TABLES["measurements"].delete().where(MeasurementRow.job_id == entry.job_id))
+    s.execute(insert(MeasurementRow), [dict(entry.__dict__)])
+
+
+class MeasurementWrites:
+    """The Store's write of the launchers' measurements (``Store`` inherits it)."""
+
+    _write_engine: Any
+
+    def save_measurement(self, entry: MeasurementEntry) -> None:
+        """Record (or replace) what the launcher measured of one job."""
+        with Session(self._write_engine) as s, s.begin():
+            save_measurement(s, entry)
 
 
 def queue_run_s(values: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:

@@ -1,0 +1,139 @@
+"""The controller's side of the launcher's measurements (``submit/iterlog.py``): read each
+job's report from the site's spool folder, accept it only as a claim about that job, and
+turn the accepted ones into calibration observations of the layout that ran.
+
+Why a user cannot use this channel to change other users' predictions:
+  * a report counts only for the job it is named after, and only when the file belongs to
+    that job's user (the folder is sticky: nobody replaces another user's file, and a file
+    a user made for someone else's job id is refused: 'not its user's file');
+  * its layout must be one Megatron accepts for that job's allocation, and its value
+    within ``MEASURE_BOUND`` of the cost model's prediction for that layout ('out of
+    bounds' otherwise: a typo or a lie cannot move a class far);
+  * once the job finished, the measured iteration time x the iterations it reports cannot
+    exceed Slurm's own elapsed time ('exceeds elapsed');
+  * in the fit, one user's runs weigh at most ``layout_fit.USER_CAP_RUNS`` runs per term.
+Refused reports are recorded with the reason and counted in the log; never learned from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pwd
+from collections import Counter
+from dataclasses import fields
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+from pipeswift_slurm.core.calibration import Observation
+from pipeswift_slurm.core.layout_fit import layout_features
+from pipeswift_slurm.core.megatron_rules import config_for_allocation
+from pipeswift_slurm.core.model import ExecConfig, Job, JobProfile
+
+log = logging.getLogger(__name__)
+
+MEASURE_BOUND = 3.0  # accepted: prediction / 3 <= measured <= prediction x 3
+ELAPSED_SLACK = 1.05  # iterations x measured may exceed the elapsed time by 5 % (rounding)
+MAX_REPORT_BYTES = 65536
+OK = "ok"
+
+
+def _owner_ok(path: str, user: str) -> bool:
+    try:
+        return os.stat(path).st_uid == pwd.getpwnam(user).pw_uid
+    except (KeyError, OSError):
+        return False
+
+
+def read_report(folder: str, job: Job) -> Optional[tuple[dict[str, Any], str]]:
+    """(report, '') of ``job`` from ``<folder>/<job id>.json``, ({}, why refused), or None
+    when there is none."""
+    path = os.path.join(folder, "%d.json" % job.job_id)
+    if not os.path.isfile(path):
+        return None
+    if not _owner_ok(path, job.user):
+        return {}, "not its user's file"
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read(MAX_REPORT_BYTES + 1)[:MAX_REPORT_BYTES])
+        if not isinstance(data, dict) or data.get("job_id") != job.job_id:
+            return {}, "not this job's report"
+        return data, ""
+    except (OSError, ValueError, RecursionError):
+        return {}, "unreadable report"
+
+
+def report_config(data: Mapping[str, Any]) -> Optional[ExecConfig]:
+    """The layout a report names, or None when it does not name a valid one."""
+    raw = data.get("config")
+    if not isinstance(raw, dict):
+        return None
+    names = {f.name for f in fields(ExecConfig)}
+    try:
+        values = {k: (None if v is None else int(v)) for k, v in raw.items() if k in names}
+        return ExecConfig(**values)
+    except (TypeError, ValueError):
+        return None
+
+
+def judge(data: Mapping[str, Any], job: Job, profile: Optional[JobProfile],
+          iter_time_s: Callable[[JobProfile, ExecConfig], float]) -> tuple[Optional[ExecConfig], float, str]:
+    """(layout, predicted s per iteration, status) of one report: status 'ok' or why refused."""
+    cfg = report_config(data)
+    if profile is None:
+        return cfg, math.nan, "no profile"
+    nodes = max(1, job.num_nodes)
+    valid, _why = config_for_allocation(cfg, profile, nodes, job.gpus // nodes) if cfg else (None, "")
+    if valid is None:
+        return cfg, math.nan, "invalid layout"
+    predicted = iter_time_s(profile, valid)
+    measured = data.get("median_iter_s")
+    if not isinstance(measured, (int, float)) or not math.isfinite(measured) or not predicted > 0:
+        return valid, predicted, "no value"
+    if not predicted / MEASURE_BOUND <= measured <= predicted * MEASURE_BOUND:
+        return valid, predicted, "out of bounds"
+    return valid, predicted, OK
+
+
+def ingest(folder: str, jobs: Iterable[Job], profile_of: Callable[[Job], Optional[JobProfile]],
+           iter_time_s: Callable[[JobProfile, ExecConfig], float], store: Any, now: float) -> Counter[str]:
+    """Record the report of every started job in ``jobs`` that has one; the statuses counted."""
+    from pipeswift_slurm.store.queries import MeasurementEntry
+
+    counts: Counter[str] = Counter()
+    for job in jobs:
+        if job.start_time is None or not job.opted_in:
+            continue
+        got = read_report(folder, job)
+        if got is None:
+            continue
+        data, why = got
+        cfg, predicted, status = (None, math.nan, why) if why else judge(data, job, profile_of(job), iter_time_s)
+        counts[status] += 1
+        feats = dict(layout_features(cfg)) if cfg is not None else {}
+        measured = data.get("median_iter_s")
+        store.save_measurement(MeasurementEntry(
+            job.job_id, job.user, getattr(profile_of(job), "job_class", None) if status == OK else None,
+            cfg.short() if cfg else None, feats.get("tp"), feats.get("pp"), feats.get("mbs"), feats.get("vp"),
+            float(measured) if isinstance(measured, (int, float)) and math.isfinite(measured) else None,
+            predicted if math.isfinite(predicted) else None,
+            int(data["iterations"]) if isinstance(data.get("iterations"), int) else None, status, now))
+    refused = {k: v for k, v in counts.items() if k != OK}
+    if refused:
+        log.warning("measured iteration times refused: %s", ", ".join("%s %d" % kv for kv in sorted(refused.items())))
+    return counts
+
+
+def within_elapsed(m: Any, run_s: float) -> bool:
+    """Whether iterations x measured s per iteration fits in Slurm's elapsed ``run_s``."""
+    return (m.iterations or 0) * (m.iter_s or 0.0) <= run_s * ELAPSED_SLACK
+
+
+def observation(finished: Any, m: Any) -> Optional[Observation]:
+    """The observation of a finished job's accepted measurement (None: not usable)."""
+    if m is None or m.status != OK or not m.iter_s or not m.predicted_iter_s or not within_elapsed(m, finished.run_s):
+        return None
+    features = (("tp", m.tp), ("pp", m.pp), ("mbs", m.micro_batch_size), ("vp", m.vp or 1))
+    return Observation(finished.job_class, m.predicted_iter_s, m.iter_s, finished.end_time, m.user or "",
+                       features if None not in (m.tp, m.pp, m.micro_batch_size) else ())
