@@ -328,6 +328,7 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Log-normal sigma of a seeded true/predicted factor per config shape (tp, pp, micro-batch).")
 @click.option("--truth-user-favour", type=FiniteFloatRange(min=0.1, max=10), default=1.0, show_default=True,
               help="The layout shape each job asked for really runs this many times faster than predicted.")
+@click.option("--learn", is_flag=True, help="Calibrate online with layout terms from finished jobs (issue 25).")
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
 @click.option("--db", help="Write the controller history of pipeswift (else of the first policy) to this SQLite"
@@ -338,7 +339,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
              gpu_type: Optional[str], load: Optional[float], policy_text: str, seed: int, start_day: float,
              window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
              wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, truth_shape_noise: float,
-             truth_user_favour: float, drop_oversized: bool,
+             truth_user_favour: float, learn: bool, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
              config_path: Optional[str], start_epoch_s: Optional[float], sacct_file: Optional[str] = None,
              history_db: Optional[str] = None) -> None:
@@ -373,7 +374,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
                    noise_sigma=truth_noise, shape_sigma=truth_shape_noise, user_favour=truth_user_favour,
-                   cluster_filter=cluster_filter, start_epoch_s=start_epoch_s,
+                   cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn,
                    history=load_history(sacct_file, history_db, load=load, vc=cluster_filter)
                    if (sacct_file or history_db) else None)
     comp = _run(spec, db)
@@ -384,6 +385,9 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
         print_comparison(comp)
         if comp.changed is not None:
             print_what_changed(comp)
+    for m in comp.metrics if learn and json_out != "-" else ():
+        click.echo("%s: after 20 runs of a class, |actual/predicted - 1| on unseen layouts %s, seen layouts %s"
+                   % (m["policy"], m.get("unseen_layouts"), m.get("seen_layouts")))
     warning = bound_warning(comp)
     if warning:
         click.echo(warning, err=True)

@@ -15,6 +15,7 @@ from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.planner import Planner
 from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
+from pipeswift_slurm.sim.learning import learner, unseen_layout_errors
 from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
 from pipeswift_slurm.sim.replay import to_workload, what_changed
 from pipeswift_slurm.sim.truth import ShapeNoise, TruthModel
@@ -65,6 +66,8 @@ class RunSpec:
     # the planner keeps a user's layout within the error band (``planner.keep_user_layout``);
     # False only to measure what that rule costs or saves (bench/do_no_harm.py)
     do_no_harm: bool = True
+    # ``simulate --learn``: calibration with layout terms, online (sim/learning.py)
+    learn: bool = False
     # a site's own history (sim/replay.py History, from --sacct or --history) replayed
     # instead of ``workload``; its own times are kept (``load`` is not applied)
     history: Any = None
@@ -193,13 +196,18 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         tick_cb = (lambda now, rep, _n=name: on_tick(_n, now, rep)) if on_tick else None
         t0 = time.perf_counter()
         run_settings = replace(settings, allow_requeue=False) if name in spec.no_requeue else settings
-        result = Simulation(jobs, policy, estimator, truth, run_settings, store=store, on_tick=tick_cb).run()
+        cal = learner(estimator) if spec.learn else None
+        result = Simulation(jobs, policy, estimator, truth, run_settings, store=store, on_tick=tick_cb,
+                            calibrator=cal).run()
         result.policy = name
         result.makespan_s = max(0.0, result.makespan_s - facts["start_epoch_s"])  # a duration, from time 0
         log.info("%s: %d jobs simulated in %.1f s", name, len(jobs), time.perf_counter() - t0)
         results.append(result)
         metrics.append(summarize(result, jobs, knobs.get("wait_bound_s", spec.wait_bound_s), alone))
         metrics[-1]["keeps_wait_bound"] = keeps_bound
+        if cal is not None:
+            metrics[-1]["unseen_layouts"] = unseen_layout_errors(result.records, cal)
+            metrics[-1]["seen_layouts"] = unseen_layout_errors(result.records, cal, seen=True)
     facts["lower_bound_mean_jct_s"] = lower_bound_s(jobs, estimator, truth, spec.gpus)
     compare_users(metrics)
     fifo = next((m for m in metrics if m["policy"] == "fifo"), None)
