@@ -10,6 +10,7 @@ at the end of tick t applies from tick t+1 on.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -122,14 +123,16 @@ class StoreCalibration:
         """Refit the per-class bias from finished jobs; the estimator with the stored bias."""
         from pipeswift_slurm.store.queries import CalibrationEntry
 
-        from pipeswift_slurm.slurm.measured import observation
+        from pipeswift_slurm.slurm.measured import observation, within_elapsed
 
         measured = {m.job_id: m for m in self.store.measurements()} if self.measure_dir else {}
         obs = []
         for f in self.store.finished_jobs():
             if self.learns_from(f):
-                obs.append(observation(f, measured.get(f.job_id))
-                           or Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time))
+                m = measured.get(f.job_id)
+                if m is not None and m.status == "ok" and not within_elapsed(m, f.run_s):
+                    self.store.save_measurement(dataclasses.replace(m, status="exceeds elapsed"))
+                obs.append(observation(f, m) or Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time))
         fitted = fit_bias(obs, now=now)
         self.store.save_calibration([CalibrationEntry(c.job_class, c.n_jobs, c.log_ratio, now)
                                      for c in fitted.values()])

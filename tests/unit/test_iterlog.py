@@ -82,3 +82,21 @@ def test_unwritable_folder_warns_and_the_job_still_runs(tmp_path: Path, capsys: 
     code = run_measured([sys.executable, str(script)], str(tmp_path / "missing"), 42, CFG, sink=io.BytesIO())
     assert code == 0
     assert capsys.readouterr().err.count("cannot write the measured iteration time") == 1
+
+
+def test_the_launcher_measures_when_the_site_names_a_folder(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``pipeswift-launch`` with PIPESWIFT_MEASURE_DIR set runs the command as a child (not
+    exec), the job's stdout unchanged, and leaves the report named after the job."""
+    from pipeswift_slurm.submit.launcher import launch
+
+    script = tmp_path / "pretrain_gpt.py"
+    script.write_text("import sys\nsys.stdout.write(%r)\n" % LOG)
+    argv = ["--", sys.executable, str(script), "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads",
+            "4", "--seq-length", "256", "--max-position-embeddings", "256", "--micro-batch-size", "1",
+            "--global-batch-size", "8", "--train-iters", "100"]
+    env = {"SLURM_JOB_ID": "77", "SLURM_GPUS_ON_NODE": "1", "PIPESWIFT_MEASURE_DIR": str(tmp_path)}
+    code = launch(argv, env, run=lambda a: "", execvp=lambda *a: pytest.fail("exec'd: nothing measured"))
+    assert code == 0
+    assert capfd.readouterr().out == LOG
+    report = json.loads((tmp_path / "77.json").read_text())
+    assert report["job_id"] == 77 and ExecConfig(**report["config"]).gpus == 1

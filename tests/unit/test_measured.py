@@ -32,8 +32,16 @@ def report(folder: Path, ratio: float, est, iterations: int = 100, job_id: int =
     return measured
 
 
-def run(tmp_path: Path, est, ratio: float, user: str = ME, iterations: int = 100) -> tuple[Store, StoreCalibration]:
-    store = Store.in_memory()
+@pytest.fixture
+def new_store(db_url: str):
+    """A store on a new database of each backend (SQLite; PostgreSQL when a test server is up)."""
+    store = Store.from_url(db_url)
+    yield store
+    store.engine.dispose()
+
+
+def run(store: Store, tmp_path: Path, est, ratio: float, user: str = ME, iterations: int = 100
+        ) -> tuple[Store, StoreCalibration]:
     record(store, 200.0, est, job(user=user))
     report(tmp_path, ratio, est, iterations)
     step = StoreCalibration(store, measure_dir=str(tmp_path))
@@ -42,8 +50,8 @@ def run(tmp_path: Path, est, ratio: float, user: str = ME, iterations: int = 100
     return store, step
 
 
-def test_a_measurement_reaches_the_history_and_changes_that_layouts_prediction(tmp_path, estimator):
-    store, step = run(tmp_path, estimator, 1.5)
+def test_a_measurement_reaches_the_history_and_changes_that_layouts_prediction(new_store, tmp_path, estimator):
+    store, step = run(new_store, tmp_path, estimator, 1.5)
     [m] = store.measurements()
     assert (m.status, m.config, m.tp, m.pp, m.user) == ("ok", DECIDED.short(), DECIDED.tp, DECIDED.pp, ME)
     assert m.predicted_iter_s == pytest.approx(estimator.cost.iter_time_s(profile(), DECIDED))
@@ -58,13 +66,16 @@ def test_a_measurement_reaches_the_history_and_changes_that_layouts_prediction(t
 @pytest.mark.parametrize("ratio, user, iterations, status", [
     (10.0, ME, 100, "out of bounds"),
     (1.5, "no-such-user-pipeswift", 100, "not its user's file"),
-    (1.5, ME, 100_000, "ok"),  # 100,000 iterations cannot fit in 1200 s elapsed
+    (1.5, ME, 100_000, "ok"),  # 100,000 iterations cannot fit in 1200 s elapsed: refused at the refit
 ])
-def test_refused_claims_are_recorded_and_never_learned(tmp_path, estimator, ratio, user, iterations, status):
-    store, step = run(tmp_path, estimator, ratio, user, iterations)
+def test_refused_claims_are_recorded_and_never_learned(new_store, tmp_path, estimator, ratio, user, iterations,
+                                                       status):
+    store, step = run(new_store, tmp_path, estimator, ratio, user, iterations)
     assert [m.status for m in store.measurements()] == [status]
     step.refit(1300.0, estimator)
     assert not any(" tp=" in key for key in store.calibration())
+    if status == "ok":
+        assert [m.status for m in store.measurements()] == ["exceeds elapsed"]
 
 
 def test_a_report_for_another_job_id_is_refused(tmp_path, estimator):
