@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import click
 
 from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, output_file, pass_obj
-from pipeswift_slurm.cli.sim_notes import bound_warning, worst_users_line
+from pipeswift_slurm.cli.sim_notes import bound_warning, learn_line, worst_users_line
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.core.model import COMPLETED
 from pipeswift_slurm.core.request import MAX_GPUS
@@ -386,8 +386,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
         if comp.changed is not None:
             print_what_changed(comp)
     for m in comp.metrics if learn and json_out != "-" else ():
-        click.echo("%s: after 20 runs of a class, |actual/predicted - 1| on unseen layouts %s, seen layouts %s"
-                   % (m["policy"], m.get("unseen_layouts"), m.get("seen_layouts")))
+        click.echo(learn_line(m))
     warning = bound_warning(comp)
     if warning:
         click.echo(warning, err=True)

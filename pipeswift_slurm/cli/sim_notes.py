@@ -1,5 +1,6 @@
 """The lines ``pipeswift simulate`` prints after its table: the worst user's mean JCT
-against slurm's per policy, and the WARNING when a policy that keeps the wait bound did not."""
+against slurm's per policy, the WARNING when a policy that keeps the wait bound did not, and
+with ``--learn`` how far off the learned predictions were."""
 
 from __future__ import annotations
 
@@ -32,3 +33,17 @@ def bound_warning(comp: Any) -> Optional[str]:
         "it kept the bound" if fifo["bound_kept"] else "no order could have kept the bound"))
     return "WARNING: wait bound not kept: %s%s" % (", ".join("%s waited up to %s against its %s bound" % (
         m["policy"], duration(m["max_wait_s"]), duration(m["wait_bound_s"])) for m in broke), why)
+
+
+def learn_line(m: dict[str, Any]) -> str:
+    """``--learn``'s figure of one policy (``sim/learning.py``): median and p90 error of the
+    predictions made once a class had 20 finished runs, learned and the cost model's."""
+    def one(kind: str, e: Optional[dict[str, float]]) -> str:
+        if not e:
+            return "%s layouts: no job" % kind
+        return "%s layouts (%d jobs) median %.1f %% (model %.1f %%), p90 %.1f %% (model %.1f %%)" % (
+            kind, e["jobs"], 100 * e["median_learned"], 100 * e["median_model"], 100 * e["p90_learned"],
+            100 * e["p90_model"])
+
+    return "%s: after 20 runs of a class, |actual/predicted - 1|: %s; %s" % (
+        m["policy"], one("unseen", m.get("unseen_layouts")), one("seen", m.get("seen_layouts")))
