@@ -191,7 +191,10 @@ def fit_bias(observations: Iterable[Observation], *, now: float, half_life_s: fl
     also gets an entry ``F-*`` (all its classes pooled, shrunk toward 0) for classes not
     seen yet. The trimmed mean of logs ignores a share of outliers below ``trim`` and
     treats x1.3 and /1.3 symmetrically; the median (trim -> 0.5) is more robust but
-    noisier.
+    noisier. Within each estimate a user's observations weigh at most
+    ``layout_fit.USER_CAP_RUNS`` runs (one user cannot carry a class). Observations that
+    carry the layout that ran (``features``) then fit the layout terms, keyed
+    ``"<class> tp=4"`` (``layout_fit.fit_feature_terms``).
 
     Args:
         observations: finished jobs; invalid ones (zero/negative/NaN times, empty class)
@@ -224,8 +227,8 @@ def fit_bias(observations: Iterable[Observation], *, now: float, half_life_s: fl
              decay_weight(now - o.end_time, half_life_s)) for o in kept if o.features]
     class_log = {k: cb.log_ratio for k, cb in fit.items()}
     for key, (log_ratio, n, n_eff) in fit_feature_terms(rows, class_log).items():
-        fit[key] = ClassBias(key, math.exp(log_ratio), log_ratio, n, n_eff / (n_eff + DEFAULT_FEATURE_PRIOR_JOBS), n_eff,
-                              log_ratio)
+        confidence = n_eff / (n_eff + DEFAULT_FEATURE_PRIOR_JOBS)
+        fit[key] = ClassBias(key, math.exp(log_ratio), log_ratio, n, confidence, n_eff, log_ratio)
     return fit
 
 

@@ -260,9 +260,10 @@ class Controller:
         if report.failed is not None:
             raise BackendError(report.failed)
         if self.calibration is not None and not self.settings.dry_run:
-            gpn, est = getattr(self.estimator, "gpus_per_node", 0), self.estimator
-            getattr(self.calibration, "measured", lambda *a: None)(view.jobs, lambda j: profiles.get(j.job_id) or parse_profile(
-                j, gpn, gpu_cap(j, gpn, view.total_gpus))[0], lambda p, c: est.cost.iter_time_s(p, c), view.now)
+            gpn, est = getattr(self.estimator, "gpus_per_node", 0), self.estimator  # the launchers' reports:
+            getattr(self.calibration, "measured", lambda *a: None)(
+                view.jobs, lambda j: profiles.get(j.job_id) or parse_profile(j, gpn, gpu_cap(j, gpn, view.total_gpus))[0],
+                lambda p, c: est.cost.iter_time_s(p, c), view.now)
             self.estimator = self.calibration.refit(view.now, self.estimator)
         return report
 

@@ -3,9 +3,10 @@ job's report from the site's spool folder, accept it only as a claim about that 
 turn the accepted ones into calibration observations of the layout that ran.
 
 Why a user cannot use this channel to change other users' predictions:
-  * a report counts only for the job it is named after, and only when the file belongs to
-    that job's user (the folder is sticky: nobody replaces another user's file, and a file
-    a user made for someone else's job id is refused: 'not its user's file');
+  * a report counts only for the job it is named after, and only when the file (a plain
+    file, not a link) belongs to that job's user (the folder is sticky: nobody replaces
+    another user's file, and a file a user made for someone else's job id is refused:
+    'not its user's file'; at worst it keeps that job from reporting at all);
   * its layout must be one Megatron accepts for that job's allocation, and its value
     within ``MEASURE_BOUND`` of the cost model's prediction for that layout ('out of
     bounds' otherwise: a typo or a lie cannot move a class far);
@@ -22,6 +23,7 @@ import logging
 import math
 import os
 import pwd
+import stat
 from collections import Counter
 from dataclasses import fields
 from typing import Any, Callable, Iterable, Mapping, Optional
@@ -39,23 +41,27 @@ MAX_REPORT_BYTES = 65536
 OK = "ok"
 
 
-def _owner_ok(path: str, user: str) -> bool:
+def _owner_ok(st: os.stat_result, user: str) -> bool:
     try:
-        return os.stat(path).st_uid == pwd.getpwnam(user).pw_uid
-    except (KeyError, OSError):
+        return st.st_uid == pwd.getpwnam(user).pw_uid
+    except KeyError:
         return False
 
 
 def read_report(folder: str, job: Job) -> Optional[tuple[dict[str, Any], str]]:
     """(report, '') of ``job`` from ``<folder>/<job id>.json``, ({}, why refused), or None
-    when there is none."""
+    when there is none. A link is refused (its owner is not its target's)."""
     path = os.path.join(folder, "%d.json" % job.job_id)
-    if not os.path.isfile(path):
+    try:
+        st = os.lstat(path)
+    except OSError:
         return None
-    if not _owner_ok(path, job.user):
+    if not stat.S_ISREG(st.st_mode):
+        return {}, "not a plain file"
+    if not _owner_ok(st, job.user):
         return {}, "not its user's file"
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
             data = json.loads(fh.read(MAX_REPORT_BYTES + 1)[:MAX_REPORT_BYTES])
         if not isinstance(data, dict) or data.get("job_id") != job.job_id:
             return {}, "not this job's report"

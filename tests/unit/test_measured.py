@@ -87,3 +87,13 @@ def test_a_report_for_another_job_id_is_refused(tmp_path, estimator):
     StoreCalibration(store, measure_dir=str(tmp_path)).measured([job()], lambda j: profile(),
                                                                  estimator.cost.iter_time_s, 200.0)
     assert [m.status for m in store.measurements()] == ["not this job's report"]
+
+
+def test_a_link_is_refused(new_store, tmp_path, estimator):
+    """A link named after a job is not a report of it, whoever owns its target."""
+    record(new_store, 200.0, estimator, job())
+    report(tmp_path, 1.5, estimator, job_id=9)
+    (tmp_path / "1.json").symlink_to(tmp_path / "9.json")
+    StoreCalibration(new_store, measure_dir=str(tmp_path)).measured([job()], lambda j: profile(),
+                                                                     estimator.cost.iter_time_s, 200.0)
+    assert [m.status for m in new_store.measurements()] == ["not a plain file"]
