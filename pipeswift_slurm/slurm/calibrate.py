@@ -96,7 +96,7 @@ class StoreCalibration:
             from pipeswift_slurm.slurm.measured import ingest
 
             ingest(self.measure_dir, [j for j in jobs if j.partition not in self.exclude_partitions], profile_of,
-                   iter_time_s, self.store, now)
+                   iter_time_s, self.store)
 
     def user_factor(self, user: str) -> float:
         """The per-user correction of ``user``'s claims (``user_factors``; 1 for a user
@@ -131,7 +131,7 @@ class StoreCalibration:
             if self.learns_from(f):
                 m = measured.get(f.job_id)
                 if m is not None and m.status == "ok" and not within_elapsed(m, f.run_s):
-                    self.store.save_measurement(dataclasses.replace(m, status="exceeds elapsed"))
+                    self.store.save_measurements([dataclasses.replace(m, status="exceeds elapsed")])
                 obs.append(observation(f, m) or Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time))
         fitted = fit_bias(obs, now=now)
         self.store.save_calibration([CalibrationEntry(c.job_class, c.n_jobs, c.log_ratio, now)

@@ -48,26 +48,26 @@ def _owner_ok(st: os.stat_result, user: str) -> bool:
         return False
 
 
-def read_report(folder: str, job: Job) -> Optional[tuple[dict[str, Any], str]]:
-    """(report, '') of ``job`` from ``<folder>/<job id>.json``, ({}, why refused), or None
-    when there is none. A link is refused (its owner is not its target's)."""
+def read_report(folder: str, job: Job) -> Optional[tuple[dict[str, Any], str, float]]:
+    """(report, '', mtime) of ``job`` from ``<folder>/<job id>.json``, ({}, why refused,
+    mtime), or None when there is none. A link is refused (its owner is not its target's)."""
     path = os.path.join(folder, "%d.json" % job.job_id)
     try:
         st = os.lstat(path)
     except OSError:
         return None
     if not stat.S_ISREG(st.st_mode):
-        return {}, "not a plain file"
+        return {}, "not a plain file", st.st_mtime
     if not _owner_ok(st, job.user):
-        return {}, "not its user's file"
+        return {}, "not its user's file", st.st_mtime
     try:
         with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
             data = json.loads(fh.read(MAX_REPORT_BYTES + 1)[:MAX_REPORT_BYTES])
         if not isinstance(data, dict) or data.get("job_id") != job.job_id:
-            return {}, "not this job's report"
-        return data, ""
+            return {}, "not this job's report", st.st_mtime
+        return data, "", st.st_mtime
     except (OSError, ValueError, RecursionError):
-        return {}, "unreadable report"
+        return {}, "unreadable report", st.st_mtime
 
 
 def report_config(data: Mapping[str, Any]) -> Optional[ExecConfig]:
@@ -103,28 +103,33 @@ def judge(data: Mapping[str, Any], job: Job, profile: Optional[JobProfile],
 
 
 def ingest(folder: str, jobs: Iterable[Job], profile_of: Callable[[Job], Optional[JobProfile]],
-           iter_time_s: Callable[[JobProfile, ExecConfig], float], store: Any, now: float) -> Counter[str]:
-    """Record the report of every started job in ``jobs`` that has one; the statuses counted."""
+           iter_time_s: Callable[[JobProfile, ExecConfig], float], store: Any) -> Counter[str]:
+    """Record the report of every started job in ``jobs`` that has a new one (written since
+    the one recorded: ``reported_at`` is the file's mtime), in one transaction; the
+    statuses counted."""
     from pipeswift_slurm.store.queries import MeasurementEntry
 
+    found = {job.job_id: (job, got) for job in jobs if job.start_time is not None and job.opted_in
+             and (got := read_report(folder, job)) is not None}
+    known = {m.job_id: m.reported_at for m in store.measurements(list(found))} if found else {}
     counts: Counter[str] = Counter()
-    for job in jobs:
-        if job.start_time is None or not job.opted_in:
+    entries = []
+    for job_id, (job, (data, why, mtime)) in sorted(found.items()):
+        if mtime <= known.get(job_id, -math.inf):
             continue
-        got = read_report(folder, job)
-        if got is None:
-            continue
-        data, why = got
-        cfg, predicted, status = (None, math.nan, why) if why else judge(data, job, profile_of(job), iter_time_s)
+        profile = profile_of(job) if not why else None
+        cfg, predicted, status = (None, math.nan, why) if why else judge(data, job, profile, iter_time_s)
         counts[status] += 1
         feats = dict(layout_features(cfg)) if cfg is not None else {}
         measured = data.get("median_iter_s")
-        store.save_measurement(MeasurementEntry(
-            job.job_id, job.user, getattr(profile_of(job), "job_class", None) if status == OK else None,
-            cfg.short() if cfg else None, feats.get("tp"), feats.get("pp"), feats.get("mbs"), feats.get("vp"),
+        entries.append(MeasurementEntry(
+            job_id, job.user, getattr(profile, "job_class", None), cfg.short() if cfg else None, feats.get("tp"),
+            feats.get("pp"), feats.get("mbs"), feats.get("vp"),
             float(measured) if isinstance(measured, (int, float)) and math.isfinite(measured) else None,
             predicted if math.isfinite(predicted) else None,
-            int(data["iterations"]) if isinstance(data.get("iterations"), int) else None, status, now))
+            int(data["iterations"]) if isinstance(data.get("iterations"), int) else None, status, mtime))
+    if entries:
+        store.save_measurements(entries)
     refused = {k: v for k, v in counts.items() if k != OK}
     if refused:
         log.warning("measured iteration times refused: %s", ", ".join("%s %d" % kv for kv in sorted(refused.items())))

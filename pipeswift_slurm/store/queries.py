@@ -199,9 +199,12 @@ def _calibration(s: Session) -> dict[str, tuple[float, int]]:
     return {job_class: (ratio, n_jobs) for job_class, ratio, n_jobs in rows}
 
 
-def _measurements(s: Session) -> list[MeasurementEntry]:
+def _measurements(s: Session, job_ids: Optional[list[int]]) -> list[MeasurementEntry]:
     cols = [getattr(MeasurementRow, f) for f in MeasurementEntry.__dataclass_fields__]
-    return [MeasurementEntry(*r) for r in s.execute(select(*cols).order_by(MeasurementRow.job_id))]
+    query = select(*cols).order_by(MeasurementRow.job_id)
+    if job_ids is not None:
+        query = query.where(MeasurementRow.job_id.in_(job_ids))
+    return [MeasurementEntry(*r) for r in s.execute(query)]
 
 
 class Queries:
@@ -241,9 +244,10 @@ class Queries:
         """
         return self._read(_finished_jobs, job_class, since, include_vanished)
 
-    def measurements(self) -> list[MeasurementEntry]:
-        """Every measurement the launcher reported and the controller recorded, by job."""
-        return self._read(_measurements)
+    def measurements(self, job_ids: Optional[Iterable[int]] = None) -> list[MeasurementEntry]:
+        """The measurements the launchers reported and the controller recorded (of
+        ``job_ids`` only, when given), by job."""
+        return self._read(_measurements, None if job_ids is None else list(job_ids))
 
     def calibration(self) -> dict[str, tuple[float, int]]:
         """Map from job_class to (ratio actual/predicted, number of jobs behind it)."""

@@ -86,21 +86,19 @@ def save_calibration(s: Session, rows: Iterable[CalibrationEntry]) -> None:
     s.execute(insert(CalibrationRow), values)
 
 
-def save_measurement(s: Session, entry: MeasurementEntry) -> None:
-    """Replace the measurement of ``entry.job_id`` (a job's report is rewritten as it runs)."""
-    s.execute(TABLES["measurements"].delete().where(MeasurementRow.job_id == entry.job_id))
-    s.execute(insert(MeasurementRow), [dict(entry.__dict__)])
-
-
 class MeasurementWrites:
     """The Store's write of the launchers' measurements (``Store`` inherits it)."""
 
     _write_engine: Any
 
-    def save_measurement(self, entry: MeasurementEntry) -> None:
-        """Record (or replace) what the launcher measured of one job."""
+    def save_measurements(self, entries: Sequence[MeasurementEntry]) -> None:
+        """Record (or replace: a job's report is rewritten as it runs) what the launchers
+        measured, in one transaction."""
+        if not entries:
+            return
         with Session(self._write_engine) as s, s.begin():
-            save_measurement(s, entry)
+            s.execute(TABLES["measurements"].delete().where(MeasurementRow.job_id.in_([e.job_id for e in entries])))
+            s.execute(insert(MeasurementRow), [dict(e.__dict__) for e in entries])
 
 
 def queue_run_s(values: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:

@@ -97,3 +97,22 @@ def test_a_link_is_refused(new_store, tmp_path, estimator):
     StoreCalibration(new_store, measure_dir=str(tmp_path)).measured([job()], lambda j: profile(),
                                                                      estimator.cost.iter_time_s, 200.0)
     assert [m.status for m in new_store.measurements()] == ["not a plain file"]
+
+
+def test_only_new_reports_are_read_again(new_store, tmp_path, estimator):
+    """A tick writes nothing for a report it has recorded; a rewritten one replaces it."""
+    import os
+
+    from pipeswift_slurm.slurm.measured import ingest
+
+    record(new_store, 200.0, estimator, job())
+    report(tmp_path, 1.5, estimator)
+    again = (str(tmp_path), [job()], lambda j: profile(), estimator.cost.iter_time_s, new_store)
+    assert ingest(*again) == {"ok": 1}
+    assert ingest(*again) == {}
+    measured = report(tmp_path, 1.2, estimator)
+    later = new_store.measurements()[0].reported_at + 10
+    os.utime(tmp_path / "1.json", (later, later))
+    assert ingest(*again) == {"ok": 1}
+    [m] = new_store.measurements([1])
+    assert (m.iter_s, m.reported_at) == (pytest.approx(measured), later)
