@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -132,10 +133,23 @@ def run_measured(command: Sequence[str], folder: str, job_id: int, config: ExecC
 
     child = subprocess.Popen(list(command), stdout=subprocess.PIPE)
     assert child.stdout is not None
+    previous = {sig: signal.signal(sig, _outlive) for sig in STEP_SIGNALS}
     try:
         copy_and_parse(child.stdout, sink, log, save)
     finally:
         code = child.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     save()
     return 128 - code if code < 0 else code
+
+
+# Slurm signals every process of a job step (scancel, --signal, the time limit): the
+# training gets them itself; the launcher outlives them while it runs, so a Megatron that
+# saves a checkpoint on SIGTERM still has its stdout (a dead reader would break its pipe).
+STEP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _outlive(signum: int, frame: object) -> None:
+    """A signal to the launcher while the training runs: the training decides."""
 

@@ -100,3 +100,27 @@ def test_the_launcher_measures_when_the_site_names_a_folder(tmp_path: Path, capf
     assert capfd.readouterr().out == LOG
     report = json.loads((tmp_path / "77.json").read_text())
     assert report["job_id"] == 77 and ExecConfig(**report["config"]).gpus == 1
+
+
+def test_the_launcher_outlives_slurms_signal_while_the_training_saves(tmp_path: Path) -> None:
+    """scancel / the time limit send SIGTERM to every process of the step: the launcher must
+    keep copying until the training has saved and exited, or its last lines break its pipe."""
+    import signal
+    import subprocess
+    import time
+
+    train = tmp_path / "train.py"
+    train.write_text("import signal, sys, time\n"
+                     "def bye(*a):\n    time.sleep(0.5)\n    print('saved checkpoint', flush=True)\n    sys.exit(0)\n"
+                     "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(30)\n")
+    code = ("import sys; from pipeswift_slurm.core.model import ExecConfig; "
+            "from pipeswift_slurm.submit.iterlog import run_measured; "
+            "sys.exit(run_measured([sys.executable, %r], %r, 5, ExecConfig(1, 1, 1, 1, 1)))" % (str(train), str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True,
+                            env=dict(os.environ))
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGTERM)  # as slurmstepd does
+    rest, _ = proc.communicate(timeout=20)
+    assert rest == b"saved checkpoint\n" and proc.returncode == 0
