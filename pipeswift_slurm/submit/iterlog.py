@@ -15,7 +15,8 @@ written to ``<measure dir>/<job id>.json`` (``PIPESWIFT_MEASURE_DIR``, a spool f
 site creates like /tmp: writable by all, sticky): atomically, after every
 ``REPORT_EVERY`` lines and at the end. The controller (``slurm/measured.py``) trusts
 it only as a claim about that job: the file must belong to the job's user, and the value
-is bounded and checked against Slurm's elapsed time.
+is bounded and checked against Slurm's elapsed time. While the child runs, the launcher
+outlives the signals Slurm sends the whole step (``STEP_SIGNALS``): the child gets them too.
 """
 
 from __future__ import annotations
