@@ -55,8 +55,8 @@ class PipeSwiftKnobs:
     """``pipeswift`` (see ``policy/pipeswift.py`` for each knob's role)."""
 
     wait_bound_s: float = knob(48 * 3600.0, above=0)
-    promote_fraction: float = knob(0.5, lo=0, hi=1)
-    aging: float = knob(0.5, lo=0)
+    promote_fraction: float = knob(0.9, lo=0, hi=1)
+    aging: float = knob(0.0, lo=0)
     start_margin: float = knob(0.1, lo=0)
     plan_depth: int = knob(64, lo=1)
     site_factor_max: int = knob(100_000_000, lo=0, hi=SITE_FACTOR_LIMIT)
@@ -66,7 +66,7 @@ class PipeSwiftKnobs:
     reconfigure: bool = knob(True)
     expand_reserve_fraction: float = knob(0.1, lo=0, hi=1)
     reservations: int = knob(64, lo=0)
-    short_lane_fraction: float = knob(0.0, lo=0, hi=1)
+    short_lane_fraction: float = knob(0.125, lo=0, hi=1)
     short_lane_max_s: float = knob(2 * 3600.0, lo=0)
     preempt: bool = knob(False)
     preempt_margin: float = knob(0.2, lo=0)
@@ -77,6 +77,8 @@ class PipeSwiftKnobs:
     preempt_wait_share: float = knob(0.75, lo=0, hi=1)
     reshape_waiting: bool = knob(True)
     risk_fraction: float = knob(0.75, lo=0, hi=1)
+    starve_share: float = knob(0.5, lo=0, hi=1)
+    borrow_share: float = knob(0.25, lo=0, hi=1)
 
     @property
     def promote_s(self) -> float:

@@ -3,14 +3,15 @@
 Each tick (pure; only ``view.now`` as the clock):
 1. Options: for every pending opted-in job and every GPU count it allows, the fastest
    valid config and its predicted run time (the planner, through the Estimator).
-2. Order: starving jobs first, in submit order (the hard bound on waiting): those that
-   have waited past ``promote_fraction`` x ``wait_bound_s``, and those *at risk*: the
-   earliest they could start, were they first in the queue (on whole nodes, as the
-   running jobs' predicted ends free them, node by node), would come after
+2. Order: shortest predicted run time first. Starving jobs go ahead, oldest first:
+   those that have waited past ``promote_fraction`` x ``wait_bound_s``, and those *at
+   risk*: the earliest they could start, were they first in the queue (on whole nodes, as
+   the running jobs' predicted ends free them, node by node), would come after
    ``risk_fraction`` x ``wait_bound_s`` of waiting (a job behind multi-day jobs must get
-   its reservation before its bound is already lost). Then shortest predicted run time
-   first, with an aging credit of ``aging`` seconds per second waited (a job's key falls
-   as it waits, so none starves behind a stream of short jobs).
+   its reservation before its bound is already lost); but only while the starving jobs
+   ahead need at most ``starve_share`` of the GPUs together (the oldest always goes
+   first): starvation control is a bounded share, not a switch to submit order. An
+   optional credit of ``aging`` seconds per second waited lowers a job's key.
 3. Walk the order over a free-GPU timeline built from the running jobs' predicted ends
    (count-level, exact node placement only for "now"). For each job compare starting
    now on GPUs free now (the best config for that count; fragments included) with
@@ -41,7 +42,11 @@ jobs' predicted waits, plus, for every other queued job, its share of the freed
 GPU-seconds (a saturated queue drains that much sooner). Only jobs that save and resume
 checkpoints are ever requeued, never a multi-node one that once starved, and never
 past their own share of the wait bound.
-Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer than
+Lending (``borrow_share``): a job predicted to run longer than ``short_lane_max_s`` gets
+more GPUs than it asked for only while the GPUs lent to such long runs (running ones
+included) stay within that share of the cluster: nothing gives them back before the job
+ends. Short-job lane (``short_lane_fraction`` > 0), kept while short jobs are about (one
+runs or waits; otherwise it would only leave GPUs idle): jobs predicted to run longer than
 ``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs; a long job that would
 exceed it is held (Slurm's hold, marked in the decision token; its decision says so) until
 long jobs have ended enough for it to fit, so short jobs always find GPUs (a long job
@@ -174,16 +179,27 @@ class PipeSwiftPolicy:
         return out
 
     def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float,
-              starving_ids: Collection[int]) -> list[Job]:
-        """Starving jobs (``starving_ids``) in submit order, then the rest by predicted
-        run time less the aging credit."""
+              starving_ids: Collection[int], total_gpus: Optional[int] = None) -> list[Job]:
+        """Starving jobs (``starving_ids``) first, in submit order, as long as together
+        they need at most ``starve_share`` of the ``total_gpus`` (counting each at its
+        fewest GPUs; the oldest always goes first, so every job gets its turn); then
+        everyone else, starving jobs past that share included, by predicted run time
+        less the aging credit. Without ``total_gpus``, every starving job goes first."""
         starving = sorted((j for j in pending if j.job_id in starving_ids), key=lambda j: (j.submit_time, j.job_id))
-        rest = [j for j in pending if j.job_id not in starving_ids]
+        budget = math.inf if total_gpus is None else self.knobs.starve_share * total_gpus
+        front: list[Job] = []
+        for job in starving:
+            need = min((o.gpus for o in opts[job.job_id]), default=job.gpus)
+            if not front or need <= budget:
+                front.append(job)
+                budget -= need
+        first = {j.job_id for j in front}
+        rest = [j for j in pending if j.job_id not in first]
 
         def key(job: Job) -> tuple[float, float, int]:
             return best_run_s(opts[job.job_id]) - self.knobs.aging * job.queued_s(now), job.submit_time, job.job_id
 
-        return starving + sorted(rest, key=key)
+        return front + sorted(rest, key=key)
 
     # ------------------------------------------------------------ planning
     def _plan(self, job: Job, options: tuple[Option, ...], free: list[int], timeline: Timeline,
@@ -206,6 +222,8 @@ class PipeSwiftPolicy:
             lane_full = long_job and not starving and self._long_busy + opt.gpus > self._long_cap
             if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
+            if long_job and opt.gpus > user_gpus and self._borrowed + opt.gpus - user_gpus > self._borrow_cap:
+                continue  # GPUs lent for a long run are bounded: the jobs still to come need them
             start = timeline.earliest(opt.gpus, opt.run_s)
             expands = opt.gpus > job.gpus and sum(free) - opt.gpus < reserve
             if lane_full and self.knobs.short_lane_fraction > 0:
@@ -242,6 +260,7 @@ class PipeSwiftPolicy:
                 timeline.take(now, now + best_now.run_s, best_now.gpus)
                 if best_now.run_s > self.knobs.short_lane_max_s:
                     self._long_busy += best_now.gpus
+                    self._borrowed += max(0, best_now.gpus - user_gpus)
                     bisect.insort(self._long_ends, (now + best_now.run_s, best_now.gpus))
                 return Plan(best_now, now, "start now on %d GPUs" % best_now.gpus)
         if best_wait is None and never is not None:
@@ -297,14 +316,23 @@ class PipeSwiftPolicy:
         ends = {r.job_id: predicted_end_s(r, profiles, estimator, now) for r in view.running}
         free = free_by_node(view)
         starving = self.starving(pending, opts, now, EarliestFit(view, free, ends) if self.knobs.risk_fraction > 0 else None)
-        ordered = self.order(pending, opts, now, starving)
+        ordered = self.order(pending, opts, now, starving, total)
         timeline = Timeline(now, sum(free), [(ends[r.job_id], r.gpus) for r in view.running])
         self._reserved = 0
-        self._long_cap = (1.0 - self.knobs.short_lane_fraction) * total
         self._long_ends = sorted((ends[r.job_id], r.gpus) for r in view.running
                                  if ends[r.job_id] - (now if r.start_time is None else r.start_time)
                                  > self.knobs.short_lane_max_s)
+        # the lane and the lending cap hold while short jobs are about (one runs or waits):
+        # where none come, they would only leave GPUs idle
+        short_about = len(self._long_ends) < len(view.running) or \
+            any(best_run_s(opts[j.job_id]) <= self.knobs.short_lane_max_s for j in pending)
+        self._long_cap = (1.0 - (self.knobs.short_lane_fraction if short_about else 0.0)) * total
         self._long_busy = sum(gpus for _, gpus in self._long_ends)
+        # GPUs beyond their request that running jobs hold for long (a decision of an
+        # earlier tick: today's policy never gives them back), against the lending cap
+        self._borrow_cap = (self.knobs.borrow_share if short_about else 1.0) * total
+        self._borrowed = sum(max(0, r.gpus - profiles[r.job_id].requested.gpus) for r in view.running
+                             if r.job_id in profiles and ends[r.job_id] - now > self.knobs.short_lane_max_s)
         plans: dict[int, Plan] = {}
         for job in ordered[:self.knobs.plan_depth]:
             plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,

@@ -274,9 +274,10 @@ def _seed_case() -> tuple[ClusterView, dict[int, Any]]:
 
 
 def test_pipeswift_waits_when_waiting_is_faster() -> None:
-    """The seed's case: A waits 1 h for 8 GPUs."""
+    """The seed's case: A waits 1 h for 8 GPUs (no short-job lane: with the default one,
+    B and C running keep a GPU of the 8 for short jobs, and A waits for 7)."""
     view, profiles = _seed_case()
-    decisions = get_policy("pipeswift").decide(view, profiles, Estimator(COST, 8))
+    decisions = get_policy("pipeswift", short_lane_fraction=0).decide(view, profiles, Estimator(COST, 8))
     assert [d.job_id for d in decisions] == [1]
     assert decisions[0].reason.startswith("wait for 8 GPUs")
     assert decisions[0].predicted_start_s == pytest.approx(HOUR, rel=0.01)
@@ -290,7 +291,7 @@ def test_pipeswift_puts_a_starving_job_first() -> None:
     fresh = get_policy("pipeswift", wait_bound_s=48 * HOUR).decide(view, profiles, Estimator(COST, 8))
     assert max(fresh, key=lambda d: d.site_factor or 0).job_id == 1  # shortest first
     bounded = get_policy("pipeswift", wait_bound_s=12 * HOUR).decide(view, profiles, Estimator(COST, 8))
-    assert max(bounded, key=lambda d: d.site_factor or 0).job_id == 2  # waited 10 h > half the bound
+    assert max(bounded, key=lambda d: d.site_factor or 0).job_id == 2  # 10 h of a 12 h bound: starving
 
 
 def _two_nodes_one_held_long() -> tuple[ClusterView, dict[int, Any]]:
@@ -341,9 +342,9 @@ def test_pipeswift_never_waits_past_its_bound_for_a_faster_start() -> None:
     1 h bound that wait would pass 0.75 of it: A starts now on 4 GPUs instead."""
     view, profiles = _seed_case()
     est = Estimator(COST, 8)
-    waits = get_policy("pipeswift").decide(view, profiles, est)
+    waits = get_policy("pipeswift", short_lane_fraction=0).decide(view, profiles, est)
     assert waits[0].reason.startswith("wait for 8 GPUs")
-    bounded = get_policy("pipeswift", wait_bound_s=HOUR).decide(view, profiles, est)
+    bounded = get_policy("pipeswift", short_lane_fraction=0, wait_bound_s=HOUR).decide(view, profiles, est)
     assert bounded[0].reason == "start now on 4 GPUs" and bounded[0].config is not None
     assert bounded[0].config.gpus == 4
 
@@ -362,53 +363,59 @@ def test_pipeswift_short_lane_holds_a_long_job_unless_it_starves() -> None:
     def hold(**knobs: Any) -> Any:
         return [d.hold for d in get_policy("pipeswift", **knobs).decide(view, profiles, est) if d.job_id == 2]
 
-    assert hold() == [None]  # no lane (the default)
+    assert hold(short_lane_fraction=0) == [None]  # no lane
     assert hold(short_lane_fraction=0.5) == [True]
-    assert hold(short_lane_fraction=0.5, wait_bound_s=100.0) == [None]  # queued 60 s: past half of 100 s
+    assert hold(short_lane_fraction=0.5, wait_bound_s=60.0) == [None]  # queued 60 s: past 0.9 of 60 s
 
 
 def test_pipeswift_short_lane_holds_a_long_job_on_an_idle_cluster_and_says_why() -> None:
     """Issue 28 item 5: 2 x 8 GPUs, idle; a 16-GPU job predicted at 8 h with
     ``short_lane_fraction`` 0.1 (long jobs may hold 14.4 GPUs). It must not start on all
     16 GPUs: it is held, and the reason names the lane, not whole nodes (which are free).
-    A flexible one (4-16 GPUs) starts now on a count inside the lane instead; without the
-    knob the rigid one starts now on 16."""
+    A flexible one (4-16 GPUs) is not held: it plans a count inside the lane instead; without the
+    knob the rigid one starts now on 16. The lane is kept while short jobs are about (here a
+    2-GPU, 30-min job runs); with none about, the rigid one starts now on 16 too."""
     _, rigid = _profile(16, 8.0, 8)
     _, flexible = _profile(16, 8.0, 8, gpu_range=(4, 16))
+    _, short = _profile(2, 0.5, 8)
     est = Estimator(COST, 8)
 
-    def decide(profile: Any, **knobs: Any) -> Decision:
-        view, profiles = _view(2, 8, [(1, "PENDING", 16, 0.0, profile)], now=60.0)
-        [decision] = get_policy("pipeswift", **knobs).decide(view, profiles, est)
-        return decision
+    def decide(profile: Any, short_about: bool = True, **knobs: Any) -> Decision:
+        jobs = [(1, "PENDING", 16, 0.0, profile)] + ([(2, "RUNNING", 2, 30.0, short)] if short_about else [])
+        view, profiles = _view(2, 8, jobs, now=60.0, busy={0: 2} if short_about else None)
+        return next(d for d in get_policy("pipeswift", **knobs).decide(view, profiles, est) if d.job_id == 1)
 
     held = decide(rigid, short_lane_fraction=0.1)
     assert held.hold is True and held.predicted_start_s is None, held
     assert held.reason.startswith("held for the short-job lane") and "whole nodes" not in held.reason, held.reason
     assert "16 of the 14 GPUs" in held.reason and "short_lane_fraction 0.1" in held.reason, held.reason
     started = decide(flexible, short_lane_fraction=0.1)
-    assert started.hold is None and started.reason.startswith("start now on "), started
-    assert started.config is not None and started.config.gpus <= 14
-    assert decide(rigid).reason == "start now on 16 GPUs"
+    assert started.hold is None and started.config is not None and started.config.gpus <= 14, started
+    assert decide(rigid, short_about=False, short_lane_fraction=0).reason == "start now on 16 GPUs"
+    assert decide(rigid, short_about=False, short_lane_fraction=0.1).reason == "start now on 16 GPUs"
 
 
 def test_pipeswift_short_lane_releases_when_long_jobs_end() -> None:
     """A long job that waits for the lane is held with the lane's predicted start (when the
-    running long job ends); after that job ended, the same job is released and starts."""
+    running long job ends); after that job ended, the same job is released and starts. A
+    short job (1 GPU, 30 min, on node3) runs all along: the lane is kept while short jobs
+    are about."""
     _, running_long = _profile(8, 8.0, 8)
     _, long_p = _profile(8, 10.0, 8)
+    _, short = _profile(1, 0.5, 8)
     est = Estimator(COST, 8)
-    view, profiles = _view(2, 8, [(1, "RUNNING", 8, 0.0, running_long), (2, "PENDING", 8, 60.0, long_p)],
-                           now=120.0, busy={0: 8})
+    view, profiles = _view(3, 8, [(1, "RUNNING", 8, 0.0, running_long), (3, "RUNNING", 1, 0.0, short),
+                                  (2, "PENDING", 8, 60.0, long_p)], now=120.0, busy={0: 8, 2: 1})
     policy = get_policy("pipeswift", short_lane_fraction=0.5)
     [waits] = [d for d in policy.decide(view, profiles, est) if d.job_id == 2]
     end_s = predicted_end_s(view.running[0], profiles, est, view.now)
     assert waits.hold is True and waits.predicted_start_s == pytest.approx(end_s), waits
     assert waits.reason.startswith("held for the short-job lane: wait for 8 GPUs (predicted start in"), waits.reason
-    held_job = replace(view.jobs[1], state_reason="JobHeldAdmin")  # as the controller's hold leaves it
-    later = replace(view, jobs=(held_job,), nodes=tuple(replace(n, gpus_alloc=0) for n in view.nodes),
-                    now=end_s + 1)
-    [released] = policy.decide(later, {2: profiles[2]}, est)
+    held_job = replace(next(j for j in view.jobs if j.job_id == 2), state_reason="JobHeldAdmin")  # as held
+    short_job = next(j for j in view.jobs if j.job_id == 3)
+    later = replace(view, jobs=(short_job, held_job), now=end_s + 1,
+                    nodes=tuple(replace(n, gpus_alloc=1 if i == 2 else 0) for i, n in enumerate(view.nodes)))
+    [released] = [d for d in policy.decide(later, {2: profiles[2], 3: profiles[3]}, est) if d.job_id == 2]
     assert released.hold is False and released.reason == "start now on 8 GPUs", released
 
 
@@ -530,7 +537,8 @@ def test_pipeswift_preemption_counts_the_queue_behind_the_packed_jobs() -> None:
 
 def test_pipeswift_never_requeues_a_multi_node_job_that_starved() -> None:
     """Requeued, a job on several nodes may wait hours for whole nodes again: once it has
-    waited half the bound, it is no victim (a one-node job still may be)."""
+    waited promote_fraction of the bound (0.5 here: past the default 0.9, preempt_wait_share
+    already protects every job), it is no victim (a one-node job still may be)."""
     est = Estimator(COST, 8)
     _, big = _profile(16, 8.0, 8, save_interval=100)
     _, small = _profile(2, 0.25, 8)
@@ -542,7 +550,7 @@ def test_pipeswift_never_requeues_a_multi_node_job_that_starved() -> None:
                        for j in view.jobs)
         return replace(view, jobs=placed), profiles
 
-    policy = get_policy("pipeswift", preempt=True)
+    policy = get_policy("pipeswift", preempt=True, promote_fraction=0.5)
     assert [d.job_id for d in policy.decide(*view_with(1.0, ("node1", "node2")), est) if d.requeue] == [1]
     assert not any(d.requeue for d in policy.decide(*view_with(25.0, ("node1", "node2")), est))
     # the same wait on one node (16 GPUs counted on node1 alone: only the node count matters here)
@@ -757,7 +765,7 @@ def test_knob_defaults_are_the_dataclass_fields() -> None:
 
     assert knob_class("pipeswift") is PipeSwiftKnobs
     assert knob_defaults("pipeswift") == {f.name: f.default for f in fields(PipeSwiftKnobs)}
-    assert len(knob_defaults("pipeswift")) == 23 and knob_defaults("fifo") == {}
+    assert len(knob_defaults("pipeswift")) == 25 and knob_defaults("fifo") == {}
     assert get_policy("pipeswift").knobs == PipeSwiftKnobs()
 
 
