@@ -102,6 +102,7 @@ def settings_from_pairs(pairs: dict[str, str], where: str = "slurm config") -> S
         SchedulingSettingsError: a value that is not what its key takes.
     """
     kv = {k.lower(): v.strip() for k, v in pairs.items()}
+    names = {k.lower(): k for k in pairs}  # as the file spells them, for messages
     out: dict[str, object] = {}
     sched = kv.get("schedulertype", "sched/backfill")
     if sched not in ("sched/backfill", "sched/builtin"):
@@ -110,7 +111,7 @@ def settings_from_pairs(pairs: dict[str, str], where: str = "slurm config") -> S
     out["scheduler"] = sched.split("/")[1]
     for key, name in _WEIGHTS.items():
         if kv.get(key) not in (None, "", "(null)"):
-            out[name] = _int(kv[key], key, where)
+            out[name] = _int(kv[key], names[key], where)
     if kv.get("prioritymaxage"):
         age = parse_duration_s(kv["prioritymaxage"])
         if age is None:

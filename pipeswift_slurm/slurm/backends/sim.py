@@ -301,7 +301,7 @@ class SimBackend:
                     start_s: float, end_s: float) -> list[int]:
         """``free`` with every node that a reservation holds within [start_s, end_s) at 0."""
         for res_start, res_end, nodes in reserved:
-            if res_start < end_s and res_end > start_s:
+            if res_start <= end_s and res_end > start_s:  # (Slurm: begin_time <= end_time)
                 for node in nodes:
                     free[node] = 0
         return free
