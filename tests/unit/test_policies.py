@@ -76,18 +76,19 @@ def _blocked_big(scheduler: str, small_limit_s: int) -> SimBackend:
 
 
 def test_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:
-    be = _blocked_big("backfill", HOUR - 100)  # ends at 100 + 3500 = 3600: BIG's reservation, rounded down
+    be = _blocked_big("backfill", HOUR - 101)  # ends at 100 + 3499 = 3599: before BIG's reservation (3600)
     assert started(be, 100.0) == [3]
     assert set(be.pending) == {2}
 
 
 def test_bf_resolution_rounds_the_reservation_down() -> None:
     """BIG fits at 3601 (R's limit); Slurm reserves from 3601 rounded down to bf_resolution
-    (60 s): 3600. SMALL ending at 3601 would overlap it and waits (EASY without the
-    rounding started it)."""
-    be = _blocked_big("backfill", HOUR - 99)
+    (60 s): 3600, and a job that ends at a reservation's start overlaps it (Slurm's
+    ``begin_time <= end_time``). SMALL ending at 3600 waits; without the rounding (1 s)
+    the reservation starts at 3601 and SMALL starts (EASY without the rounding did)."""
+    be = _blocked_big("backfill", HOUR - 100)
     assert started(be, 100.0) == []
-    be = _blocked_big("backfill", HOUR - 99)
+    be = _blocked_big("backfill", HOUR - 100)
     be.settings = replace(be.settings, bf_resolution_s=1.0)
     assert started(be, 100.0) == [3]
 
