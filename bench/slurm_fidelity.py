@@ -18,8 +18,10 @@ and size weights 0).
 It brings its own cluster up (tests/slurm/testbed.sh, ports CTLD_PORT / SLURMD_PORT_BASE,
 default 7871 / 27401, folder /tmp/pswift-fidelity) and down again; without Slurm's
 daemons it prints one line and exits 0. ``--real-json FILE`` skips the real run and
-replays a bench/emulated_workload.py output (``--only slurm``; its first round) instead; then
-``--slurm-config`` gives the settings. Prints one JSON object; never fails on the gap.
+replays a run kept before: the ``phases.json`` this bench writes into its ``--workdir``
+(every round), or a bench/emulated_workload.py output (``--only slurm``; its first round);
+``--slurm-config`` (e.g. the ``scontrol-show-config.txt`` beside ``phases.json``) gives the
+settings. Prints one JSON object; never fails on the gap.
 
     python bench/slurm_fidelity.py [--rounds 2] [--seed 7]     (about 4 minutes a round)
 """
@@ -34,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -125,7 +127,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.real_json:
         data = json.loads(Path(args.real_json).read_text())
         specs = [emu.JobSpec(**{**j, "gpu_range": tuple(j["gpu_range"])}) for j in data["workload"]]
-        phases = [data["slurm"]]  # (with --rounds, the file holds the first round's rows)
+        # this bench's own phases.json (every round), or an emulated_workload output (with
+        # --rounds, that holds the first round's rows only)
+        phases = data["phases"] if "phases" in data else [data["slurm"]]
         settings = read_scheduling_settings(args.slurm_config) if args.slurm_config else SchedulingSettings()
         seed, config_source = data.get("seed"), args.slurm_config or "Slurm defaults"
     else:
@@ -134,6 +138,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         phases, config, specs = real_runs(args.rounds, args.seed, work)
         (work / "scontrol-show-config.txt").write_text(config)
+        (work / "phases.json").write_text(json.dumps({"seed": args.seed, "workload": [asdict(j) for j in specs],
+                                                      "phases": phases}))
         settings, seed, config_source = parse_show_config(config), args.seed, "scontrol show config"
     ideal = replace(IDEAL, weight_age=0, weight_job_size=0)
     rounds = []

@@ -238,8 +238,8 @@ class Simulation:
         """Run to completion (every job finishes) and return the records.
 
         When Slurm's passes run (SchedulingSettings): the main scheduler at once on a job's
-        end and on a tick that changed a job, and on submissions at most every
-        ``batch_sched_delay_s``; backfill every ``bf_interval_s`` (on its own clock) while
+        end and on a tick that changed a job, and ``batch_sched_delay_s`` after a submission
+        (the submissions in between share that pass); backfill every ``bf_interval_s`` (on its own clock) while
         jobs pend, skipped when nothing changed since the last one (``bf_interval_s`` 0:
         right after every main pass; with all latencies 0, every job starts the moment
         Slurm could start it, the idealised scheduler of earlier releases). The controller ticks
@@ -250,7 +250,6 @@ class Simulation:
         backfill = slurm.scheduler == "backfill"
         nxt, now = 0, 0.0
         next_periodic = next_main = next_bf = float("inf")
-        last_submit_pass = -float("inf")
         self._in_force = self.controller.estimator
         while nxt < len(self.jobs) or self._heap or self.backend.pending:
             t_arrival = self.jobs[nxt].submit_s if nxt < len(self.jobs) else float("inf")
@@ -274,11 +273,11 @@ class Simulation:
             changed = False
             if arrived or ended or now >= next_periodic:
                 changed = self._tick(now, result)
-            if arrived:
-                next_main = min(next_main, max(now, last_submit_pass + slurm.batch_sched_delay_s))
+            if arrived:  # Slurm defers the main pass that a submission asks for (batch_sched_delay)
+                next_main = min(next_main, now + slurm.batch_sched_delay_s)
             if ended or changed or now >= next_main:
                 if now >= next_main:
-                    last_submit_pass, next_main = now, float("inf")
+                    next_main = float("inf")
                 self._pass(now, backfill=False)
                 if backfill and not slurm.bf_interval_s:  # bf_interval 0: backfill with every main pass
                     self._pass(now, backfill=True)

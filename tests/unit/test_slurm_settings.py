@@ -158,6 +158,32 @@ def test_bf_max_job_test_limits_the_jobs_a_pass_looks_at() -> None:
     assert be.backfill_pass(60.0) == []  # J3 is the second job: never tested
 
 
+def _mid_before_big(resolution_s: float) -> list[int]:
+    """2 nodes x 8 GPUs at t=1000. Node 0: 4 GPUs busy until 1050; node 1: full until
+    1200 (limits). BIG (2 x 8, 1 h) reserves both nodes from 1200. MID (1 x 8, limit
+    170) fits on node 0 at 1050 and would end at 1220; SMALL (1 GPU, 2 min) could start
+    on node 0 now. The jobs the backfill pass at 1000 starts."""
+    be = SimBackend(2, 8, settings=SchedulingSettings(bf_resolution_s=resolution_s))
+    be.submit(job(1, 4, 1050))
+    be.submit(job(2, 8, 1200))
+    assert [j.placement for j in be.main_pass(0.0)] == [(0,), (1,)]
+    be.submit(job(10, 8, HOUR, submit_s=10.0, nodes=2))
+    be.submit(job(11, 8, 170, submit_s=20.0))
+    be.submit(job(12, 1, 120, submit_s=30.0))
+    return [j.job_id for j in be.backfill_pass(1000.0)]
+
+
+def test_a_planned_start_is_tested_rounded_and_may_end_where_another_begins() -> None:
+    """Slurm tests a planned reservation with its start and end rounded down to
+    bf_resolution, and lets it end where an earlier one begins: MID's 1050-1220 becomes
+    1020-1200, which fits before BIG's 1200, so MID reserves node 0 and SMALL (1000-1120)
+    waits. Unrounded, MID would overlap BIG, reserve nothing before it, and SMALL would
+    start (as it did before this rule, on the real cluster's history: the replay then
+    missed the runs where Slurm held a node for a medium job)."""
+    assert _mid_before_big(60.0) == []
+    assert _mid_before_big(0.0) == [12]
+
+
 def test_reservations_are_rounded_down_to_bf_resolution() -> None:
     """R ends at 1000; BIG reserves from 1000 rounded down: 960 (bf_resolution 60) or 900
     (300). SMALL (limit 900) ends at 50 + 900 = 950: before 960, after 900."""
@@ -186,19 +212,19 @@ def starts(jobs: list[WorkloadJob], settings: SchedulingSettings) -> dict[str, f
 
 
 def test_scheduler_passes_run_when_slurm_runs_them() -> None:
-    """One node x 8 GPUs. j1 starts on its submission; j2, submitted 1 s later, waits for
-    the next submission-driven main pass (batch_sched_delay: 3 s later); j3 (8 GPUs) is
+    """One node x 8 GPUs. j1 and j2 (submitted at 0.5 and 1.5) start together in the main
+    pass that j1's submission asked for, batch_sched_delay (3 s) later; j3 (8 GPUs) is
     blocked, and j4 (2 GPUs, ends long before j3's reservation) is backfilled at the next
-    backfill pass on the bf_interval clock (5 s: at 15), not by the main pass at 14.
-    The idealised Slurm starts each at once."""
+    backfill pass on the bf_interval clock (5 s: at 15), not by the main pass at 14
+    (strict order: j3 first). The idealised Slurm starts each at once."""
     settings = SchedulingSettings(bf_interval_s=5.0)
     jobs = [as_ran(1, 0.5, 4, 100.0), as_ran(2, 1.5, 2, 100.0), as_ran(3, 11.0, 8, 100.0),
             as_ran(4, 12.0, 2, 10.0, limit_s=60)]
     got = starts(jobs, settings)
-    assert got["j1"] == 0.5 and got["j2"] == 3.5
-    assert got["j4"] == 15.0  # backfilled: ends (15 + 60) before j3's reservation (rounded: 60 + ...)
+    assert got["j1"] == 3.5 and got["j2"] == 3.5
+    assert got["j4"] == 15.0
     ideal = starts(jobs, IDEAL)
-    assert ideal["j2"] == 1.5 and ideal["j4"] == 12.0
+    assert ideal["j1"] == 0.5 and ideal["j2"] == 1.5 and ideal["j4"] == 12.0
 
 
 def test_replay_fidelity_compares_the_slurm_replay_with_the_history() -> None:

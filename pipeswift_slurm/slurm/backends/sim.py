@@ -276,7 +276,6 @@ class SimBackend:
         ``bf_window``). Later jobs never use a reserved node while it is reserved."""
         self.now = now
         settings = self.settings
-        res_s = settings.bf_resolution_s
         reserved: list[tuple[float, float, frozenset[int]]] = []
         started: list[SimJob] = []
         for job in self._order(now)[:settings.bf_max_job_test]:
@@ -290,21 +289,28 @@ class SimBackend:
             start_s, placement = self._earliest(job, now, reserved)
             if placement is None or start_s - now > settings.bf_window_s:
                 continue
-            end_s = start_s + limit
-            if res_s:
-                start_s, end_s = math.floor(start_s / res_s) * res_s, math.floor(end_s / res_s) * res_s
-            reserved.append((start_s, end_s, frozenset(placement)))
+            reserved.append((*self._rounded(start_s, start_s + limit), frozenset(placement)))
         return started
 
     @staticmethod
     def _unreserved(free: list[int], reserved: list[tuple[float, float, frozenset[int]]],
-                    start_s: float, end_s: float) -> list[int]:
-        """``free`` with every node that a reservation holds within [start_s, end_s) at 0."""
+                    start_s: float, end_s: float, ends_inside: bool = True) -> list[int]:
+        """``free`` with every node that a reservation holds within [start_s, end_s] at 0.
+        Slurm's two tests differ: a job starting now overlaps a reservation that begins
+        at its end (``ends_inside``); a planned start, rounded, does not."""
         for res_start, res_end, nodes in reserved:
-            if res_start <= end_s and res_end > start_s:  # (Slurm: begin_time <= end_time)
+            begins_before = res_start <= end_s if ends_inside else res_start < end_s
+            if begins_before and res_end > start_s:
                 for node in nodes:
                     free[node] = 0
         return free
+
+    def _rounded(self, start_s: float, end_s: float) -> tuple[float, float]:
+        """A planned start and end rounded down to bf_resolution (none when it is 0)."""
+        res_s = self.settings.bf_resolution_s
+        if not res_s:
+            return start_s, end_s
+        return math.floor(start_s / res_s) * res_s, math.floor(end_s / res_s) * res_s
 
     def _earliest(self, job: SimJob, now: float,
                   reserved: list[tuple[float, float, frozenset[int]]]) -> tuple[float, Optional[tuple[int, ...]]]:
@@ -319,7 +325,8 @@ class SimBackend:
                 for node in ends[k][2].placement:
                     free[node] += ends[k][2].gpus_per_node
                 k += 1
-            placement = self._place(self._unreserved(list(free), reserved, t, t + job.time_limit_s),
+            window = self._rounded(t, t + job.time_limit_s)  # Slurm tests the rounded plan
+            placement = self._place(self._unreserved(list(free), reserved, *window, ends_inside=False),
                                     job.num_nodes, job.gpus_per_node)
             if placement is not None:
                 return t, placement
