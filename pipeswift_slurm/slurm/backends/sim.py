@@ -16,6 +16,7 @@ completions; this module knows no policy and no truth model.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
@@ -278,6 +279,7 @@ class SimBackend:
         settings = self.settings
         reserved: list[tuple[float, float, frozenset[int]]] = []
         started: list[SimJob] = []
+        ends = sorted((self._end_s(r, now), r.job_id, r) for r in self.running.values())
         for job in self._order(now)[:settings.bf_max_job_test]:
             limit = float(job.time_limit_s)
             free = self._unreserved(list(self.free), reserved, now, now + limit)
@@ -285,8 +287,9 @@ class SimBackend:
             if placement is not None:
                 self._start(job, placement, now)
                 started.append(job)
+                bisect.insort(ends, (self._end_s(job, now), job.job_id, job))
                 continue
-            start_s, placement = self._earliest(job, now, reserved)
+            start_s, placement = self._earliest(job, now, reserved, ends)
             if placement is None or start_s - now > settings.bf_window_s:
                 continue
             reserved.append((*self._rounded(start_s, start_s + limit), frozenset(placement)))
@@ -312,15 +315,24 @@ class SimBackend:
             return start_s, end_s
         return math.floor(start_s / res_s) * res_s, math.floor(end_s / res_s) * res_s
 
-    def _earliest(self, job: SimJob, now: float,
-                  reserved: list[tuple[float, float, frozenset[int]]]) -> tuple[float, Optional[tuple[int, ...]]]:
+    @staticmethod
+    def _end_s(job: SimJob, now: float) -> float:
+        """When a running job ends by its limit (not before ``now``)."""
+        return max(now, _started(job, now) + job.time_limit_s)
+
+    def _earliest(self, job: SimJob, now: float, reserved: list[tuple[float, float, frozenset[int]]],
+                  ends: Optional[list[tuple[float, int, SimJob]]] = None) -> tuple[float, Optional[tuple[int, ...]]]:
         """The earliest time after ``now`` at which ``job`` fits (running jobs ending at
-        their limits, reservations held), and the nodes it would get then."""
-        ends = sorted((max(now, _started(r, now) + r.time_limit_s), r.job_id, r) for r in self.running.values())
+        their limits: ``ends``, sorted, else computed; reservations held), within
+        bf_window, and the nodes it would get then."""
+        if ends is None:
+            ends = sorted((self._end_s(r, now), r.job_id, r) for r in self.running.values())
         times = sorted({e[0] for e in ends} | {r[1] for r in reserved if r[1] > now})
         free = list(self.free)
         k = 0
         for t in times:
+            if t - now > self.settings.bf_window_s:
+                break
             while k < len(ends) and ends[k][0] <= t:
                 for node in ends[k][2].placement:
                     free[node] += ends[k][2].gpus_per_node
