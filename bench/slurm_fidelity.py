@@ -51,7 +51,7 @@ from pipeswift_slurm.policy import get_policy  # noqa: E402
 from pipeswift_slurm.sim.engine import SimSettings, Simulation  # noqa: E402
 from pipeswift_slurm.sim.replay import replay_fidelity  # noqa: E402
 from pipeswift_slurm.sim.workload import WorkloadJob  # noqa: E402
-from pipeswift_slurm.slurm.sched_settings import IDEAL, SchedulingSettings, parse_show_config, \
+from pipeswift_slurm.slurm.backends.sched_settings import IDEAL, SchedulingSettings, parse_show_config, \
     read_scheduling_settings  # noqa: E402
 
 SITE_CONF = "PriorityWeightJobSize=1000\nSchedulerParameters=bf_interval=5,sched_interval=2"

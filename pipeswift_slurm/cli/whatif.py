@@ -83,7 +83,7 @@ def fidelity_line(fidelity: dict[str, Any]) -> str:
 def load_slurm_settings(path: Optional[str]) -> Any:
     """The SchedulingSettings of ``--slurm-config FILE`` (Slurm's defaults without one);
     one line, exit 2, when the file cannot be read."""
-    from pipeswift_slurm.slurm.sched_settings import SchedulingSettings, SchedulingSettingsError, \
+    from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings, SchedulingSettingsError, \
         read_scheduling_settings
 
     if path is None:

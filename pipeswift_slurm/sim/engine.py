@@ -28,7 +28,7 @@ from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.slurm.backends.sim import SimBackend, SimJob
 from pipeswift_slurm.slurm.calibrate import OnlineCalibration
 from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
-from pipeswift_slurm.slurm.sched_settings import SchedulingSettings
+from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings
 from pipeswift_slurm.core.model import ExecConfig
 from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 from pipeswift_slurm.sim.workload import WorkloadJob

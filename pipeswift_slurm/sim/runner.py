@@ -13,7 +13,7 @@ from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.planner import Planner
-from pipeswift_slurm.slurm.sched_settings import SchedulingSettings
+from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings
 from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
 from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user

@@ -21,7 +21,7 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import profile_from_argv
 from pipeswift_slurm.core.model import ExecConfig
 from pipeswift_slurm.policy import get_policy
-from pipeswift_slurm.slurm.sched_settings import IDEAL, SchedulingSettings
+from pipeswift_slurm.slurm.backends.sched_settings import IDEAL, SchedulingSettings
 from pipeswift_slurm.sim.engine import JobRecord, SimResult, SimSettings, Simulation
 from pipeswift_slurm.sim.metrics import MIN_USER_JOBS, alone_s, lower_bound_s, summarize, worst_user
 from pipeswift_slurm.sim.runner import RunSpec, build_jobs, run_comparison

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.slurm.sched_settings import IDEAL, SchedulingSettings
+from pipeswift_slurm.slurm.backends.sched_settings import IDEAL, SchedulingSettings
 from pipeswift_slurm.slurm import controller as controller_mod
 from pipeswift_slurm.core import hardware
 from pipeswift_slurm.core import megatron, megatron_rules

@@ -20,7 +20,7 @@ from pipeswift_slurm.sim.engine import SimSettings, Simulation
 from pipeswift_slurm.sim.replay import replay_fidelity
 from pipeswift_slurm.sim.workload import WorkloadJob
 from pipeswift_slurm.slurm.backends.sim import SimBackend, SimJob
-from pipeswift_slurm.slurm.sched_settings import (IDEAL, SchedulingSettings, SchedulingSettingsError,
+from pipeswift_slurm.slurm.backends.sched_settings import (IDEAL, SchedulingSettings, SchedulingSettingsError,
                                                   job_size_factor, parse_show_config, parse_slurm_conf,
                                                   read_scheduling_settings)
 

@@ -1,7 +1,7 @@
 """In-memory Slurm-like cluster for the simulator: the ``sim`` backend.
 
 It implements the Backend seam (``snapshot``/``apply``) exactly as the real backends do,
-and schedules as Slurm does with the site's settings (slurm/sched_settings.py):
+and schedules as Slurm does with the site's settings (slurm/backends/sched_settings.py):
 ``main_pass(now)`` is Slurm's main scheduler (pending jobs in multifactor priority order,
 ties by submit time, each started where it fits, until the first that does not);
 ``backfill_pass(now)`` is sched/backfill (every tested blocked job reserves whole nodes
@@ -24,7 +24,7 @@ from typing import Optional
 from pipeswift_slurm.core.model import PENDING, RUNNING, ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
 from pipeswift_slurm.core.token import carries_profile
 from pipeswift_slurm.slurm.backends import JobGone
-from pipeswift_slurm.slurm.sched_settings import SchedulingSettings, job_size_factor, priority
+from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings, job_size_factor, priority
 
 
 @dataclass
