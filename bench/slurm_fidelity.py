@@ -136,7 +136,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not shutil.which("slurmctld"):
             print("slurm_fidelity: skipped: no slurmctld here (install Slurm; tests/slurm/testbed.sh INSTALL=1)")
             return 0
-        phases, config, specs = real_runs(args.rounds, args.seed, work)
+        try:
+            phases, config, specs = real_runs(args.rounds, args.seed, work)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, RuntimeError) as exc:
+            sys.exit("slurm_fidelity: the test cluster run failed (%s); see the testbed log under"
+                     " $SLURM_TESTBED_DIR/log" % exc)
         (work / "scontrol-show-config.txt").write_text(config)
         (work / "phases.json").write_text(json.dumps({"seed": args.seed, "workload": [asdict(j) for j in specs],
                                                       "phases": phases}))
