@@ -282,7 +282,8 @@ def run_phase(mode: str, jobs: list[JobSpec], env: dict[str, str], phase: Path,
     ends = [epoch(fields[r["job_id"]]["EndTime"]) for r in done]
     by_class = {c: round(statistics.mean(r["jct_s"] for r in done if r["class"] == c), 1)
                 for c in MIX if any(r["class"] == c for r in done)}
-    return {"mode": mode, "jobs": len(rows), "completed": sum(r["state"] == "COMPLETED" for r in rows),
+    return {"mode": mode, "start_epoch_s": start, "jobs": len(rows),
+            "completed": sum(r["state"] == "COMPLETED" for r in rows),
             "mean_jct_s": round(statistics.mean(r["jct_s"] for r in done), 2) if done else None,
             "p50_jct_s": statistics.median(r["jct_s"] for r in done) if done else None,
             "mean_wait_s": round(statistics.mean(r["wait_s"] for r in done), 2) if done else None,

@@ -253,7 +253,7 @@ def comparison_json(comp: Any) -> dict[str, Any]:
                      "seed": spec.seed, "start_day": spec.start_day, "window_days": spec.window_days,
                      "flex": spec.flex, "tick_interval_s": spec.tick_interval_s, "wait_bound_s": spec.wait_bound_s,
                      "truth_noise": spec.noise_sigma, "truth_shape_noise": spec.shape_sigma,
-                     "truth_user_favour": spec.user_favour,
+                     "truth_user_favour": spec.user_favour, "slurm": spec.slurm.as_dict(),
                      "start": _date(comp.workload["start_epoch_s"])},
             "workload": comp.workload, "policies": comp.metrics,
             **({"what_changed": comp.changed} if comp.changed is not None else {})}
@@ -293,6 +293,8 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               " have changed per user and job class.")
 @click.option("--history", "history_db", metavar="DB",
               help="Replay the controller's own history database (a file or URL) the same way as --sacct.")
+@click.option("--slurm-config", metavar="FILE", help="The site's `scontrol show config` output or slurm.conf:"
+              " the simulated Slurm's priority weights and backfill settings [default: Slurm's own].")
 @click.option("--jobs", "synthetic_jobs", type=click.IntRange(min=1), default=400, show_default=True,
               help="Jobs of the synthetic workload.")
 @click.option("--gpus", type=click.IntRange(min=1, max=MAX_GPUS), default=64, show_default=True)
@@ -342,9 +344,9 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
              truth_user_favour: float, learn: bool, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
              config_path: Optional[str], start_epoch_s: Optional[float], sacct_file: Optional[str] = None,
-             history_db: Optional[str] = None) -> None:
+             history_db: Optional[str] = None, slurm_config: Optional[str] = None) -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
-    from pipeswift_slurm.cli.whatif import load_history, print_what_changed, skipped_note
+    from pipeswift_slurm.cli.whatif import load_history, load_slurm_settings, print_what_changed, skipped_note
     from pipeswift_slurm.sim.runner import RunSpec
 
     if workload and (sacct_file or history_db):
@@ -375,6 +377,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
                    noise_sigma=truth_noise, shape_sigma=truth_shape_noise, user_favour=truth_user_favour,
                    cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn,
+                   slurm=load_slurm_settings(slurm_config),
                    history=load_history(sacct_file, history_db, load=load, vc=cluster_filter)
                    if (sacct_file or history_db) else None)
     comp = _run(spec, db)

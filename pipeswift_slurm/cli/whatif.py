@@ -70,6 +70,30 @@ def _table(groups: list[dict[str, Any]], key: str, policies: list[str]) -> str:
                  rows) + more
 
 
+def fidelity_line(fidelity: dict[str, Any]) -> str:
+    """One line: how close the ``slurm`` replay came to the history as it ran."""
+    def ratio(value: Optional[float]) -> str:
+        return "-" if value is None else "%.2fx" % value
+
+    return ("slurm replay vs as it ran: mean JCT %s, mean wait %s (%d jobs; near 1.00x: the replay reproduces"
+            " what Slurm did, and the comparison above can be trusted as far as that)"
+            % (ratio(fidelity["mean_jct_ratio"]), ratio(fidelity["mean_wait_ratio"]), fidelity["jobs"]))
+
+
+def load_slurm_settings(path: Optional[str]) -> Any:
+    """The SchedulingSettings of ``--slurm-config FILE`` (Slurm's defaults without one);
+    one line, exit 2, when the file cannot be read."""
+    from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings, SchedulingSettingsError, \
+        read_scheduling_settings
+
+    if path is None:
+        return SchedulingSettings()
+    try:
+        return read_scheduling_settings(path)
+    except SchedulingSettingsError as exc:
+        fail(str(exc))
+
+
 def print_what_changed(comp: Any) -> None:
     """The per-user and per-class mean JCT as it ran and under each policy."""
     from pipeswift_slurm.core.fmt import duration
@@ -80,6 +104,9 @@ def print_what_changed(comp: Any) -> None:
         duration(changed["as_ran_mean_jct_s"]), ", ".join(
             "%s %s (%.2f x)" % (p, duration(changed["mean_jct_s"][p]), changed["vs_as_ran"][p] or 0)
             for p in policies)))
+    fidelity = changed.get("slurm_replay_vs_as_ran")
+    if fidelity:
+        click.echo(fidelity_line(fidelity))
     click.echo(_table(changed["by_user"], "user", policies))
     click.echo()
     click.echo(_table(changed["by_class"], "job_class", policies))

@@ -1,5 +1,6 @@
-"""``slurm``: what sites run today. It moves no lever; Slurm's multifactor priority
-(age) and EASY backfill from the users' time limits decide, with the users' configs."""
+"""``slurm``: what sites run today. It moves no lever; Slurm's multifactor priority and
+its backfill, as the site configures them (the simulator's SchedulingSettings), decide,
+with the users' configs."""
 
 from __future__ import annotations
 

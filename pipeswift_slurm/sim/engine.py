@@ -18,6 +18,7 @@ its recorded run time. No policy code lives here.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -27,6 +28,7 @@ from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.slurm.backends.sim import SimBackend, SimJob
 from pipeswift_slurm.slurm.calibrate import OnlineCalibration
 from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
+from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings
 from pipeswift_slurm.core.model import ExecConfig
 from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 from pipeswift_slurm.sim.workload import WorkloadJob
@@ -40,8 +42,7 @@ class SimSettings:
     gpus_per_node: int
     tick_interval_s: float = 60.0
     allow_requeue: bool = True
-    age_weight: int = 1000
-    max_age_s: float = 7 * 86400.0
+    slurm: SchedulingSettings = field(default_factory=SchedulingSettings)
 
 
 @dataclass
@@ -122,8 +123,8 @@ class Simulation:
         self.truth = truth
         self.settings = settings
         self.backend = SimBackend(settings.num_nodes, settings.gpus_per_node, scheduler=policy.scheduler,
-                                  age_weight=settings.age_weight, max_age_s=settings.max_age_s,
-                                  allow_requeue=settings.allow_requeue, gpu_type=truth.gpu.name)
+                                  settings=settings.slurm, allow_requeue=settings.allow_requeue,
+                                  gpu_type=truth.gpu.name)
         self.controller = Controller(self.backend, policy, estimator, store,
                                      ControllerSettings(allow_requeue=settings.allow_requeue,
                                                         warn_wait_bound=False),  # the run's summary says it
@@ -180,7 +181,9 @@ class Simulation:
         rec.restarts = sim.restarts
         rec.predicted_run_s = run_s if wjob.profile is None or config is None else \
             estimator.run_time_s(wjob.profile, config)
-        heapq.heappush(self._heap, (now + run_s, self._seq, sim.job_id, sim.restarts))
+        # the launcher's start: a job replayed as it ran has it in its recorded time already
+        launch_s = self.backend.settings.launch_s if wjob.profile is not None else 0.0
+        heapq.heappush(self._heap, (now + launch_s + run_s, self._seq, sim.job_id, sim.restarts))
         self._seq += 1
 
     def _stopped(self, job_id: int, now: float, completed: bool) -> None:
@@ -204,19 +207,27 @@ class Simulation:
         rec.iters_done = float(int(rec.iters_done // interval) * interval) if interval else 0.0
 
     # ------------------------------------------------------------ loop
-    def _tick(self, now: float, result: SimResult) -> None:
+    def _tick(self, now: float, result: SimResult) -> bool:
+        """One controller tick at ``now``; whether it changed a job (Slurm then runs its
+        main scheduler)."""
         running_before = set(self.backend.running)
+        updates_before = self.backend.updates
         self.backend.now = now
-        in_force = self.controller.estimator
+        self._in_force = self.controller.estimator
         report = self.controller.tick()
         result.ticks += 1
         result.decide_s.append(report.decide_s)
         for job_id in running_before - set(self.backend.running):
             self._stopped(job_id, now, completed=False)  # requeued by the tick
-        for sim in self.backend.schedule(now):
-            self._started(sim, now, in_force)
         if self.on_tick is not None:
             self.on_tick(now, report)
+        return self.backend.updates != updates_before
+
+    def _pass(self, now: float, backfill: bool) -> None:
+        """A Slurm scheduler pass at ``now`` (main or backfill); jobs it starts begin."""
+        started = self.backend.backfill_pass(now) if backfill else self.backend.main_pass(now)
+        for sim in started:
+            self._started(sim, now, self._in_force)
 
     def _wants_periodic(self) -> bool:
         if not self.backend.pending:
@@ -224,29 +235,60 @@ class Simulation:
         return self.policy.preempts or any(f > 0 for f in self.backend.free)
 
     def run(self) -> SimResult:
-        """Run to completion (every job finishes) and return the records."""
+        """Run to completion (every job finishes) and return the records.
+
+        When Slurm's passes run (SchedulingSettings): the main scheduler at once on a job's
+        end and on a tick that changed a job, and ``batch_sched_delay_s`` after a submission
+        (the submissions in between share that pass); backfill every ``bf_interval_s`` (on its own clock) while
+        jobs pend, skipped when nothing changed since the last one (``bf_interval_s`` 0:
+        right after every main pass; with all latencies 0, every job starts the moment
+        Slurm could start it, the idealised scheduler of earlier releases). The controller ticks
+        at every arrival and end, and every ``tick_interval_s`` while it could act."""
         wall0 = time.perf_counter()
         result = SimResult(self.policy.name, [], total_gpus=self.settings.num_nodes * self.settings.gpus_per_node)
+        slurm = self.backend.settings
+        backfill = slurm.scheduler == "backfill"
         nxt, now = 0, 0.0
-        next_periodic = float("inf")
+        next_periodic = next_main = next_bf = float("inf")
+        self._in_force = self.controller.estimator
         while nxt < len(self.jobs) or self._heap or self.backend.pending:
             t_arrival = self.jobs[nxt].submit_s if nxt < len(self.jobs) else float("inf")
             t_end = self._heap[0][0] if self._heap else float("inf")
-            now = min(t_arrival, t_end, next_periodic)
+            now = min(t_arrival, t_end, next_periodic, next_main, next_bf)
             if now == float("inf"):
                 raise RuntimeError("simulation stalled with %d pending jobs that can never start"
                                    % len(self.backend.pending))
+            arrived = ended = False
             while nxt < len(self.jobs) and self.jobs[nxt].submit_s <= now:
                 self._submit(self.jobs[nxt])
                 nxt += 1
+                arrived = True
             while self._heap and self._heap[0][0] <= now:
                 _, _, job_id, generation = heapq.heappop(self._heap)
                 sim = self.backend.jobs[job_id]
                 if sim.state == "RUNNING" and sim.restarts == generation:
                     self.backend.finish(job_id, now)
                     self._stopped(job_id, now, completed=True)
-            self._tick(now, result)
-            if self.backend.pending and not self.backend.running and nxt == len(self.jobs):
+                    ended = True
+            changed = False
+            if arrived or ended or now >= next_periodic:
+                changed = self._tick(now, result)
+            if arrived:  # Slurm defers the main pass that a submission asks for (batch_sched_delay)
+                next_main = min(next_main, now + slurm.batch_sched_delay_s)
+            if ended or changed or now >= next_main:
+                if now >= next_main:
+                    next_main = float("inf")
+                self._pass(now, backfill=False)
+                if backfill and not slurm.bf_interval_s:  # bf_interval 0: backfill with every main pass
+                    self._pass(now, backfill=True)
+            if backfill and now >= next_bf:
+                self._pass(now, backfill=True)
+                next_bf = float("inf")
+            if backfill and slurm.bf_interval_s and next_bf == float("inf") and self.backend.pending \
+                    and (arrived or ended or changed):
+                next_bf = (math.floor(now / slurm.bf_interval_s) + 1) * slurm.bf_interval_s
+            if self.backend.pending and not self.backend.running and nxt == len(self.jobs) \
+                    and next_main == float("inf") and next_bf == float("inf"):
                 stuck = sorted(self.backend.pending)[:5]
                 raise RuntimeError("simulation stalled: %d pending job(s) can never start on an idle cluster"
                                    " (first: %s)" % (len(self.backend.pending), stuck))

@@ -31,6 +31,7 @@ from pipeswift_slurm.core.token import TokenError, carries_profile, decode_decis
 from pipeswift_slurm.sim.workload import TIME_LIMIT_ROUND_S, Conversion, WorkloadError, WorkloadJob, user_time_limit_s
 
 AS_RAN_CLASS = "(as it ran)"  # the job class shown for jobs without a profile
+BASELINE = "slurm"  # the policy whose replay is held against the history (Slurm as the site runs it)
 
 
 @dataclass(frozen=True)
@@ -210,13 +211,36 @@ def _groups(jobs: Sequence[WorkloadJob], results: Sequence[Any], key: Callable[[
     return out
 
 
+def replay_fidelity(jobs: Sequence[WorkloadJob], result: Any) -> Optional[dict[str, Any]]:
+    """How close the ``slurm`` baseline's replay (``result``, a SimResult) came to what Slurm
+    did: its mean JCT and mean wait (start - submit) against the history's, over the jobs
+    with a recorded JCT, and their ratios (1.0: reproduced). None without such jobs."""
+    recs = {r.job_id: r for r in result.records}
+    pairs = [(j, recs[j.job_id]) for j in jobs if j.as_ran_jct_s is not None and j.job_id in recs
+             and recs[j.job_id].first_start_s is not None]
+    if not pairs:
+        return None
+    ran_jct = statistics.fmean(j.as_ran_jct_s or 0.0 for j, _ in pairs)
+    ran_wait = statistics.fmean(max(0.0, (j.as_ran_jct_s or 0.0) - j.recorded_duration_s) for j, _ in pairs)
+    sim_jct = statistics.fmean(r.jct_s for _, r in pairs)
+    sim_wait = statistics.fmean((r.first_start_s or 0.0) - r.submit_s for _, r in pairs)
+    return {"jobs": len(pairs), "as_ran_mean_jct_s": ran_jct, "replay_mean_jct_s": sim_jct,
+            "as_ran_mean_wait_s": ran_wait, "replay_mean_wait_s": sim_wait,
+            "mean_jct_ratio": sim_jct / ran_jct if ran_jct else None,
+            "mean_wait_ratio": sim_wait / ran_wait if ran_wait else None}
+
+
 def what_changed(jobs: Sequence[WorkloadJob], results: Sequence[Any]) -> dict[str, Any]:
     """Mean JCT as it ran and under each policy (``results``: SimResults), over all jobs,
     per user and per job class (``AS_RAN_CLASS`` for jobs without a profile); ``vs_as_ran``
-    is a policy's mean JCT over the real one (below 1: the policy would have been faster)."""
+    is a policy's mean JCT over the real one (below 1: the policy would have been faster);
+    ``slurm_replay_vs_as_ran``: how closely the ``slurm`` baseline reproduced the history
+    (``replay_fidelity``; None when ``slurm`` did not run)."""
     overall = _groups(jobs, results, lambda j: "all", "jobs_of")[0]
+    slurm = next((r for r in results if r.policy == BASELINE), None)
     return {"as_ran_mean_jct_s": overall["as_ran_mean_jct_s"], "mean_jct_s": overall["mean_jct_s"],
             "vs_as_ran": overall["vs_as_ran"],
+            "slurm_replay_vs_as_ran": replay_fidelity(jobs, slurm) if slurm is not None else None,
             "by_user": _groups(jobs, results, lambda j: j.user, "user"),
             "by_class": _groups(jobs, results, lambda j: j.profile.job_class if j.profile else AS_RAN_CLASS,
                                 "job_class")}

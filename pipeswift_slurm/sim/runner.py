@@ -13,6 +13,7 @@ from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.planner import Planner
+from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings
 from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
 from pipeswift_slurm.sim.learning import learner, unseen_layout_errors
@@ -71,6 +72,8 @@ class RunSpec:
     # a site's own history (sim/replay.py History, from --sacct or --history) replayed
     # instead of ``workload``; its own times are kept (``load`` is not applied)
     history: Any = None
+    # the site's Slurm scheduling settings (``--slurm-config``); Slurm's defaults otherwise
+    slurm: SchedulingSettings = field(default_factory=SchedulingSettings)
 
 
 @dataclass
@@ -181,7 +184,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     cost = CostModel(gpu)
     estimator = Estimator(cost, spec.gpus_per_node, planner=Planner(cost, spec.gpus_per_node,
                                                                    do_no_harm=spec.do_no_harm))
-    settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s)
+    settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s,
+                           slurm=spec.slurm)
     metrics, results = [], []
     for name in spec.policies:
         base = name.split(":")[0]

@@ -21,6 +21,10 @@
 #   DBD_PORT=6819                              its database is slurm_acct_db_$DBD_PORT (MariaDB is
 #                                              shared by every cluster on the host; FRESH=1 drops it)
 #   FRESH=1                                    wipe saved state on 'up' (job ids restart at 1)
+#   SLURM_CONF_EXTRA='K=V\nK2=V2'              extra slurm.conf lines (newline-separated); a key
+#                                              given here replaces the script's own line for it,
+#                                              e.g. SLURM_CONF_EXTRA=$'PriorityWeightJobSize=1000\n
+#                                              SchedulerParameters=bf_interval=5,sched_interval=2'
 #   INSTALL=1                                  apt-get install missing packages (run
 #                                              'apt-get update' first on a fresh machine)
 #
@@ -209,7 +213,15 @@ write_gres() {
   done
 }
 
-write_conf > "$DIR/etc/slurm.conf.new"
+# SLURM_CONF_EXTRA: its keys replace the script's lines for them, then its lines are appended
+with_extra() {
+  local extra=${SLURM_CONF_EXTRA:-} keys
+  if [ -z "$extra" ]; then cat; return; fi
+  keys=$(printf '%s\n' "$extra" | sed -n 's/^[[:space:]]*\([A-Za-z]*\)=.*/\1/p' | paste -sd'|')
+  if [ -n "$keys" ]; then grep -Eiv "^($keys)=" || true; else cat; fi
+  printf '%s\n' "$extra"
+}
+write_conf | with_extra > "$DIR/etc/slurm.conf.new"
 write_gres > "$DIR/etc/gres.conf.new"
 CHANGED=0
 for f in slurm.conf gres.conf; do

@@ -75,10 +75,22 @@ def _blocked_big(scheduler: str, small_limit_s: int) -> SimBackend:
     return be
 
 
-def test_easy_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:
-    be = _blocked_big("backfill", HOUR - 99)  # ends at 100 + 3501 = 3601 = R's limit: just in time
+def test_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:
+    be = _blocked_big("backfill", HOUR - 101)  # ends at 100 + 3499 = 3599: before BIG's reservation (3600)
     assert started(be, 100.0) == [3]
     assert set(be.pending) == {2}
+
+
+def test_bf_resolution_rounds_the_reservation_down() -> None:
+    """BIG fits at 3601 (R's limit); Slurm reserves from 3601 rounded down to bf_resolution
+    (60 s): 3600, and a job that ends at a reservation's start overlaps it (Slurm's
+    ``begin_time <= end_time``). SMALL ending at 3600 waits; without the rounding (1 s)
+    the reservation starts at 3601 and SMALL starts (EASY without the rounding did)."""
+    be = _blocked_big("backfill", HOUR - 100)
+    assert started(be, 100.0) == []
+    be = _blocked_big("backfill", HOUR - 100)
+    be.settings = replace(be.settings, bf_resolution_s=1.0)
+    assert started(be, 100.0) == [3]
 
 
 def test_easy_backfill_never_delays_the_reservation() -> None:
@@ -99,7 +111,7 @@ def test_reservation_of_a_job_that_started_at_time_zero() -> None:
     assert started(be, 0.0) == [1]
     be.submit(sim_job(2, 8, 2 * HOUR, submit_s=10.0))
     be.submit(sim_job(3, 2, HOUR, submit_s=20.0))
-    assert be._reserve(be.jobs[2], 100.0)[0] == HOUR
+    assert be._earliest(be.jobs[2], 100.0, [])[0] == HOUR
     assert started(be, 100.0) == []
 
 

@@ -21,6 +21,7 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import profile_from_argv
 from pipeswift_slurm.core.model import ExecConfig
 from pipeswift_slurm.policy import get_policy
+from pipeswift_slurm.slurm.backends.sched_settings import IDEAL, SchedulingSettings
 from pipeswift_slurm.sim.engine import JobRecord, SimResult, SimSettings, Simulation
 from pipeswift_slurm.sim.metrics import MIN_USER_JOBS, alone_s, lower_bound_s, summarize, worst_user
 from pipeswift_slurm.sim.runner import RunSpec, build_jobs, run_comparison
@@ -55,7 +56,8 @@ def job(job_id: int, mbs: int, hours: float, world: int = 8, user: str = "") -> 
 
 
 def run(jobs: list[WorkloadJob], truth: CostModel, policy: str = "fifo", nodes: int = 2) -> SimResult:
-    return Simulation(jobs, get_policy(policy), Estimator(CostModel(GPU), 8), truth, SimSettings(nodes, 8)).run()
+    return Simulation(jobs, get_policy(policy), Estimator(CostModel(GPU), 8), truth,
+                      SimSettings(nodes, 8, slurm=IDEAL)).run()
 
 
 # ------------------------------------------------------------------ shape factors
@@ -147,7 +149,8 @@ def test_runner_shape_noise_leaves_the_workload_and_gives_every_policy_the_same_
             assert r.restarts == 0 and r.config == j.profile.requested
             assert r.run_s == pytest.approx(
                 (base.startup_s(j.profile) + j.profile.plan.iterations * base.iter_time_s(j.profile, j.profile.requested)
-                 * truth.shape.factor(j.profile.requested)) * j.truth_factor, rel=1e-6)
+                 * truth.shape.factor(j.profile.requested)) * j.truth_factor + SchedulingSettings().launch_s,
+                rel=1e-6)
     # the user's limit covers their own layout's true run time
     assert all(j.time_limit_s >= r.run_s for j, r in zip(comp.jobs, comp.results[0].records))
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from pipeswift_slurm.slurm.backends.sched_settings import IDEAL, SchedulingSettings
 from pipeswift_slurm.slurm import controller as controller_mod
 from pipeswift_slurm.core import hardware
 from pipeswift_slurm.core import megatron, megatron_rules
@@ -100,7 +101,8 @@ def hand_job(job_id: int, name: str, world: int, hours: float, gpu_range: tuple[
 
 def simulate(jobs: list[WorkloadJob], policy: Any, nodes: int = 1, gpn: int = 8, **kw: Any) -> Any:
     estimator = Estimator(CostModel(GPU), gpn)
-    return Simulation(jobs, policy, estimator, TRUTH, SimSettings(nodes, gpn), **kw).run()
+    # the idealised Slurm (no latencies, no rounding): the schedules below are worked out by hand
+    return Simulation(jobs, policy, estimator, TRUTH, SimSettings(nodes, gpn, slurm=IDEAL), **kw).run()
 
 
 def by_name(result: Any) -> dict[str, JobRecord]:
@@ -403,7 +405,8 @@ def check_invariants(data: tuple[int, int, list[WorkloadJob]], policy_name: str)
             assert r.run_s == pytest.approx(r.end_s - r.first_start_s, rel=1e-9)
             # truth: the run took the cost model's time of the config it ran x the truth factor
             true_s = TRUTH.job_time_s(job.profile, r.config) * job.truth_factor
-            assert r.run_s == pytest.approx(true_s, rel=1e-6)
+            # (plus the launcher's start, Slurm's default settings: SchedulingSettings.launch_s)
+            assert r.run_s == pytest.approx(true_s + SchedulingSettings().launch_s, rel=1e-6)
         if policy_name in ("fifo", "slurm", "sjf"):
             assert not any(r.reconfigured for r in recs)
             assert all(r.config == by_id[r.job_id].profile.requested for r in recs)

@@ -1,27 +1,30 @@
 """In-memory Slurm-like cluster for the simulator: the ``sim`` backend.
 
 It implements the Backend seam (``snapshot``/``apply``) exactly as the real backends do,
-and behaves like Slurm's scheduler in ``schedule(now)``: pending jobs in priority order
-(multifactor: age factor + SiteFactor, ties by submit time), started when their request
-fits; with ``scheduler="backfill"``, EASY backfill from time limits: the first job that
-does not fit gets a reservation on the nodes that free up earliest (by running jobs'
-limits), and later jobs start only if they end before it (by their own limit) or leave
-enough GPUs on the reserved nodes. ``scheduler="builtin"`` stops at the first job that
-does not fit (strict FIFO). Placement is best fit: the nodes with the fewest free GPUs
-that still hold the per-node request. Time limits are used for planning only (the
-simulated truth never exceeds them by construction). The engine drives the clock, the
-arrivals and the completions; this module knows no policy and no truth model.
+and schedules as Slurm does with the site's settings (slurm/backends/sched_settings.py):
+``main_pass(now)`` is Slurm's main scheduler (pending jobs in multifactor priority order,
+ties by submit time, each started where it fits, until the first that does not);
+``backfill_pass(now)`` is sched/backfill (every tested blocked job reserves whole nodes
+from its earliest start, rounded to bf_resolution; later jobs start only off those nodes
+for their time limit). ``schedule(now)`` runs both; the engine decides when each runs.
+A job's CPUs (for the job size factor) are one per node, sbatch's default of one task per
+node. ``scheduler="builtin"`` (the ``fifo`` baseline) never backfills. Placement is best
+fit: the nodes with the fewest free GPUs that still hold the per-node request. Time limits
+are used for planning only. The engine drives the clock, the arrivals and the
+completions; this module knows no policy and no truth model.
 """
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass, field
+import bisect
+import math
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from pipeswift_slurm.core.model import PENDING, RUNNING, ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
 from pipeswift_slurm.core.token import carries_profile
 from pipeswift_slurm.slurm.backends import JobGone
+from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings, job_size_factor, priority
 
 
 @dataclass
@@ -74,24 +77,37 @@ class SimBackend:
     Args:
         num_nodes: nodes in the cluster.
         gpus_per_node: GPUs per node (one GPU type per run).
-        scheduler: "backfill" (Slurm's sched/backfill, EASY) or "builtin" (strict order).
-        age_weight: PriorityWeightAge; age factor = weight * min(1, age / max_age_s).
-        max_age_s: PriorityMaxAge in seconds.
+        scheduler: the policy's: "backfill" (the site's settings decide) or "builtin"
+            (never backfill, whatever the settings say).
+        settings: the site's scheduling settings (default: Slurm's defaults).
         allow_requeue: whether ``Decision.requeue`` is honoured (a site setting).
+        gpu_type: the GPU type the nodes show.
+        cpus_per_node: CPUs per node (the job size factor's CPU share).
+        age_weight, max_age_s: shortcuts that replace ``settings.weight_age`` and
+            ``settings.max_age_s`` (tests).
     """
 
     name = "sim"
     in_memory = True  # no change can outlive the process: the controller writes no intents first
 
     def __init__(self, num_nodes: int, gpus_per_node: int, scheduler: str = "backfill",
-                 age_weight: int = 1000, max_age_s: float = 7 * 86400.0, allow_requeue: bool = True,
-                 gpu_type: str = ""):
+                 settings: Optional[SchedulingSettings] = None, allow_requeue: bool = True,
+                 gpu_type: str = "", cpus_per_node: int = 64, age_weight: Optional[int] = None,
+                 max_age_s: Optional[float] = None):
         if scheduler not in ("backfill", "builtin"):
             raise ValueError("scheduler must be 'backfill' or 'builtin'")
+        settings = settings or SchedulingSettings()
+        if scheduler == "builtin":  # the policy's baseline runs Slurm's builtin scheduler
+            settings = replace(settings, scheduler="builtin")
+        if age_weight is not None:
+            settings = replace(settings, weight_age=age_weight)
+        if max_age_s is not None:
+            settings = replace(settings, max_age_s=max_age_s)
+        self.settings = settings
+        self.num_nodes = num_nodes
+        self.cpus_per_node = cpus_per_node
         self.gpus_per_node = gpus_per_node
-        self.scheduler = scheduler
-        self.age_weight = age_weight
-        self.max_age_s = max_age_s
+        self.scheduler = settings.scheduler
         self.allow_requeue = allow_requeue
         self.gpu_type = gpu_type
         self.free = [gpus_per_node] * num_nodes
@@ -206,8 +222,14 @@ class SimBackend:
 
     # ------------------------------------------------------------ Slurm's scheduler
     def priority(self, job: SimJob, now: float) -> float:
-        age = min(1.0, max(0.0, now - job.submit_s) / self.max_age_s) if self.max_age_s else 0.0
-        return job.site_factor + self.age_weight * age
+        """Slurm's multifactor priority of ``job`` at ``now`` (sched_settings.priority)."""
+        size = job_size_factor(job.num_nodes, job.num_nodes, self.num_nodes, self.num_nodes * self.cpus_per_node,
+                               self.settings.favor_small) if self.settings.weight_job_size else 0.0
+        return priority(self.settings, now - job.submit_s, size, job.site_factor)
+
+    def _order(self, now: float) -> list[SimJob]:
+        return sorted((j for j in self.pending.values() if not j.held),
+                      key=lambda j: (-self.priority(j, now), j.submit_s, j.job_id))
 
     def _place(self, free: list[int], nodes: int, per_node: int) -> Optional[tuple[int, ...]]:
         fitting = [i for i, f in enumerate(free) if f >= per_node]
@@ -225,63 +247,99 @@ class SimBackend:
         job.version += 1
 
     def schedule(self, now: float) -> list[SimJob]:
-        """One scheduling pass at ``now``; returns the jobs it started."""
-        self.now = now
-        order = sorted((j for j in self.pending.values() if not j.held),
-                       key=lambda j: (-self.priority(j, now), j.submit_s, j.job_id))
-        started: list[SimJob] = []
-        shadow_s: Optional[float] = None
-        slack: dict[int, int] = {}
-        no_room: set[tuple[int, int]] = set()  # shapes with no room: a pass only takes GPUs, so they stay so
-        for job in order:
-            shape = (job.num_nodes, job.gpus_per_node)
-            placement = None if shape in no_room else self._place(self.free, *shape)
-            if placement is None:
-                no_room.add(shape)
-            if shadow_s is None:
-                if placement is not None:
-                    self._start(job, placement, now)
-                    started.append(job)
-                    continue
-                if self.scheduler == "builtin":
-                    break
-                shadow_s, slack = self._reserve(job, now)
-                continue
-            if placement is None:
-                continue
-            if now + job.time_limit_s <= shadow_s:
-                self._start(job, placement, now)
-                started.append(job)
-                continue
-            placement = self._place_with_slack(job, slack)
-            if placement is not None:
-                for node in placement:
-                    if node in slack:
-                        slack[node] -= job.gpus_per_node
-                self._start(job, placement, now)
-                started.append(job)
+        """The main pass and then (sched/backfill) a backfill pass at ``now``; the jobs
+        they started."""
+        started = self.main_pass(now)
+        if self.settings.scheduler == "backfill":
+            started += self.backfill_pass(now)
         return started
 
-    def _reserve(self, job: SimJob, now: float) -> tuple[float, dict[int, int]]:
-        """Earliest time the blocked ``job`` fits, releasing running jobs by their limits,
-        and the spare GPUs on the nodes reserved for it at that time (node -> spare)."""
-        free = list(self.free)
-        per_node = job.gpus_per_node
-        roomy = sum(1 for f in free if f >= per_node)  # nodes with room for one of its tasks
-        ends = [(_started(r, now) + r.time_limit_s, r.job_id, r) for r in self.running.values()]
-        heapq.heapify(ends)
-        while ends:
-            end_s, _, run = heapq.heappop(ends)
-            for node in run.placement:
-                if free[node] < per_node <= free[node] + run.gpus_per_node:
-                    roomy += 1
-                free[node] += run.gpus_per_node
-            if roomy >= job.num_nodes:
-                placement = self._place(free, job.num_nodes, per_node)
-                assert placement is not None
-                return max(end_s, now), {n: free[n] - per_node for n in placement}
-        return float("inf"), {}
+    def main_pass(self, now: float) -> list[SimJob]:
+        """Slurm's main scheduler: pending jobs in priority order, each started where it
+        fits now, until the first that does not (it leaves the partition's later jobs
+        pending, so that none takes its resources)."""
+        self.now = now
+        started: list[SimJob] = []
+        for job in self._order(now):
+            placement = self._place(self.free, job.num_nodes, job.gpus_per_node)
+            if placement is None:
+                break
+            self._start(job, placement, now)
+            started.append(job)
+        return started
 
-    def _place_with_slack(self, job: SimJob, slack: dict[int, int]) -> Optional[tuple[int, ...]]:
-        free = [f if i not in slack else min(f, slack[i]) for i, f in enumerate(self.free)]
-        return self._place(free, job.num_nodes, job.gpus_per_node)
+    def backfill_pass(self, now: float) -> list[SimJob]:
+        """Slurm's sched/backfill pass: the first ``bf_max_job_test`` pending jobs in
+        priority order; each starts now if it fits on nodes that no reservation made in
+        this pass holds during its time limit; otherwise it reserves the whole nodes it
+        would start on at its earliest start (running jobs end at their limits), from
+        that start to its end, both rounded down to ``bf_resolution`` (none beyond
+        ``bf_window``). Later jobs never use a reserved node while it is reserved."""
+        self.now = now
+        settings = self.settings
+        reserved: list[tuple[float, float, frozenset[int]]] = []
+        started: list[SimJob] = []
+        ends = sorted((self._end_s(r, now), r.job_id, r) for r in self.running.values())
+        for job in self._order(now)[:settings.bf_max_job_test]:
+            limit = float(job.time_limit_s)
+            free = self._unreserved(list(self.free), reserved, now, now + limit)
+            placement = self._place(free, job.num_nodes, job.gpus_per_node)
+            if placement is not None:
+                self._start(job, placement, now)
+                started.append(job)
+                bisect.insort(ends, (self._end_s(job, now), job.job_id, job))
+                continue
+            start_s, placement = self._earliest(job, now, reserved, ends)
+            if placement is None or start_s - now > settings.bf_window_s:
+                continue
+            reserved.append((*self._rounded(start_s, start_s + limit), frozenset(placement)))
+        return started
+
+    @staticmethod
+    def _unreserved(free: list[int], reserved: list[tuple[float, float, frozenset[int]]],
+                    start_s: float, end_s: float, ends_inside: bool = True) -> list[int]:
+        """``free`` with every node that a reservation holds within [start_s, end_s] at 0.
+        Slurm's two tests differ: a job starting now overlaps a reservation that begins
+        at its end (``ends_inside``); a planned start, rounded, does not."""
+        for res_start, res_end, nodes in reserved:
+            begins_before = res_start <= end_s if ends_inside else res_start < end_s
+            if begins_before and res_end > start_s:
+                for node in nodes:
+                    free[node] = 0
+        return free
+
+    def _rounded(self, start_s: float, end_s: float) -> tuple[float, float]:
+        """A planned start and end rounded down to bf_resolution (none when it is 0)."""
+        res_s = self.settings.bf_resolution_s
+        if not res_s:
+            return start_s, end_s
+        return math.floor(start_s / res_s) * res_s, math.floor(end_s / res_s) * res_s
+
+    @staticmethod
+    def _end_s(job: SimJob, now: float) -> float:
+        """When a running job ends by its limit (not before ``now``)."""
+        return max(now, _started(job, now) + job.time_limit_s)
+
+    def _earliest(self, job: SimJob, now: float, reserved: list[tuple[float, float, frozenset[int]]],
+                  ends: Optional[list[tuple[float, int, SimJob]]] = None) -> tuple[float, Optional[tuple[int, ...]]]:
+        """The earliest time after ``now`` at which ``job`` fits (running jobs ending at
+        their limits: ``ends``, sorted, else computed; reservations held), within
+        bf_window, and the nodes it would get then."""
+        if ends is None:
+            ends = sorted((self._end_s(r, now), r.job_id, r) for r in self.running.values())
+        times = sorted({e[0] for e in ends} | {r[1] for r in reserved if r[1] > now})
+        free = list(self.free)
+        k = 0
+        for t in times:
+            if t - now > self.settings.bf_window_s:
+                break
+            while k < len(ends) and ends[k][0] <= t:
+                for node in ends[k][2].placement:
+                    free[node] += ends[k][2].gpus_per_node
+                k += 1
+            window = self._rounded(t, t + job.time_limit_s)  # Slurm tests the rounded plan
+            placement = self._place(self._unreserved(list(free), reserved, *window, ends_inside=False),
+                                    job.num_nodes, job.gpus_per_node)
+            if placement is not None:
+                return t, placement
+        return float("inf"), None

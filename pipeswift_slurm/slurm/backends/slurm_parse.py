@@ -249,11 +249,17 @@ def parse_kv_line(line: str) -> dict[str, str]:
 
 
 def parse_duration_s(value: str) -> Optional[int]:
-    """Slurm duration ``[D-]HH:MM:SS`` / ``MM:SS`` / minutes to seconds; None if UNLIMITED."""
+    """Slurm duration ``[D-]HH:MM:SS`` / ``MM:SS`` / ``D-HH[:MM]`` / minutes to seconds;
+    None if UNLIMITED."""
     match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", value.strip())
     if match:
         days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+        if match.group(1) is not None and match.group(2) is None:  # D-HH:MM
+            days, hours, minutes, seconds = days, minutes, seconds, 0
         return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    match = re.fullmatch(r"(\d+)-(\d+)", value.strip())  # D-HH
+    if match:
+        return (int(match.group(1)) * 24 + int(match.group(2))) * 3600
     return int(value) * 60 if value.strip().isdigit() else None
 
 
