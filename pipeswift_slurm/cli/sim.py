@@ -247,8 +247,8 @@ def comparison_json(comp: Any) -> dict[str, Any]:
     return {"spec": {"gpus": spec.gpus, "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu.name if spec.gpu
                      else DEFAULT_GPU_TYPE, "workload": spec.workload or "synthetic", "load": spec.load,
                      "seed": spec.seed, "start_day": spec.start_day, "window_days": spec.window_days,
-                     "flex": spec.flex, "tick_interval_s": spec.tick_interval_s, "wait_bound_s": spec.wait_bound_s,
-                     "start": _date(comp.workload["start_epoch_s"])},
+                     "flex": spec.flex, "layouts": spec.layouts, "tick_interval_s": spec.tick_interval_s,
+                     "wait_bound_s": spec.wait_bound_s, "start": _date(comp.workload["start_epoch_s"])},
             "workload": comp.workload, "policies": comp.metrics}
 
 
@@ -324,6 +324,9 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--truth-bias", multiple=True, help="CLASS_PREFIX=RATIO: true/predicted run time for a job class.")
 @click.option("--truth-noise", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
               help="Log-normal sigma of per-job truth noise.")
+@click.option("--layouts", type=click.Choice(("user", "expert")), default="user", show_default=True,
+              help="Users' own layouts: the workload's (zoo defaults), or expert: the planner's best"
+              " at the job's GPU count.")
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
 @click.option("--db", help="Write the controller history of pipeswift (else of the first policy) to this SQLite"
@@ -335,7 +338,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
              window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
              wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
-             config_path: Optional[str], start_epoch_s: Optional[float]) -> None:
+             config_path: Optional[str], start_epoch_s: Optional[float], layouts: str = "user") -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
     from pipeswift_slurm.sim.runner import RunSpec
 
@@ -363,7 +366,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
                    noise_sigma=truth_noise, cluster_filter=cluster_filter,
-                   start_epoch_s=start_epoch_s)
+                   start_epoch_s=start_epoch_s, layouts=layouts)
     comp = _run(spec, db)
     if json_out != "-":
         print_comparison(comp)

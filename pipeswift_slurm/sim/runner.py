@@ -30,7 +30,9 @@ class RunSpec:
     ``workload`` None means the synthetic LLM-cluster generator with ``synthetic_jobs``
     jobs. ``load`` None keeps the trace's own arrival times. ``class_bias`` is
     ((job_class prefix, true/predicted ratio), ...) for the truth; ``noise_sigma`` the
-    log-normal per-job noise of the truth.
+    log-normal per-job noise of the truth. ``layouts``: the users' own layouts, "user"
+    (the zoo defaults) or "expert" (the planner's best at each job's GPU count; see
+    sim/workload.py).
     """
 
     gpus: int = 64
@@ -55,6 +57,7 @@ class RunSpec:
     # epoch second of the simulation's time 0, as the history (store) sees it; None: the
     # trace's own dates when its times are dates, else today (UTC midnight); 0: relative
     start_epoch_s: Optional[float] = 0.0
+    layouts: str = "user"
 
 
 @dataclass
@@ -100,7 +103,7 @@ def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[
         raise WorkloadError("--gpus %d is not a multiple of --gpus-per-node %d" % (spec.gpus, spec.gpus_per_node))
     rows, own_start_s = trace_rows(spec)
     conv = Conversion(cost, spec.gpus, spec.gpus_per_node, flex=spec.flex, seed=spec.seed,
-                      class_bias=spec.class_bias, noise_sigma=spec.noise_sigma)
+                      class_bias=spec.class_bias, noise_sigma=spec.noise_sigma, layouts=spec.layouts)
     jobs = build_workload(rows, conv, drop_oversized=spec.drop_oversized)
     start_s = spec.start_epoch_s if spec.start_epoch_s is not None else own_start_s or today_utc_s()
     jobs = [replace(j, submit_s=j.submit_s + start_s) for j in jobs] if start_s else jobs
