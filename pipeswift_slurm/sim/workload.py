@@ -15,11 +15,8 @@ job (``to_megatron_job``):
   * a share ``flex`` of jobs (seeded) allows resizing over half to double its GPUs
     (within the cluster); the others are rigid at their recorded count;
   * the user's time limit over-estimates the true run time: 1.5x, rounded up to 30 min;
-  * with ``Conversion.layouts = "expert"`` the job's own config is instead what a tuned
-    recipe would run: the planner's best config (``Planner.best``, the ranking the policy
-    uses at a fixed GPU count) for the same model on the recorded GPU count. The recorded
-    duration still defines the work the same way: ``--train-iters`` comes from that
-    config's iteration time, so the expert's config reproduces the recorded duration;
+  * ``Conversion.layouts = "expert"``: instead the planner's best config on that count, the
+    iterations from its iteration time (sim/layouts.py: what an expert would run);
   * every job saves and loads checkpoints (``--save``, ``--load``) about every 30 min of
     its user config's run (``--save-interval``), so a requeued job resumes from its last
     checkpoint (see sim/engine.py);
@@ -43,13 +40,12 @@ from typing import Iterable, Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
-from pipeswift_slurm.core.megatron_render import render_args
 from pipeswift_slurm.core.megatron_rules import node_shape
 from pipeswift_slurm.core.model import JobProfile
 from pipeswift_slurm.core.planner import Planner
+from pipeswift_slurm.sim.layouts import LAYOUTS, own_argv, own_layout
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
-LAYOUTS = ("user", "expert")  # Conversion.layouts: the zoo default, or the planner's best
 TIME_LIMIT_FACTOR = 1.5
 TIME_LIMIT_ROUND_S = 1800
 CHECKPOINT_EVERY_S = 1800.0  # every job saves a checkpoint about every 30 min of its run
@@ -297,8 +293,7 @@ class Conversion:
     last band taking everything above) naming models of ``ZOO`` or ``EXTRA_ZOO``; the
     seeded draw within a band is the same as the default's, and the fallback when no
     model of the band fits is every other model of the table, last named first. None
-    (the default) is ``_BANDS`` over ``ZOO``, unchanged. ``layouts``: one of ``LAYOUTS``
-    (see the module docstring).
+    (the default) is ``_BANDS`` over ``ZOO``, unchanged. ``layouts``: one of ``LAYOUTS``.
     """
 
     cost: CostModel
@@ -367,21 +362,16 @@ def _truth_factor(job_class: str, conv: Conversion, rng: random.Random) -> float
 
 def to_megatron_job(index: int, row: TraceRow, conv: Conversion,
                     planner: Optional[Planner] = None) -> WorkloadJob:
-    """Turn one trace row into a Megatron job (seeded per row, so order-independent).
-    ``planner`` (expert layouts only; default a new one): share it over a workload."""
+    """Turn one trace row into a Megatron job (seeded per row, so order-independent)."""
     rng = random.Random("%d:%s" % (conv.seed, row.name))
     model, profile = _fit_model(row, conv, rng)
-    if conv.layouts == "expert":
-        best = (planner or Planner(conv.cost, conv.gpus_per_node)).best(profile, row.num_gpus)
-        profile = replace(profile, requested=best.config) if best is not None else profile
+    profile = own_layout(profile, conv.layouts, conv.cost, conv.gpus_per_node, planner)
     iter_s = conv.cost.iter_time_s(profile, profile.requested)
     iters = max(1, round((row.duration_s - conv.cost.startup_s(profile)) / iter_s))
     save_interval = max(1, round(CHECKPOINT_EVERY_S / iter_s))
     ckpt = "/checkpoints/%s" % row.name
-    argv = model.argv(row.num_gpus, profile.plan.global_batch_size, iters)
-    if conv.layouts == "expert":
-        argv = render_args(argv, profile.requested, profile)
-    argv = tuple(argv + ["--save", ckpt, "--load", ckpt, "--save-interval", str(save_interval)])
+    argv = tuple(own_argv(model.argv(row.num_gpus, profile.plan.global_batch_size, iters), profile, conv.layouts)
+                 + ["--save", ckpt, "--load", ckpt, "--save-interval", str(save_interval)])
     profile = replace(profile, plan=replace(profile.plan, train_iters=iters, save_interval=save_interval))
     if rng.random() < conv.flex:
         lo, hi = max(1, row.num_gpus // 2), min(2 * row.num_gpus, conv.cluster_gpus)
@@ -413,5 +403,5 @@ def build_workload(rows: Iterable[TraceRow], conv: Conversion, drop_oversized: b
     if rows and not kept:
         raise WorkloadError("all %d job(s) are larger than the cluster's %d nodes x %d GPUs (--drop-oversized"
                             " left nothing to simulate); use a bigger --gpus" % (len(rows), nodes, conv.gpus_per_node))
-    planner = Planner(conv.cost, conv.gpus_per_node) if conv.layouts == "expert" else None
+    planner = Planner(conv.cost, conv.gpus_per_node)  # shared: each model shape is ranked once
     return [to_megatron_job(i, r, conv, planner) for i, r in enumerate(kept)]
