@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -136,32 +136,36 @@ def run_window(task: dict[str, Any]) -> dict[str, Any]:
 
 def run_grid(trace: str, wins: Sequence[dict[str, Any]], loads: Sequence[float], flexes: Sequence[float],
              layouts: Sequence[str], truth_noise: float = 0.0, truth_shape_noise: float = 0.0, seed: int = 1,
-             workers: int = 2, policies: Sequence[str] = POLICIES,
-             progress: Any = None) -> list[dict[str, Any]]:
+             workers: int = 2, policies: Sequence[str] = POLICIES, progress: Any = None,
+             partial: Optional[Path] = None) -> list[dict[str, Any]]:
     """Every window x load x flex x layouts; the largest windows first (``workers`` > 1: a
-    process pool; 1: in this process). Runs come back in (group, VC, day) order."""
+    process pool; 1: in this process). Each run is appended to ``partial`` (JSON lines) as
+    it ends, so a long grid stopped early keeps what it did. Runs come back in (group, VC,
+    day) order."""
     tasks = [dict(w, trace=trace, load=load, flex=flex, layouts=lay, truth_noise=truth_noise,
                   truth_shape_noise=truth_shape_noise, seed=seed, window_days=WINDOW_DAYS, policies=policies)
              for load in loads for flex in flexes for lay in layouts for w in wins]
     tasks.sort(key=lambda t: -t["jobs"])
-    runs = []
+    runs: list[dict[str, Any]] = []
+
+    def done(run: dict[str, Any]) -> None:
+        runs.append(run)
+        if partial is not None:
+            with open(partial, "a") as handle:
+                handle.write(json.dumps(run) + "\n")
+        if progress is not None:
+            print("[%d/%d] %s day %g load %g flex %g %s: %d jobs, %.0f s" % (
+                len(runs), len(tasks), run["vc"], run["start_day"], run["load"], run["flex"], run["layouts"],
+                run["jobs"], run["wall_s"]), file=progress, flush=True)
+
     if workers <= 1:
         for t in tasks:
-            runs.append(run_window(t))
-            _report(progress, runs[-1], len(runs), len(tasks))
+            done(run_window(t))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            for run in pool.map(run_window, tasks):
-                runs.append(run)
-                _report(progress, run, len(runs), len(tasks))
+            for future in as_completed([pool.submit(run_window, t) for t in tasks]):
+                done(future.result())
     return sorted(runs, key=lambda r: (group_key(r), r["vc"], r["start_day"]))
-
-
-def _report(progress: Any, run: dict[str, Any], done: int, total: int) -> None:
-    if progress is not None:
-        print("[%d/%d] %s day %g load %g flex %g %s: %d jobs, %.0f s" % (
-            done, total, run["vc"], run["start_day"], run["load"], run["flex"], run["layouts"], run["jobs"],
-            run["wall_s"]), file=progress, flush=True)
 
 
 # ---------------------------------------------------------------- the summary
@@ -320,8 +324,8 @@ def goal_table(groups: Sequence[dict[str, Any]], total: Sequence[dict[str, Any]]
         lines.append("load %g, flex %g, %s layouts (%d windows):" % (g["load"], g["flex"], g["layouts"],
                                                                       g["windows"]))
         for row in g["goals"]:
-            value = "-" if row["value"] is None else "%.2f" % row["value"]
-            lines.append("  %-4s %-58s %s %s (limit %g)%s" % (verdict(row["pass"]), row["goal"], row["measure"],
+            value = "-" if row["value"] is None else "%.3g" % row["value"]
+            lines.append("  %-4s %-66s %s %s (limit %g)%s" % (verdict(row["pass"]), row["goal"], row["measure"],
                                                               value, row["limit"],
                                                               "; " + row["note"] if row["note"] else ""))
     lines.append("over all groups:")
@@ -367,8 +371,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--min-jobs", type=int, default=MIN_JOBS)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", help="write the JSON here (the goal table then goes to stdout)")
+    parser.add_argument("--out", help="write the JSON here (the goal table then goes to stdout); each run is"
+                        " also appended to OUT.partial.jsonl as it ends")
+    parser.add_argument("--from-partial", metavar="JSONL", help="summarize the runs of a partial file (of a grid"
+                        " stopped early) instead of running")
     args = parser.parse_args(argv)
+    if args.from_partial:
+        return _print(report([json.loads(line) for line in Path(args.from_partial).read_text().splitlines()
+                              if line.strip()], {"from_partial": args.from_partial}), args.out)
     if not Path(args.workload).exists():
         print(json.dumps({"skipped": "workload %s not found" % args.workload}))
         return 0
@@ -387,9 +397,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except WorkloadError as exc:
         raise SystemExit("policy_windows.py: %s" % exc) from None
     wins = quick_subset(wins) if args.quick else wins
+    if args.out:
+        Path(args.out + ".partial.jsonl").unlink(missing_ok=True)
     t0 = time.perf_counter()
     runs = run_grid(args.workload, wins, loads, flexes, layouts, args.truth_noise,
-                    args.truth_shape_noise if has_shape else 0.0, args.seed, args.workers, progress=sys.stderr)
+                    args.truth_shape_noise if has_shape else 0.0, args.seed, args.workers, progress=sys.stderr,
+                    partial=Path(args.out + ".partial.jsonl") if args.out else None)
     settings = {"workload": args.workload, "quick": args.quick, "loads": loads, "flex": flexes, "layouts": layouts,
                 "policies": POLICIES, "seed": args.seed, "window_days": WINDOW_DAYS, "min_jobs": args.min_jobs,
                 "wait_bound_h": WAIT_BOUND_S / 3600, "truth_noise": args.truth_noise,
@@ -401,11 +414,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "workers": args.workers, "wall_s": time.perf_counter() - t0}
     if args.truth_shape_noise and not has_shape:
         settings["truth_shape_noise_note"] = "ignored: this runner's RunSpec has no %s field" % SHAPE_FIELD
-    out = report(runs, settings)
+    return _print(report(runs, settings), args.out)
+
+
+def _print(out: dict[str, Any], path: Optional[str]) -> int:
+    """The JSON to ``path`` (the goal table then to stdout), else to stdout (the table to stderr)."""
     text = json.dumps(out, indent=1)
     table = goal_table(out["groups"], out["goals"])
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if path:
+        Path(path).write_text(text + "\n")
         print(table)
     else:
         print(text)
