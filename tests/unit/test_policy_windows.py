@@ -84,6 +84,12 @@ def test_the_bench_on_a_tiny_trace_of_one_window(tmp_path: Path, capsys: pytest.
     assert {"bound_h", "worst_h", "windows_over_bound", "failing"} <= set(block["max_wait"])
     assert [g["goal"] for g in data["goals"]][-2:] == [
         "all of the above with expert layouts and with the truth errors", "decide() cold latency"]
+    # every run was also kept as it ended; a grid stopped early is summarized from that file
+    partial = tmp_path / "o.json.partial.jsonl"
+    assert len(partial.read_text().splitlines()) == 2
+    again = tmp_path / "again.json"
+    assert pw.main(["--from-partial", str(partial), "--out", str(again)]) == 0
+    assert json.loads(again.read_text())["groups"] == data["groups"]
 
 
 def _run(vc: str, day: float, jct: dict[str, float], small: dict[str, float], wait_h: dict[str, float]) -> dict:
