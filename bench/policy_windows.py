@@ -71,7 +71,7 @@ def cluster_gpus(rows: Sequence[TraceRow], gpus_per_node: int = 8) -> int:
     span = max(r.submit_s for r in rows) - min(r.submit_s for r in rows)
     busy = sum(r.num_gpus * r.duration_s for r in rows) / max(span, 1.0)
     need = max(MIN_GPUS, busy, max(r.num_gpus for r in rows))
-    gpus = 2 ** math.ceil(math.log2(need))
+    gpus = int(2 ** math.ceil(math.log2(need)))
     return -(-gpus // gpus_per_node) * gpus_per_node
 
 
@@ -86,7 +86,8 @@ def windows(rows: Sequence[TraceRow], vcs: Optional[Sequence[str]] = None, min_j
     if unknown:
         raise WorkloadError("--vc %s: no such virtual cluster in the trace; known: %s"
                             % (",".join(unknown), ",".join(sorted(by_vc))))
-    run, skipped = [], []
+    run: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     for vc in sorted(vcs or by_vc):
         gpus = cluster_gpus(by_vc[vc])
         counts: dict[int, int] = defaultdict(int)
