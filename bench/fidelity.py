@@ -5,8 +5,12 @@ Runs the repository's rows (``tests/data/fidelity/published_megatron.csv``: mode
 turned into step time at the same model FLOPs) and, when present, the shared file of NVIDIA's
 DGX Cloud recipes (``../shared/reference/published/megatron_published.csv``: step time). Prints
 JSON: per file and GPU type the rows estimated, the rows refused (and why), and the median and
-max |step time error| (predicted / published - 1); with ``--rows`` every row as well.
-Usage: python bench/fidelity.py [--csv PATH] [--shared PATH] [--rows]
+max |step time error| (predicted / published - 1); with ``--rows`` every row as well. Under
+``bands``: per layout group (GPU family, pp > 1, cp > 1) the rows behind the error bands
+(``measure.fidelity.band_rows``), their error range and band, beside the band shipped in
+``core/error_band.py``; ``--band-table`` prints that table as the Python lines to paste there
+instead (after a cost-model change moves the errors).
+Usage: python bench/fidelity.py [--csv PATH] [--shared PATH] [--rows] [--band-table]
 """
 
 import argparse
@@ -17,7 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
 
-from pipeswift_slurm.measure.fidelity import FidelityRow, compare, compare_shared, summary  # noqa: E402
+from pipeswift_slurm.core.error_band import BANDS, DEFAULT_BAND  # noqa: E402
+from pipeswift_slurm.measure.fidelity import (FidelityRow, band_rows, band_table, compare, compare_shared,  # noqa: E402
+                                              summary)
 
 HERE = Path(__file__).resolve().parent.parent
 SHARED = HERE.parent / "shared" / "reference" / "published" / "megatron_published.csv"
@@ -38,16 +44,36 @@ def _rows(rows: list[FidelityRow]) -> list[dict[str, Any]]:
              or None, "step_error": round(r.step_error, 3)} for r in rows]
 
 
+def _bands(rows: list[FidelityRow]) -> list[dict[str, Any]]:
+    return [{"group": g["group"], "rows": g["rows"], "error_range": [round(g["min_error"], 4), round(g["max_error"], 4)],
+             "band": g["band"], "shipped_band": BANDS.get(key, DEFAULT_BAND)} for key, g in band_table(rows).items()]
+
+
+def _band_lines(rows: list[FidelityRow]) -> list[str]:
+    out = []
+    for key, g in band_table(rows).items():
+        if g["band"] is not None:
+            out.append("    # %s (%d rows): %+.0f to %+.0f %%" % (g["group"], g["rows"], 100 * g["min_error"],
+                                                                  100 * g["max_error"]))
+            out.append("    %r: %.2f," % (key, g["band"]))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", default=str(HERE / "tests/data/fidelity/published_megatron.csv"))
     parser.add_argument("--shared", default=str(SHARED), help="the shared published file (skipped when absent)")
     parser.add_argument("--rows", action="store_true", help="print every row as well")
+    parser.add_argument("--band-table", action="store_true", help="print the error-band table as Python lines")
     args = parser.parse_args()
     if not Path(args.csv).is_file():
         print("bench/fidelity.py: %s: no such file (give --csv PATH)" % args.csv, file=sys.stderr)
         return 2
     repo = compare(args.csv)
+    shared_rows = compare_shared(args.shared)[0] if Path(args.shared).is_file() else []
+    if args.band_table:
+        print("\n".join(_band_lines(band_rows(repo, shared_rows))))
+        return 0
     out: dict[str, Any] = {"repo": {"file": args.csv, **_table(repo)}}
     if args.rows:
         out["repo"]["row_errors"] = _rows(repo)
@@ -60,6 +86,7 @@ def main() -> int:
             out["shared"]["row_errors"] = _rows(shared)
     else:
         out["shared"] = {"file": args.shared, "skipped": "not present"}
+    out["bands"] = _bands(band_rows(repo, shared_rows))
     json.dump(out, sys.stdout, indent=2)
     print()
     return 0

@@ -153,6 +153,26 @@ CREATE TABLE IF NOT EXISTS calibration (
     updated_at REAL    NOT NULL
 );
 
+-- What the launcher measured of a job (submit/iterlog.py: Megatron's iteration lines), as
+-- the controller accepted it (slurm/measured.py): median seconds per iteration after the
+-- warm-up, of the layout that ran, beside the cost model's uncalibrated prediction for that
+-- layout. A claim about this job only: status is 'ok' or why it is not learned from.
+CREATE TABLE IF NOT EXISTS measurements (
+    job_id           INTEGER NOT NULL PRIMARY KEY REFERENCES jobs (job_id),
+    user             TEXT,
+    job_class        TEXT,
+    config           TEXT,                          -- ExecConfig.short() of the layout that ran
+    tp               INTEGER,
+    pp               INTEGER,
+    micro_batch_size INTEGER,
+    vp               INTEGER,
+    iter_s           REAL,                          -- measured median s per iteration
+    predicted_iter_s REAL,                          -- the cost model's, uncalibrated
+    iterations       INTEGER,                       -- last iteration the launcher saw
+    status           TEXT    NOT NULL,              -- 'ok', 'out of bounds', 'not its user's file', ...
+    reported_at      REAL    NOT NULL               -- when the launcher wrote it (the file's mtime)
+);
+
 -- Cluster occupancy seen by each tick (utilisation over time). total_gpus counts usable
 -- nodes only; busy_gpus = total_gpus - free_gpus; pending_gpus = GPUs pending jobs ask for.
 CREATE TABLE IF NOT EXISTS tick_snapshots (

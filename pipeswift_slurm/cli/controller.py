@@ -172,7 +172,8 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     layer_profile = load_layer_profile(cfg.layer_profile, gpu, what="%s: [slurm] layer_profile" % cfg.source)
     # the GPUs per node here only seed the estimator: each tick plans with the cluster's own
     estimator = Estimator(CostModel(gpu, layer_profile=layer_profile), gpn)
-    calibration = StoreCalibration(store, cfg.calibration_exclude_partitions) if store is not None else None
+    calibration = (StoreCalibration(store, cfg.calibration_exclude_partitions, cfg.measure_dir)
+                   if store is not None else None)
     if calibration is not None:
         estimator = estimator.with_bias(calibration.bias_map())
     settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions,

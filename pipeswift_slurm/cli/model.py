@@ -79,6 +79,8 @@ def estimate_dict(est: Any, profile: Any, cost: Any) -> dict[str, Any]:
         "num_micro_batches": est.config.num_micro_batches,
         "data_parallel_size": est.config.dp,
         "job_time_s": cost.job_time_s(profile, est.config) if iters else None,
+        "error_band": est.band.rel,
+        "error_band_group": est.band.group,
     }
 
 
@@ -117,7 +119,9 @@ def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: in
     lines = [
         ("config", est.config.short()),
         ("gpu type", gpu_type_note(gpu, data["gpu_type_source"])),
-        ("iteration time", "%.3f s" % est.iter_time_s),
+        ("iteration time", "%.3f s %s" % (est.iter_time_s, est.band.text())),
+        ("error band", "%s: %s" % (est.band.text(), est.band.group if est.band.measured else
+                                   "%s (a wide default)" % est.band.group)),
         ("model TFLOP/s per GPU", "%.1f (%.0f%% of peak)" % (est.tflops_per_gpu, 100 * est.tflops_per_gpu
                                                              / gpu.peak_tflops)),
         ("memory per GPU", "%.1f GiB of %.1f%s" % (est.mem_gib, gpu.mem_gib, "" if est.fits else "  DOES NOT FIT")),
@@ -126,7 +130,8 @@ def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: in
         ("data-parallel size", str(est.config.dp)),
     ]
     if data["job_time_s"] is not None:
-        lines.append(("job time", "%s (%d iterations)" % (duration(data["job_time_s"]), profile.plan.iterations)))
+        lines.append(("job time", "%s %s (%d iterations)" % (duration(data["job_time_s"]), est.band.text(),
+                                                             profile.plan.iterations)))
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         click.echo("%s  %s" % (key.ljust(width), value))
@@ -174,11 +179,20 @@ def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, 
     planner = Planner(cost, gpus_per_node)
     result = planner.plan(profile, lo, hi, explain=explain)
     rows = [estimate_dict(e, profile, cost) for e in result.ranked[:top]]
+    chosen = [(e, planner.best(profile, e.config.gpus)) for e in
+              (planner.choose(profile, g) for g in range(lo, hi + 1)) if e is not None]
+    runs = {e.config for e, _ in chosen}
+    for est, row in zip(result.ranked, rows):
+        row["chosen"] = est.config in runs
+    kept = [(e, fast) for e, fast in chosen if fast is not None and e.config != fast.config]
     none = no_layout_groups(planner, profile, range(lo, hi + 1))
     if as_json:
         echo_json({"gpu_type": gpu.name, "gpu_type_source": gpu_type_source(), "gpus": [lo, hi],
                    "valid_configs": len(result.ranked), "configs": rows,
                    "no_layout": [{"gpus": counts, "reason": why} for counts, why in none],
+                   "user_layout_kept": [{"gpus": e.config.gpus, "config": _config_dict(e.config),
+                                         "iter_time_s": e.iter_time_s, "fastest_iter_time_s": fast.iter_time_s,
+                                         "error_band": max(e.band.rel, fast.band.rel)} for e, fast in kept],
                    **({"excluded": [{"gpus": x.gpus, "config": x.config and _config_dict(x.config),
                                      "reason": x.reason} for x in result.excluded]} if explain else {})})
         return
@@ -188,6 +202,12 @@ def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, 
     for counts, why in none:
         click.echo("no valid layout on %s GPUs: %s" % (_counts_text(counts), why), err=not result.ranked)
     _print_plan(result, rows, gpu, explain)
+    for est, fast in kept[:top]:
+        click.echo("runs on %d GPUs: your layout %s (the fastest gains %.0f %%, within the %s band)"
+                   % (est.config.gpus, est.config.short(), 100 * (1 - fast.iter_time_s / est.iter_time_s),
+                      "\u00b1 %.0f %%" % (100 * max(est.band.rel, fast.band.rel))))
+    if len(kept) > top:
+        click.echo("... and on %d more GPU counts (--json lists them)" % (len(kept) - top))
     if not result.ranked:
         sys.exit(1)
 
@@ -206,16 +226,20 @@ def _counts_text(counts: list[int]) -> str:
 def _print_plan(result: Any, rows: list[dict[str, Any]], gpu: GpuType, explain: bool) -> None:
     from pipeswift_slurm.core.fmt import duration, table
 
-    headers = ["#", "gpus", "nodes", "tp", "pp", "vp", "dp", "mbs", "M", "iter_s", "TFLOP/s", "mem_GiB",
-               "bubble", "job_time"]
+    headers = ["#", "gpus", "nodes", "tp", "pp", "vp", "dp", "mbs", "M", "iter_s", "band", "TFLOP/s", "mem_GiB",
+               "bubble", "job_time", "runs"]
     table_rows = [[i + 1, r["gpus"], "%dx%d" % (r["config"]["num_nodes"], r["config"]["gpus_per_node"]),
                    r["config"]["tp"], r["config"]["pp"], r["config"]["vp"], r["config"]["dp"],
                    r["config"]["micro_batch_size"], r["config"]["num_micro_batches"], r["iter_time_s"],
-                   r["tflops_per_gpu"], r["mem_gib"], r["bubble_fraction"], duration(r["job_time_s"])]
+                   "\u00b1%.0f%%" % (100 * r["error_band"]), r["tflops_per_gpu"], r["mem_gib"], r["bubble_fraction"],
+                   duration(r["job_time_s"]), "*" if r["chosen"] else ""]
                   for i, r in enumerate(rows)]
     if rows:
         click.echo("%d valid configs on %s; top %d by iteration time:" % (len(result.ranked), gpu.name, len(rows)))
         click.echo(table(headers, table_rows))
+        click.echo("band: the model's error for layouts like this one (published runs); runs *: the layout the"
+                   " controller and pipeswift-launch run on that GPU count (yours, unless the fastest gains more"
+                   " than the larger band)")
     if explain:
         click.echo("\nexcluded (%d):" % len(result.excluded))
         for x in result.excluded:

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 import click
 
 from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, output_file, pass_obj
+from pipeswift_slurm.cli.sim_notes import bound_warning, learn_line, worst_users_line
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.core.model import COMPLETED
 from pipeswift_slurm.core.request import MAX_GPUS
@@ -222,6 +223,8 @@ def print_comparison(comp: Any) -> None:
                " JCT %s" % (w["source"], w["jobs"], w["flexible_jobs"], w["span_days"], _date(w["start_epoch_s"]),
                             w["offered_load"], duration(w["lower_bound_mean_jct_s"])))
     click.echo(comparison_table(comp))
+    if worst_users_line(comp):
+        click.echo(worst_users_line(comp))
     base = next((m["policy"] for m in comp.metrics if m["policy"] == "slurm"), comp.metrics[0]["policy"])
     click.echo(legend(base))
 
@@ -245,35 +248,27 @@ def _date(epoch_s: float) -> str:
 def comparison_json(comp: Any) -> dict[str, Any]:
     spec = comp.spec
     return {"spec": {"gpus": spec.gpus, "gpus_per_node": spec.gpus_per_node, "gpu_type": spec.gpu.name if spec.gpu
-                     else DEFAULT_GPU_TYPE, "workload": spec.workload or "synthetic", "load": spec.load,
+                     else DEFAULT_GPU_TYPE, "workload": spec.workload or (spec.history.source if spec.history is not None
+                                                                     else "synthetic"), "load": spec.load,
                      "seed": spec.seed, "start_day": spec.start_day, "window_days": spec.window_days,
                      "flex": spec.flex, "layouts": spec.layouts, "tick_interval_s": spec.tick_interval_s,
-                     "wait_bound_s": spec.wait_bound_s, "start": _date(comp.workload["start_epoch_s"])},
-            "workload": comp.workload, "policies": comp.metrics}
+                     "wait_bound_s": spec.wait_bound_s,
+                     "truth_noise": spec.noise_sigma, "truth_shape_noise": spec.shape_sigma,
+                     "truth_user_favour": spec.user_favour,
+                     "start": _date(comp.workload["start_epoch_s"])},
+            "workload": comp.workload, "policies": comp.metrics,
+            **({"what_changed": comp.changed} if comp.changed is not None else {})}
 
 
 def plot_cdf(comp: Any, path: str) -> None:
-    """JCT CDF per policy (log time axis) to a PNG."""
-    try:
-        import matplotlib
+    """JCT CDF per policy to a PNG (drawn as ``report jct --plot`` draws it)."""
+    from pipeswift_slurm.reports.plots import figure, save_png
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        fail("--plot needs matplotlib: pip install 'pipeswift-slurm[plot]'", 1)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for result in comp.results:
-        jct = sorted(r.jct_s / 3600.0 for r in result.records)
-        ax.step(jct, [(i + 1) / len(jct) for i in range(len(jct))], where="post", label=result.policy)
-    ax.set_xscale("log")
-    ax.set_xlabel("job completion time (hours, log scale)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT CDF, %d jobs on %d GPUs" % (len(comp.jobs), comp.spec.gpus))
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig = figure("jct", None, {r.policy: [rec.jct_s for rec in r.records] for r in comp.results})
+    except RuntimeError as exc:  # no matplotlib
+        fail(str(exc), 1)
+    save_png(fig, path, dpi=110)
 
 
 def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
@@ -293,6 +288,12 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.command()
 @click.option("--workload", type=click.Path(exists=True, dir_okay=False),
               help="Trace CSV (optionally .gz) in the shared schema; default: the synthetic LLM cluster.")
+@click.option("--sacct", "sacct_file", type=click.Path(dir_okay=False),
+              help="Replay the site's own history from this `sacct --json` file (Slurm 22.05 or 24.11): jobs"
+              " with a psbatch profile as flexible Megatron jobs, every other job as it ran; adds what would"
+              " have changed per user and job class.")
+@click.option("--history", "history_db", metavar="DB",
+              help="Replay the controller's own history database (a file or URL) the same way as --sacct.")
 @click.option("--jobs", "synthetic_jobs", type=click.IntRange(min=1), default=400, show_default=True,
               help="Jobs of the synthetic workload.")
 @click.option("--gpus", type=click.IntRange(min=1, max=MAX_GPUS), default=64, show_default=True)
@@ -324,9 +325,14 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--truth-bias", multiple=True, help="CLASS_PREFIX=RATIO: true/predicted run time for a job class.")
 @click.option("--truth-noise", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
               help="Log-normal sigma of per-job truth noise.")
+@click.option("--truth-shape-noise", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
+              help="Log-normal sigma of a seeded true/predicted factor per config shape (tp, pp, micro-batch).")
+@click.option("--truth-user-favour", type=FiniteFloatRange(min=0.1, max=10), default=1.0, show_default=True,
+              help="The layout shape each job asked for really runs this many times faster than predicted.")
 @click.option("--layouts", type=click.Choice(("user", "expert")), default="user", show_default=True,
-              help="Users' own layouts: the workload's (zoo defaults), or expert: the planner's best"
+              help="Users' own layouts: the workload's (zoo defaults), or expert: the planner's fastest"
               " at the job's GPU count.")
+@click.option("--learn", is_flag=True, help="Calibrate online with layout terms from finished jobs (issue 25).")
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
 @click.option("--db", help="Write the controller history of pipeswift (else of the first policy) to this SQLite"
@@ -336,11 +342,17 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: Optional[int],
              gpu_type: Optional[str], load: Optional[float], policy_text: str, seed: int, start_day: float,
              window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
-             wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, drop_oversized: bool,
+             wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, truth_shape_noise: float,
+             truth_user_favour: float, learn: bool, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
-             config_path: Optional[str], start_epoch_s: Optional[float], layouts: str = "user") -> None:
+             config_path: Optional[str], start_epoch_s: Optional[float], sacct_file: Optional[str] = None,
+             history_db: Optional[str] = None, layouts: str = "user") -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
+    from pipeswift_slurm.cli.whatif import load_history, print_what_changed, skipped_note
     from pipeswift_slurm.sim.runner import RunSpec
+
+    if workload and (sacct_file or history_db):
+        fail("--workload and --%s: give one workload to replay" % ("sacct" if sacct_file else "history"))
 
     policies = _policies(policy_text)
     for path, what in ((json_out, "--json"), (plot, "--plot")):
@@ -365,11 +377,23 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    policy_knobs=knobs, no_requeue=no_requeue, seed=seed, start_day=start_day,
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
-                   noise_sigma=truth_noise, cluster_filter=cluster_filter,
-                   start_epoch_s=start_epoch_s, layouts=layouts)
+                   noise_sigma=truth_noise, shape_sigma=truth_shape_noise, user_favour=truth_user_favour,
+                   cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn, layouts=layouts,
+                   history=load_history(sacct_file, history_db, load=load, vc=cluster_filter)
+                   if (sacct_file or history_db) else None)
     comp = _run(spec, db)
+    note = skipped_note(comp.workload)
+    if note:
+        click.echo(note, err=True)
     if json_out != "-":
         print_comparison(comp)
+        if comp.changed is not None:
+            print_what_changed(comp)
+    for m in comp.metrics if learn and json_out != "-" else ():
+        click.echo(learn_line(m))
+    warning = bound_warning(comp)
+    if warning:
+        click.echo(warning, err=True)
     _outputs(comp, json_out, plot)
 
 

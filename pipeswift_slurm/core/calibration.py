@@ -17,6 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from pipeswift_slurm.core.layout_fit import (DEFAULT_FEATURE_PRIOR_JOBS, fit_feature_terms, layout_factor,
+                                            layout_features, user_capped)
+
 log = logging.getLogger(__name__)
 
 DEFAULT_HALF_LIFE_S = 14 * 86400.0
@@ -39,6 +42,8 @@ class Observation:
     predicted_run_s: float
     actual_run_s: float
     end_time: float
+    user: str = ""  # '' = unknown: not capped (``layout_fit.user_capped``)
+    features: tuple[tuple[str, int], ...] = ()  # the layout that ran, when known (layout terms)
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ def _estimate(obs: Sequence[Observation], now: float, half_life_s: float, trim: 
     if not obs:
         return None
     logs = [math.log(o.actual_run_s / o.predicted_run_s) for o in obs]
-    weights = [decay_weight(now - o.end_time, half_life_s) for o in obs]
+    weights = user_capped([o.user for o in obs], [decay_weight(now - o.end_time, half_life_s) for o in obs])
     n_eff = sum(weights)
     if n_eff <= 0:  # every observation decayed to 0 (underflow): no evidence left
         return None
@@ -186,7 +191,10 @@ def fit_bias(observations: Iterable[Observation], *, now: float, half_life_s: fl
     also gets an entry ``F-*`` (all its classes pooled, shrunk toward 0) for classes not
     seen yet. The trimmed mean of logs ignores a share of outliers below ``trim`` and
     treats x1.3 and /1.3 symmetrically; the median (trim -> 0.5) is more robust but
-    noisier.
+    noisier. Within each estimate a user's observations weigh at most
+    ``layout_fit.USER_CAP_RUNS`` runs (one user cannot carry a class). Observations that
+    carry the layout that ran (``features``) then fit the layout terms, keyed
+    ``"<class> tp=4"`` (``layout_fit.fit_feature_terms``).
 
     Args:
         observations: finished jobs; invalid ones (zero/negative/NaN times, empty class)
@@ -215,6 +223,12 @@ def fit_bias(observations: Iterable[Observation], *, now: float, half_life_s: fl
     fit: dict[str, ClassBias] = {}
     for family, classes in sorted(families.items()):
         _fit_family(fit, family, classes, by_class, (now, half_life_s, trim, prior_jobs))
+    rows = [(o.job_class, o.user, o.features, math.log(o.actual_run_s / o.predicted_run_s),
+             decay_weight(now - o.end_time, half_life_s)) for o in kept if o.features]
+    class_log = {k: cb.log_ratio for k, cb in fit.items()}
+    for key, (log_ratio, n, n_eff) in fit_feature_terms(rows, class_log).items():
+        confidence = n_eff / (n_eff + DEFAULT_FEATURE_PRIOR_JOBS)
+        fit[key] = ClassBias(key, math.exp(log_ratio), log_ratio, n, confidence, n_eff, log_ratio)
     return fit
 
 
@@ -238,11 +252,11 @@ def bias_map(fit: Mapping[str, ClassBias]) -> dict[str, float]:
     return {key: cb.ratio for key, cb in fit.items()}
 
 
-def lookup_bias(bias: Mapping[str, float], job_class: str) -> float:
-    """The ratio for ``job_class``: its own entry, else its family's, else 1."""
-    if job_class in bias:
-        return bias[job_class]
-    return bias.get(family_key(family_of(job_class)), 1.0)
+def lookup_bias(bias: Mapping[str, float], job_class: str, config: Any = None) -> float:
+    """The ratio for ``job_class``: its own entry, else its family's, else 1; times the
+    class's layout terms for ``config`` when given (``layout_fit.layout_factor``)."""
+    ratio = bias[job_class] if job_class in bias else bias.get(family_key(family_of(job_class)), 1.0)
+    return ratio * layout_factor(bias, job_class, config) if config is not None else ratio
 
 
 def report_rows(fit: Mapping[str, ClassBias]) -> list[dict[str, Any]]:
@@ -273,15 +287,18 @@ class OnlineCalibrator:
             fit has not seen.
         refit_every: refit after this many newly finished jobs.
         half_life_s, trim, prior_jobs: the knobs of ``fit_bias``.
+        layouts: learn the layout terms too (``simulate --learn``): each finished job
+            reports the layout it ran, as the launcher does (``submit/iterlog.py``).
     """
 
     def __init__(self, base_estimator: Any, *, refit_every: int = 5, half_life_s: float = DEFAULT_HALF_LIFE_S,
-                 trim: float = DEFAULT_TRIM, prior_jobs: float = DEFAULT_PRIOR_JOBS):
+                 trim: float = DEFAULT_TRIM, prior_jobs: float = DEFAULT_PRIOR_JOBS, layouts: bool = False):
         if refit_every < 1:
             raise ValueError("refit_every must be >= 1")
         _check_knobs(half_life_s, trim, prior_jobs)
         self.base = base_estimator
         self.refit_every = refit_every
+        self.layouts = layouts
         self.knobs = {"half_life_s": half_life_s, "trim": trim, "prior_jobs": prior_jobs}
         self.observations: list[Observation] = []
         self.fit: dict[str, ClassBias] = {}
@@ -292,13 +309,14 @@ class OnlineCalibrator:
         self._current = base_estimator
         self._installed: list[tuple[float, Any]] = [(-math.inf, base_estimator)]
 
-    def bias_in_force(self, job_class: str, start_s: float) -> float:
-        """Bias the installed estimator applied to a job of ``job_class`` started at ``start_s``."""
+    def bias_in_force(self, job_class: str, start_s: float, config: Any = None) -> float:
+        """Bias the installed estimator applied to a job of ``job_class`` started at
+        ``start_s`` (with ``config``'s layout terms when given)."""
         estimator = self.base
         for installed_s, est in self._installed:
             if installed_s < start_s:
                 estimator = est
-        return float(estimator.bias(job_class))
+        return float(estimator.bias(job_class, config) if config is not None else estimator.bias(job_class))
 
     def observe(self, record: Any, bias_used: Optional[float] = None) -> bool:
         """Learn from one finished JobRecord (once per job); False when not usable.
@@ -313,9 +331,12 @@ class OnlineCalibrator:
         if record.restarts:
             self.skipped += 1
             return False
-        bias = bias_used if bias_used is not None else self.bias_in_force(record.job_class, record.run_started_s)
+        config = getattr(record, "config", None) if self.layouts else None
+        bias = bias_used if bias_used is not None else self.bias_in_force(record.job_class, record.run_started_s,
+                                                                          config)
         obs = Observation(record.job_class, record.predicted_run_s / bias if bias > 0 else float("nan"),
-                          record.end_s - record.run_started_s, record.end_s)
+                          record.end_s - record.run_started_s, record.end_s, getattr(record, "user", ""),
+                          layout_features(config) if config is not None else ())
         if not _is_valid(obs):
             self.skipped += 1
             return False

@@ -13,9 +13,10 @@ Must not import SQLAlchemy, Slurm or torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
+from pipeswift_slurm.core.error_band import ErrorBand, band_for, unmeasured_band
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.layer_profile import LayerProfileMismatch, layer_profile_mismatch, layer_profile_refusal
 from pipeswift_slurm.core.megatron_rules import profile_stage_layers
@@ -81,7 +82,8 @@ class Estimate:
 
     ``bubble_fraction`` is the idle share of the pipeline part of the iteration
     ((P-1)/(v*M+P-1) for uniform stages); ``tflops_per_gpu`` is model TFLOP/s per GPU
-    (recompute not counted), Megatron's reported metric.
+    (recompute not counted), Megatron's reported metric. ``band`` is the relative error
+    band of ``iter_time_s`` for layouts like this one (``core.error_band``).
     """
 
     config: ExecConfig
@@ -93,6 +95,7 @@ class Estimate:
     mem_gib: float
     tflops_per_gpu: float
     fits: bool
+    band: ErrorBand = field(default_factory=unmeasured_band)
 
 
 def per_profile(memo: dict[int, tuple[JobProfile, V]], profile: JobProfile,
@@ -368,7 +371,7 @@ class CostModel:
         tflops = flops_per_iteration(profile.shape, profile.plan.global_batch_size) / (iter_s * cfg.world_size) / 1e12
         return Estimate(config=cfg, iter_time_s=iter_s, pipeline_s=pipe, dp_allreduce_s=dp_s,
                         optimizer_s=opt_s, bubble_fraction=bubble, mem_gib=mem, tflops_per_gpu=tflops,
-                        fits=mem <= self.gpu.mem_gib)
+                        fits=mem <= self.gpu.mem_gib, band=band_for(self.gpu.name, cfg))
 
     def fits(self, profile: JobProfile, cfg: ExecConfig) -> bool:
         """Whether the most loaded rank's peak memory fits in the GPU."""

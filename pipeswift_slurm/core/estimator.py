@@ -1,4 +1,5 @@
-"""Estimator: the cost model corrected by a per-job-class bias learned from finished jobs.
+"""Estimator: the cost model corrected by a per-job-class bias (and per-layout terms) learned
+from finished jobs.
 
 Every policy sees run times only through an Estimator, so calibration reaches all of them
 at once. The bias map (job_class -> actual/predicted ratio) comes from the Store in the
@@ -22,7 +23,9 @@ log = logging.getLogger(__name__)
 
 class EstimatorProtocol(Protocol):
     """What a policy asks of an estimator (``Estimator`` is the one implementation; tests
-    and benches may pass others): predicted run times, and best configs per GPU count."""
+    and benches may pass others): predicted run times, and the config to run per GPU count
+    (``best``: the planner's ``choose``, the fastest unless the user's layout is within
+    the error band)."""
 
     def startup_s(self, profile: JobProfile) -> float: ...
 
@@ -59,14 +62,16 @@ class Estimator:
         and so its cache, depend on the node size); itself when that is its node size."""
         if gpus_per_node == self.gpus_per_node:
             return self
-        planner = Planner(self.cost, gpus_per_node, vary_tp=self.planner.vary_tp, max_vp=self.planner.max_vp)
+        planner = Planner(self.cost, gpus_per_node, vary_tp=self.planner.vary_tp, max_vp=self.planner.max_vp,
+                          do_no_harm=self.planner.do_no_harm)
         return Estimator(self.cost, gpus_per_node, self.bias_by_class, planner)
 
-    def bias(self, job_class: str) -> float:
-        """actual/predicted ratio for the class, else its model family's, else 1."""
+    def bias(self, job_class: str, config: Optional[ExecConfig] = None) -> float:
+        """actual/predicted ratio for the class, else its model family's, else 1; times the
+        class's learned layout terms for ``config`` when given (``core/layout_fit.py``)."""
         if not self.bias_by_class:
             return 1.0
-        return lookup_bias(self.bias_by_class, job_class)
+        return lookup_bias(self.bias_by_class, job_class, config)
 
     def startup_s(self, profile: JobProfile) -> float:
         return self.cost.startup_s(profile)
@@ -74,20 +79,26 @@ class Estimator:
     def run_time_s(self, profile: JobProfile, config: ExecConfig, iterations: Optional[int] = None) -> float:
         """Predicted run time (startup + iterations x iteration time) x the class bias x the
         job's own ``run_time_factor``."""
-        return self.cost.job_time_s(profile, config, iterations) * self.bias(profile.job_class) \
+        return self.cost.job_time_s(profile, config, iterations) * self.bias(profile.job_class, config) \
             * profile.run_time_factor
 
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
-        """Fastest valid config on ``gpus`` GPUs (None when there is none)."""
+        """The config to run on ``gpus`` GPUs (None when none is valid): the fastest, unless
+        the user's own layout is within the error band (``Planner.choose``). The policies
+        and the launcher both ask this, so they choose alike."""
+        return self.planner.choose(profile, gpus)
+
+    def fastest(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+        """The fastest valid config on ``gpus`` GPUs, whatever the user's layout."""
         return self.planner.best(profile, gpus)
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
-        """(config, predicted run time) of the fastest valid config on ``gpus`` GPUs."""
-        est = self.planner.best(profile, gpus)
+        """(config, predicted run time) of the config to run on ``gpus`` GPUs (``best``)."""
+        est = self.planner.choose(profile, gpus)
         if est is None:
             return None
         iters = profile.plan.iterations
-        run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class) \
+        run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class, est.config) \
             * profile.run_time_factor
         return est.config, run_s
 

@@ -305,6 +305,36 @@ def _pp_choices(profile: JobProfile, gpus: int) -> list[int]:
     return sorted(pps)
 
 
+def user_layout_at(profile: JobProfile, gpus: int, gpus_per_node: int) -> Optional[ExecConfig]:
+    """The user's own layout on ``gpus`` GPUs, as Megatron runs the user's command there: the
+    requested tp, pp, cp, interleaving, micro-batch size and stage split, dp = gpus / (tp*pp*cp),
+    M = global batch / (micro-batch x dp), on the planner's node shape (:func:`node_shape`);
+    None when that is not a valid config (:func:`check_config`, the job's limits included)."""
+    user = profile.requested
+    group = user.tp * user.pp * user.cp
+    if gpus < 1 or gpus % group:
+        return None
+    dp = gpus // group
+    gbs = profile.plan.global_batch_size
+    if gbs % (user.micro_batch_size * dp):
+        return None
+    nodes, gpn = node_shape(gpus, gpus_per_node)
+    cfg = replace(user, dp=dp, num_micro_batches=gbs // (user.micro_batch_size * dp), num_nodes=nodes,
+                  gpus_per_node=gpn)
+    return None if check_config(profile, cfg, gpus_per_node) else cfg
+
+
+def same_layout(a: ExecConfig, b: ExecConfig) -> bool:
+    """Whether ``a`` and ``b`` are one layout, whatever their data-parallel size, number of
+    micro-batches and node shape (what a GPU count changes): the same tp, pp, cp,
+    interleaving, micro-batch size and stage split."""
+    def key(c: ExecConfig) -> tuple[object, ...]:
+        return (c.tp, c.pp, c.cp, c.vp, c.micro_batch_size, c.decoder_first_pipeline_num_layers,
+                c.decoder_last_pipeline_num_layers)
+
+    return key(a) == key(b)
+
+
 def config_for_allocation(cfg: ExecConfig, profile: JobProfile, num_nodes: int,
                           gpus_per_node: int) -> tuple[Optional[ExecConfig], str]:
     """The controller's decided ``cfg`` as the launcher runs it in an allocation of

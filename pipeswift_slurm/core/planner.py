@@ -2,6 +2,9 @@
 iteration time, with the reason each excluded config was excluded on request.
 
 Uses megatron_rules.enumerate_configs for Megatron's rules and CostModel for time and memory.
+``Planner.choose`` is the config to run on a GPU count, for the policies and the launcher
+alike: the fastest, unless the user's own layout is as fast within the error band
+(:func:`keep_user_layout`, "do no harm").
 Results per (job shape and plan, GPU count) are memoised on the Planner instance, so a
 controller or simulator that keeps one Planner pays for each shape once. Pure: no I/O.
 """
@@ -13,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate, per_profile
-from pipeswift_slurm.core.megatron_rules import Problem, check_config, enumerate_configs
+from pipeswift_slurm.core.megatron_rules import Problem, check_config, enumerate_configs, user_layout_at
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 
@@ -43,6 +46,22 @@ def _plan_key(profile: JobProfile) -> tuple[object, ...]:
             user.decoder_last_pipeline_num_layers)
 
 
+def keep_user_layout(user: Optional[Estimate], best: Optional[Estimate]) -> Optional[Estimate]:
+    """Do no harm: of the user's own layout on a GPU count (``user``, None where it is not
+    valid there) and the fastest layout there (``best``), the one to run. The fastest
+    replaces the user's only when its predicted gain, 1 - best / user iteration time, exceeds
+    the larger of the two layouts' error bands (``Estimate.band``): each prediction may be off
+    by its band, and layouts of one job on one GPU type err alike (the bands come from
+    systematic errors per layout group), so the wider band bounds how wrong their ratio is.
+    A user's layout that does not fit in memory is always replaced."""
+    if user is None or not user.fits or best is None:
+        return best
+    if best.config == user.config:
+        return user
+    gain = 1.0 - best.iter_time_s / user.iter_time_s
+    return best if gain > max(user.band.rel, best.band.rel) else user
+
+
 class Planner:
     """Ranks configs of a job per GPU count on one cluster shape.
 
@@ -51,14 +70,19 @@ class Planner:
         gpus_per_node: GPUs per node of the cluster.
         vary_tp: also search tensor-parallel sizes (else keep the user's).
         max_vp: largest interleaving (virtual stages per rank) considered.
+        do_no_harm: ``choose`` keeps the user's layout unless the fastest gains more than
+            the error band (:func:`keep_user_layout`); off: ``choose`` is ``best``.
     """
 
-    def __init__(self, cost: CostModel, gpus_per_node: int, vary_tp: bool = True, max_vp: int = 4):
+    def __init__(self, cost: CostModel, gpus_per_node: int, vary_tp: bool = True, max_vp: int = 4,
+                 do_no_harm: bool = True):
         self.cost = cost
         self.gpus_per_node = gpus_per_node
         self.vary_tp = vary_tp
         self.max_vp = max_vp
+        self.do_no_harm = do_no_harm
         self._ranked: dict[tuple[object, ...], list[Estimate]] = {}
+        self._chosen: dict[tuple[object, ...], Optional[Estimate]] = {}
         self._keys: dict[int, tuple[JobProfile, tuple[object, ...]]] = {}
 
     def _key(self, profile: JobProfile) -> tuple[object, ...]:
@@ -79,6 +103,20 @@ class Planner:
         """The fastest valid config on ``gpus`` GPUs, or None when none is valid."""
         ranked = self.ranked(profile, gpus)
         return ranked[0] if ranked else None
+
+    def choose(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+        """The config to run on ``gpus`` GPUs: the fastest (``best``), unless the user's own
+        layout there (``megatron_rules.user_layout_at``) is within the error band of it
+        (:func:`keep_user_layout`); None when no config is valid."""
+        best = self.best(profile, gpus)
+        if not self.do_no_harm or best is None:
+            return best
+        user = profile.requested
+        key = (self._key(profile), user.micro_batch_size, user.vp, gpus)
+        if key not in self._chosen:
+            mine = user_layout_at(profile, gpus, self.gpus_per_node)
+            self._chosen[key] = keep_user_layout(None if mine is None else self.cost.estimate(profile, mine), best)
+        return self._chosen[key]
 
     def _estimates(self, profile: JobProfile, gpus: int) -> list[Estimate]:
         lo, hi = profile.gpu_range

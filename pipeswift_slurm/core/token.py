@@ -94,6 +94,12 @@ def encode_profile(req: ProfileRequest) -> str:
     return ";".join(parts)
 
 
+def carries_profile(comment: str) -> bool:
+    """Whether a job's Comment carries a profile request (the job opted in to pipeswift);
+    whether that request is valid is ``decode_profile``'s and the controller's to say."""
+    return PROFILE_PREFIX in comment
+
+
 def decode_profile(text: str) -> ProfileRequest:
     """Parse a profile token found anywhere in ``text`` (e.g. a job comment).
 

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pipeswift_slurm.core.costmodel import CostModel, flops_per_iteration
+from pipeswift_slurm.core.error_band import MIN_ROWS, band_value, gpu_family, group_name, layout_group
 from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
 from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
+from pipeswift_slurm.core.model import ExecConfig
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class FidelityRow:
     mem_gib: float
     reported_step_s: float = 0.0
     predicted_step_s: float = 0.0
+    layout: Optional[ExecConfig] = None
 
     @property
     def error(self) -> float:
@@ -106,7 +109,8 @@ def compare(path: str | Path, hardware: Optional[str] = None) -> list[FidelityRo
             cost = CostModel(get_gpu_type(rec["gpu_type"], hardware))
             est = cost.estimate(profile, profile.requested)
             out.append(FidelityRow(rec["source_id"], rec["model"], rec["gpu_type"], gpus, est.config.short(),
-                                   _reported_model_tflops(rec), est.tflops_per_gpu, est.mem_gib))
+                                   _reported_model_tflops(rec), est.tflops_per_gpu, est.mem_gib,
+                                   layout=est.config))
     return out
 
 
@@ -181,7 +185,7 @@ def compare_shared(path: str | Path, hardware: Optional[str] = None) -> tuple[li
             flops = flops_per_iteration(profile.shape, profile.plan.global_batch_size)
             out.append(FidelityRow(rec["release"], rec["model"], gpu.name, gpus, est.config.short(),
                                    flops / (step_s * gpus) / 1e12, est.tflops_per_gpu, est.mem_gib,
-                                   step_s, est.iter_time_s))
+                                   step_s, est.iter_time_s, est.config))
     return out, refused
 
 
@@ -199,3 +203,29 @@ def summary(rows: list[FidelityRow]) -> dict[str, Any]:
     return {"all": stats(rows),
             "by_gpu_type": {g: stats([r for r in rows if r.gpu_type == g]) for g in sorted({r.gpu_type for r in rows})},
             "by_source": {s: stats([r for r in rows if r.source_id == s]) for s in sorted({r.source_id for r in rows})}}
+
+
+# GPU families whose error bands come from the shared file (it has rows of these only).
+SHARED_FAMILIES = frozenset({"hopper", "blackwell"})
+
+
+def band_rows(repo: list[FidelityRow], shared: list[FidelityRow]) -> list[FidelityRow]:
+    """The rows the error bands come from: the shared file's for the families it covers
+    (``SHARED_FAMILIES``: its recipes state every flag, and supersede the repository's older
+    H100 recipes of the same models), the repository's for the other families."""
+    return [r for r in shared if gpu_family(r.gpu_type) in SHARED_FAMILIES] + \
+        [r for r in repo if gpu_family(r.gpu_type) not in SHARED_FAMILIES]
+
+
+def band_table(rows: list[FidelityRow]) -> dict[tuple[str, bool, bool], dict[str, Any]]:
+    """Per layout group (``core.error_band.layout_group``) of ``rows``: its rows, signed
+    error range, largest |step time error| and band (``band_value``; None for a group of
+    fewer than ``MIN_ROWS`` rows, which gets the default band)."""
+    groups: dict[tuple[str, bool, bool], list[float]] = {}
+    for r in rows:
+        if r.layout is not None:
+            groups.setdefault(layout_group(r.gpu_type, r.layout), []).append(r.step_error)
+    return {key: {"group": group_name(key), "rows": len(errs), "min_error": min(errs), "max_error": max(errs),
+                  "max_abs_error": max(abs(e) for e in errs),
+                  "band": band_value(max(abs(e) for e in errs)) if len(errs) >= MIN_ROWS else None}
+            for key, errs in sorted(groups.items())}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import asdict
-from typing import Any, ClassVar, Mapping, Protocol
+from typing import Any, ClassVar, Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, JobProfile
@@ -109,6 +109,13 @@ def parse_policy_knob(name: str, knob: str, text: str) -> Any:
     return parse_knob(knob_class(name), knob, text)
 
 
+def wait_bound_of(policy: Any) -> Optional[float]:
+    """The wait bound (seconds) a policy keeps: its knob ``wait_bound_s``; None for a policy
+    whose knobs have none (it promises no bound)."""
+    bound = getattr(getattr(policy, "knobs", None), "wait_bound_s", None)
+    return float(bound) if isinstance(bound, (int, float)) else None
+
+
 def get_policy(name: str, **knobs: Any) -> Policy:
     """Instantiate a registered policy with its knobs (checked by ``make_policy_knobs``).
 
@@ -121,4 +128,4 @@ def get_policy(name: str, **knobs: Any) -> Policy:
 
 
 __all__ = ["KnobError", "PRESETS", "Policy", "get_policy", "knob_class", "knob_defaults", "knob_fields",
-           "make_policy_knobs", "parse_policy_knob", "policy_names"]
+           "make_policy_knobs", "parse_policy_knob", "policy_names", "wait_bound_of"]

@@ -110,6 +110,7 @@ class WaitRow:
     max_s: float
     max_job_id: int
     n_over_bound: int
+    n_pending_over_bound: int = 0  # of them, still pending at the last tick
 
 
 @dataclass(frozen=True)

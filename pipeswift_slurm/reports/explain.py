@@ -31,7 +31,7 @@ class UnknownJob(LookupError):
 
 @dataclass(frozen=True)
 class Candidate:
-    """The fastest valid config on one GPU count and its predicted run time (calibrated).
+    """The config the policy runs on one GPU count and its predicted run time (calibrated).
 
     ``fits_free_now`` is whether the count fit the free GPUs at the last tick (pending
     jobs only; None otherwise).
@@ -130,11 +130,15 @@ def _chosen(decisions: list[Any]) -> tuple[Optional[ExecConfig], Optional[bool],
 def _candidates(
     profile: JobProfile, estimator: Any, chosen: Optional[ExecConfig], top: int, free_gpus: Optional[int]
 ) -> list[Candidate]:
-    """Best config per allowed GPU count, by predicted run time; chosen and requested kept."""
+    """The config the policy runs per allowed GPU count (``Estimator.best``: the fastest,
+    unless the user's layout is within the error band), by predicted run time; chosen and
+    requested kept."""
     lo, hi = profile.gpu_range
     best: dict[int, Any] = {}
-    for est in estimator.planner.plan(profile, lo, hi).ranked:
-        best.setdefault(est.config.gpus, est)  # ranked fastest first: the first per count wins
+    for gpus in range(lo, hi + 1):
+        est = estimator.best(profile, gpus)
+        if est is not None:
+            best[gpus] = est
     extra = [cfg for cfg in (chosen, profile.requested) if cfg is not None]
     out = []
     for est in list(best.values()) + [estimator.cost.estimate(profile, cfg) for cfg in extra]:

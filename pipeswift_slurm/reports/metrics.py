@@ -95,6 +95,12 @@ def _wait_metrics(m: Metrics, rep: WaitsReport) -> None:
         [({}, over)],
     )
     m.family(
+        "pipeswift_jobs_pending_over_wait_bound",
+        "gauge",
+        "Jobs still pending at the last tick that have waited past the bound (the load is beyond it).",
+        [({}, rep.overall.n_pending_over_bound if rep.overall else 0)],
+    )
+    m.family(
         "pipeswift_wait_bound_seconds",
         "gauge",
         "The wait bound used by pipeswift_jobs_over_wait_bound.",

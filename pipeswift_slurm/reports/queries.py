@@ -149,6 +149,7 @@ def _wait_rows(src: Any, by: str, window: Window, now_s: Optional[float], bound_
             r.max_s,
             r.max_job_id,
             r.n_over_bound,
+            r.n_pending_over_bound or 0,
         )
         for r in reads.wait_rows(src, check_group(by), window.since_s, window.until_s, now_s, bound_s)
     ]

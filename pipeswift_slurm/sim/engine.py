@@ -9,8 +9,10 @@ with nothing pending or nothing free, no lever can change anything, so those tic
 skipped. Truth: a job's run time in config c is (startup + remaining iterations x
 iteration time of c) x its truth factor (class bias x noise, see workload.py); every
 (re)start pays the startup again, and a requeued job resumes from its last checkpoint
-(``--save-interval``; a job that does not save and load checkpoints starts over).
-No policy code lives here.
+(``--save-interval``; a job that does not save and load checkpoints starts over). A
+job without a profile (a history job replayed as it ran, see sim/replay.py) is submitted
+without a profile token, so the controller leaves it as submitted; it holds its GPUs for
+its recorded run time. No policy code lives here.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ class Simulation:
                                   age_weight=settings.age_weight, max_age_s=settings.max_age_s,
                                   allow_requeue=settings.allow_requeue, gpu_type=truth.gpu.name)
         self.controller = Controller(self.backend, policy, estimator, store,
-                                     ControllerSettings(allow_requeue=settings.allow_requeue),
+                                     ControllerSettings(allow_requeue=settings.allow_requeue,
+                                                        warn_wait_bound=False),  # the run's summary says it
                                      clock=time.perf_counter,
                                      calibration=OnlineCalibration(calibrator, lambda: self.records)
                                      if calibrator is not None else None)
@@ -133,17 +136,28 @@ class Simulation:
         self._seq = 0
 
     # ------------------------------------------------------------ truth
-    def _true_run_s(self, wjob: WorkloadJob, rec: JobRecord, config: ExecConfig) -> float:
+    def _true_run_s(self, wjob: WorkloadJob, rec: JobRecord, config: Optional[ExecConfig]) -> float:
+        if wjob.profile is None or config is None:
+            return wjob.recorded_duration_s  # replayed as it ran
         remaining = max(0.0, wjob.profile.plan.iterations - rec.iters_done)
         iter_s = self.truth.iter_time_s(wjob.profile, config)
         return (self.truth.startup_s(wjob.profile) + remaining * iter_s) * wjob.truth_factor
 
-    def _config_of(self, sim: SimJob, wjob: WorkloadJob) -> ExecConfig:
+    def _config_of(self, sim: SimJob, wjob: WorkloadJob) -> Optional[ExecConfig]:
+        if wjob.profile is None:
+            return None
         if sim.config is not None and sim.config.gpus == sim.gpus:
             return sim.config
         return wjob.profile.requested
 
     def _submit(self, wjob: WorkloadJob) -> None:
+        if wjob.profile is None:
+            self.backend.submit(SimJob(job_id=wjob.job_id, name=wjob.name, user=wjob.user, submit_s=wjob.submit_s,
+                                       comment="", num_nodes=wjob.as_ran_nodes,
+                                       gpus_per_node=wjob.as_ran_gpus_per_node, time_limit_s=wjob.time_limit_s))
+            self.records[wjob.job_id] = JobRecord(wjob.job_id, wjob.name, wjob.user, wjob.model, "", wjob.category,
+                                                  wjob.submit_s, wjob.gpus)
+            return
         req = ProfileRequest(wjob.argv, wjob.profile.gpu_range if wjob.profile.flexible else None,
                              world_size=wjob.gpus)
         user = wjob.profile.requested
@@ -164,7 +178,8 @@ class Simulation:
             rec.first_start_s = now
         rec.gpus, rec.config, rec.run_started_s, rec.run_true_s = sim.gpus, config, now, run_s
         rec.restarts = sim.restarts
-        rec.predicted_run_s = estimator.run_time_s(wjob.profile, config)
+        rec.predicted_run_s = run_s if wjob.profile is None or config is None else \
+            estimator.run_time_s(wjob.profile, config)
         heapq.heappush(self._heap, (now + run_s, self._seq, sim.job_id, sim.restarts))
         self._seq += 1
 
@@ -173,6 +188,9 @@ class Simulation:
         ran = now - rec.run_started_s
         rec.run_s += ran
         rec.busy_gpu_s += ran * rec.gpus
+        if wjob.profile is None:  # (never requeued: the controller leaves it alone)
+            rec.end_s = now if completed else rec.end_s
+            return
         if completed:
             rec.end_s = now
             rec.iters_done = wjob.profile.plan.iterations

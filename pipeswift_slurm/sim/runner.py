@@ -12,9 +12,13 @@ from typing import Any, Callable, Optional, Sequence
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import GpuType
+from pipeswift_slurm.core.planner import Planner
 from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
-from pipeswift_slurm.sim.metrics import lower_bound_s, summarize
+from pipeswift_slurm.sim.learning import learner, unseen_layout_errors
+from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
+from pipeswift_slurm.sim.replay import to_workload, what_changed
+from pipeswift_slurm.sim.truth import ShapeNoise, TruthModel
 from pipeswift_slurm.sim.workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
                        read_trace, rescale_load, select_window, synthetic_trace, window_start_s)
 
@@ -30,9 +34,11 @@ class RunSpec:
     ``workload`` None means the synthetic LLM-cluster generator with ``synthetic_jobs``
     jobs. ``load`` None keeps the trace's own arrival times. ``class_bias`` is
     ((job_class prefix, true/predicted ratio), ...) for the truth; ``noise_sigma`` the
-    log-normal per-job noise of the truth. ``layouts``: the users' own layouts, "user"
-    (the zoo defaults) or "expert" (the planner's best at each job's GPU count; see
-    sim/workload.py).
+    log-normal per-job noise of the truth; ``shape_sigma`` the log-normal per-config-shape
+    factor of the truth (``sim/truth.py``, seeded by ``seed``), ``user_favour`` how much
+    faster than predicted the shape each job asked for really runs. ``layouts``: the users'
+    own layouts, "user" (the zoo defaults) or "expert" (the planner's fastest at each job's
+    GPU count; see sim/layouts.py).
     """
 
     gpus: int = 64
@@ -51,12 +57,22 @@ class RunSpec:
     drop_oversized: bool = False
     class_bias: tuple[tuple[str, float], ...] = ()
     noise_sigma: float = 0.0
+    shape_sigma: float = 0.0
+    user_favour: float = 1.0
     cluster_filter: Optional[str] = None
     policy_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # by label, over policy.PRESETS
     no_requeue: tuple[str, ...] = ()  # labels run where the site does not allow requeue
     # epoch second of the simulation's time 0, as the history (store) sees it; None: the
     # trace's own dates when its times are dates, else today (UTC midnight); 0: relative
     start_epoch_s: Optional[float] = 0.0
+    # the planner keeps a user's layout within the error band (``planner.keep_user_layout``);
+    # False only to measure what that rule costs or saves (bench/do_no_harm.py)
+    do_no_harm: bool = True
+    # ``simulate --learn``: calibration with layout terms, online (sim/learning.py)
+    learn: bool = False
+    # a site's own history (sim/replay.py History, from --sacct or --history) replayed
+    # instead of ``workload``; its own times are kept (``load`` is not applied)
+    history: Any = None
     layouts: str = "user"
 
 
@@ -69,6 +85,7 @@ class Comparison:
     metrics: list[dict[str, Any]]
     results: list[SimResult]
     jobs: list[WorkloadJob]
+    changed: Optional[dict[str, Any]] = None  # a history's replay: replay.what_changed
 
 
 def trace_rows(spec: RunSpec) -> tuple[list[TraceRow], Optional[float]]:
@@ -97,21 +114,55 @@ def today_utc_s() -> float:
     return float(now - now % 86400)
 
 
+def history_jobs(spec: RunSpec, conv: Conversion) -> tuple[list[WorkloadJob], dict[str, Any]]:
+    """The jobs of the spec's history in its window, times from 0, and the facts: the
+    window's own start (epoch s), span and offered load."""
+    jobs = to_workload(spec.history, conv, drop_oversized=spec.drop_oversized)
+    t0 = min(j.submit_s for j in jobs)
+    rel = [replace(j, submit_s=j.submit_s - t0) for j in jobs]
+    first = min((j.submit_s for j in rel if j.submit_s >= spec.start_day * 86400.0), default=0.0)
+    kept = select_window(rel, spec.start_day, spec.window_days)
+    if not kept:
+        raise WorkloadError("%s: no job in the selected window (start day %g, %s days)"
+                            % (spec.history.source, spec.start_day, spec.window_days or "all"))
+    span = kept[-1].submit_s - kept[0].submit_s
+    work = sum(j.gpus * j.recorded_duration_s for j in kept)
+    return kept, {"source": spec.history.source, "dialect": spec.history.dialect, "own_start_s": t0 + first,
+                  "span_days": span / 86400.0, "offered_load": work / (max(span, 1.0) * spec.gpus),
+                  "replayed_as_ran": sum(1 for j in kept if j.profile is None),
+                  "skipped": dict(sorted(spec.history.skipped.items()))}
+
+
 def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[str, Any]]:
     """Workload jobs plus a description (counts, offered load) for the report."""
     if spec.gpus % spec.gpus_per_node:
         raise WorkloadError("--gpus %d is not a multiple of --gpus-per-node %d" % (spec.gpus, spec.gpus_per_node))
+    if spec.history is not None:
+        conv = Conversion(cost, spec.gpus, spec.gpus_per_node, seed=spec.seed)
+        jobs, facts = history_jobs(spec, conv)
+        start_s = spec.start_epoch_s if spec.start_epoch_s is not None else facts.pop("own_start_s")
+        facts.pop("own_start_s", None)
+        jobs = [replace(j, submit_s=j.submit_s + start_s) for j in jobs] if start_s else jobs
+        facts.update({"jobs": len(jobs), "dropped_oversized": spec.history.skipped.get("larger than the cluster", 0),
+                      "flexible_jobs": sum(1 for j in jobs if j.flexible), "start_epoch_s": start_s})
+        return jobs, facts
     rows, own_start_s = trace_rows(spec)
     conv = Conversion(cost, spec.gpus, spec.gpus_per_node, flex=spec.flex, seed=spec.seed,
-                      class_bias=spec.class_bias, noise_sigma=spec.noise_sigma, layouts=spec.layouts)
+                      class_bias=spec.class_bias, noise_sigma=spec.noise_sigma, shape_noise=shape_noise(spec),
+                      layouts=spec.layouts)
     jobs = build_workload(rows, conv, drop_oversized=spec.drop_oversized)
     start_s = spec.start_epoch_s if spec.start_epoch_s is not None else own_start_s or today_utc_s()
     jobs = [replace(j, submit_s=j.submit_s + start_s) for j in jobs] if start_s else jobs
     facts = {"source": spec.workload or "synthetic", "jobs": len(jobs), "dropped_oversized": len(rows) - len(jobs),
              "offered_load": offered_load(rows, spec.gpus),
              "span_days": (max(r.submit_s for r in rows) - min(r.submit_s for r in rows)) / 86400.0 if rows else 0.0,
-             "flexible_jobs": sum(1 for j in jobs if j.profile.flexible), "start_epoch_s": start_s}
+             "flexible_jobs": sum(1 for j in jobs if j.flexible), "start_epoch_s": start_s}
     return jobs, facts
+
+
+def shape_noise(spec: RunSpec) -> ShapeNoise:
+    """The truth's per-config-shape factors of the spec (the same for every policy of a run)."""
+    return ShapeNoise(spec.shape_sigma, spec.seed, spec.user_favour)
 
 
 def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = None,
@@ -128,15 +179,19 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, get_gpu_type
 
     gpu = spec.gpu or get_gpu_type(DEFAULT_GPU_TYPE)
-    truth = CostModel(gpu)
-    jobs, facts = build_jobs(spec, truth)
-    estimator = Estimator(CostModel(gpu), spec.gpus_per_node)
+    truth = TruthModel(gpu, shape_noise(spec))
+    jobs, facts = build_jobs(spec, CostModel(gpu))
+    alone = alone_s(jobs, truth)
+    cost = CostModel(gpu)
+    estimator = Estimator(cost, spec.gpus_per_node, planner=Planner(cost, spec.gpus_per_node,
+                                                                   do_no_harm=spec.do_no_harm))
     settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s)
     metrics, results = [], []
     for name in spec.policies:
         base = name.split(":")[0]
         knobs = {**PRESETS.get(name, {}), **spec.policy_knobs.get(name, {})}
-        if "wait_bound_s" in knob_defaults(base):
+        keeps_bound = "wait_bound_s" in knob_defaults(base)
+        if keeps_bound:
             knobs.setdefault("wait_bound_s", spec.wait_bound_s)
         policy = get_policy(base, **knobs)
         store = store_for(name) if store_for else None
@@ -145,14 +200,32 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         tick_cb = (lambda now, rep, _n=name: on_tick(_n, now, rep)) if on_tick else None
         t0 = time.perf_counter()
         run_settings = replace(settings, allow_requeue=False) if name in spec.no_requeue else settings
-        result = Simulation(jobs, policy, estimator, truth, run_settings, store=store, on_tick=tick_cb).run()
+        cal = learner(estimator) if spec.learn else None
+        result = Simulation(jobs, policy, estimator, truth, run_settings, store=store, on_tick=tick_cb,
+                            calibrator=cal).run()
         result.policy = name
         result.makespan_s = max(0.0, result.makespan_s - facts["start_epoch_s"])  # a duration, from time 0
         log.info("%s: %d jobs simulated in %.1f s", name, len(jobs), time.perf_counter() - t0)
         results.append(result)
-        metrics.append(summarize(result, jobs, spec.wait_bound_s))
+        metrics.append(summarize(result, jobs, knobs.get("wait_bound_s", spec.wait_bound_s), alone))
+        metrics[-1]["keeps_wait_bound"] = keeps_bound
+        if cal is not None:
+            metrics[-1]["unseen_layouts"] = unseen_layout_errors(result.records, cal)
+            metrics[-1]["seen_layouts"] = unseen_layout_errors(result.records, cal, seen=True)
     facts["lower_bound_mean_jct_s"] = lower_bound_s(jobs, estimator, truth, spec.gpus)
-    return Comparison(spec, facts, metrics, results, jobs)
+    compare_users(metrics)
+    fifo = next((m for m in metrics if m["policy"] == "fifo"), None)
+    facts["fifo_bound_kept"] = fifo["bound_kept"] if fifo else None
+    changed = what_changed(jobs, results) if spec.history is not None else None
+    return Comparison(spec, facts, metrics, results, jobs, changed)
+
+
+def compare_users(metrics: list[dict[str, Any]], base: str = "slurm") -> None:
+    """Set each policy's ``worst_user_vs_slurm`` (``metrics.worst_user`` against ``base``;
+    None when ``base`` did not run or no user has enough jobs)."""
+    ref = next((m for m in metrics if m["policy"] == base), None)
+    for m in metrics:
+        m["worst_user_vs_slurm"] = worst_user(m, ref) if ref is not None else None
 
 
 def with_policies(spec: RunSpec, policies: Sequence[str]) -> RunSpec:

@@ -15,6 +15,7 @@ job (``to_megatron_job``):
   * a share ``flex`` of jobs (seeded) allows resizing over half to double its GPUs
     (within the cluster); the others are rigid at their recorded count;
   * the user's time limit over-estimates the true run time: 1.5x, rounded up to 30 min;
+  * a row without a user gets one of 20 synthetic users (``synthetic_user``, Zipf-like, by job_id);
   * ``Conversion.layouts = "expert"``: instead the planner's best config on that count, the
     iterations from its iteration time (sim/layouts.py: what an expert would run);
   * every job saves and loads checkpoints (``--save``, ``--load``) about every 30 min of
@@ -24,19 +25,15 @@ Optional knobs (all off by default; the default conversion never reads them):
 ``Conversion.bands`` replaces ``_BANDS`` with another table over ``ZOO`` and
 ``EXTRA_ZOO`` (e.g. a gpt and a llama-style model in the same band, so the model
 family is drawn per row); ``synthetic_trace(mix=...)`` replaces ``SYNTHETIC_MIX``.
-Pure except for reading the CSV file in ``read_trace``.
+Trace files and the synthetic generator are ``sim/trace.py``; this module is pure.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 import math
 import random
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional
 
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
@@ -44,27 +41,14 @@ from pipeswift_slurm.core.megatron_rules import node_shape
 from pipeswift_slurm.core.model import JobProfile
 from pipeswift_slurm.core.planner import Planner
 from pipeswift_slurm.sim.layouts import LAYOUTS, own_argv, own_layout
+from pipeswift_slurm.sim.trace import (TRACE_COLUMNS, DATED_AFTER_S, SYNTHETIC_MIX, TraceRow,  # noqa: F401 (re-exported)
+                                       WorkloadError, offered_load, read_trace, rescale_load, select_window,
+                                       synthetic_trace, window_start_s)
+from pipeswift_slurm.sim.truth import ShapeNoise
 
-TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
 TIME_LIMIT_FACTOR = 1.5
 TIME_LIMIT_ROUND_S = 1800
 CHECKPOINT_EVERY_S = 1800.0  # every job saves a checkpoint about every 30 min of its run
-
-
-class WorkloadError(ValueError):
-    """A malformed workload file or impossible settings; the message names where."""
-
-
-@dataclass(frozen=True)
-class TraceRow:
-    """One job of a trace: when it came, how long it ran on how many GPUs."""
-
-    name: str
-    submit_s: float
-    duration_s: float
-    num_gpus: int
-    user: str = ""
-    category: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,6 +124,8 @@ class WorkloadJob:
 
     ``truth_factor`` multiplies the cost model's run time to give the true one (class
     bias x per-job noise); ``time_limit_s`` is the user's limit for the user's config.
+    ``profile`` None: a history job replayed as it ran (sim/replay.py: ``as_ran_nodes`` x
+    ``as_ran_gpus_per_node`` GPUs for ``recorded_duration_s``); ``as_ran_jct_s``: its real JCT.
     """
 
     job_id: int
@@ -147,143 +133,26 @@ class WorkloadJob:
     user: str
     submit_s: float
     argv: tuple[str, ...]
-    profile: JobProfile
+    profile: Optional[JobProfile]
     recorded_duration_s: float
     time_limit_s: int
     model: str
     category: str = ""
     truth_factor: float = 1.0
+    as_ran_nodes: int = 0
+    as_ran_gpus_per_node: int = 0
+    as_ran_jct_s: Optional[float] = None
 
     @property
     def gpus(self) -> int:
-        return self.profile.requested.gpus
+        return self.profile.requested.gpus if self.profile else self.as_ran_nodes * self.as_ran_gpus_per_node
+
+    @property
+    def flexible(self) -> bool:
+        return self.profile is not None and self.profile.flexible
 
 
-# ---------------------------------------------------------------- reading traces
-
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8", newline="")
-
-
-def _number(path: Path, line: int, column: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise WorkloadError("%s:%d: column %r: %r is not a number" % (path, line, column, text)) from None
-    if not math.isfinite(value) or value < 0:
-        raise WorkloadError("%s:%d: column %r: %r must be a finite non-negative number" % (path, line, column, text))
-    return value
-
-
-def read_trace(path: str | Path) -> list[TraceRow]:
-    """Read a workload CSV (optionally gzip) in the shared schema.
-
-    Raises:
-        WorkloadError: unreadable file, missing column, or a malformed value (names the
-            file, line and column).
-    """
-    path = Path(path)
-    try:
-        with _open_text(path) as handle:
-            reader = csv.DictReader(handle)
-            missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise WorkloadError("%s:1: missing column(s) %s; expected at least %s"
-                                    % (path, ", ".join(missing), ", ".join(TRACE_COLUMNS)))
-            return [_row(path, reader.line_num, rec) for rec in reader]
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
-        raise WorkloadError("%s: cannot read workload: %s" % (path, exc)) from None
-
-
-def _row(path: Path, line: int, rec: dict[str, str]) -> TraceRow:
-    gpus = _number(path, line, "num_gpus", rec.get("num_gpus") or "")
-    if gpus < 1 or gpus != int(gpus):
-        raise WorkloadError("%s:%d: column 'num_gpus': %r must be a positive integer" % (path, line, rec["num_gpus"]))
-    return TraceRow(name=rec.get("job_id") or "row-%d" % line,
-                    submit_s=_number(path, line, "submit_time_s", rec.get("submit_time_s") or ""),
-                    duration_s=_number(path, line, "duration_s", rec.get("duration_s") or ""),
-                    num_gpus=int(gpus), user=rec.get("user") or "", category=rec.get("cluster") or "")
-
-
-def select_window(rows: Sequence[TraceRow], start_day: float = 0.0,
-                  window_days: Optional[float] = None) -> list[TraceRow]:
-    """Rows submitted in [start_day, start_day + window_days) days, times re-based to 0."""
-    lo = start_day * 86400.0
-    hi = math.inf if window_days is None else lo + window_days * 86400.0
-    chosen = sorted((r for r in rows if lo <= r.submit_s < hi), key=lambda r: (r.submit_s, r.name))
-    if not chosen:
-        return []
-    t0 = chosen[0].submit_s
-    return [replace(r, submit_s=r.submit_s - t0) for r in chosen]
-
-
-DATED_AFTER_S = 946684800.0  # 2000-01-01 UTC: a trace whose times are later is in epoch seconds
-
-
-def window_start_s(rows: Sequence[TraceRow], start_day: float = 0.0) -> Optional[float]:
-    """The submit time of the first row ``select_window`` keeps, when the trace's times are
-    dates (epoch seconds after 2000); None for a trace in relative seconds."""
-    lo = start_day * 86400.0
-    first = min((r.submit_s for r in rows if r.submit_s >= lo), default=None)
-    return first if first is not None and first >= DATED_AFTER_S else None
-
-
-def offered_load(rows: Sequence[TraceRow], cluster_gpus: int) -> float:
-    """GPU-seconds asked for / (arrival span x cluster GPUs), using recorded durations."""
-    if not rows:
-        return 0.0
-    span = max(r.submit_s for r in rows) - min(r.submit_s for r in rows)
-    work = sum(r.num_gpus * r.duration_s for r in rows)
-    return work / (max(span, 1.0) * cluster_gpus)
-
-
-def rescale_load(rows: Sequence[TraceRow], cluster_gpus: int, load: float) -> list[TraceRow]:
-    """Stretch or compress inter-arrival times so the offered load becomes ``load``."""
-    current = offered_load(rows, cluster_gpus)
-    if not rows or current <= 0 or load <= 0:
-        return list(rows)
-    factor = current / load
-    t0 = rows[0].submit_s
-    return [replace(r, submit_s=t0 + (r.submit_s - t0) * factor) for r in rows]
-
-
-# ---------------------------------------------------------------- synthetic generator
-
-# category: (share, GPU counts and weights, median duration s, log-sigma, min s, max s)
-MixCategory = tuple[str, float, tuple[tuple[int, float], ...], float, float, float, float]
-SYNTHETIC_MIX = (
-    ("debug-eval", 0.55, ((1, 0.4), (2, 0.25), (4, 0.2), (8, 0.15)), 900.0, 1.0, 120.0, 4 * 3600.0),
-    ("finetune", 0.35, ((8, 0.5), (16, 0.35), (32, 0.15)), 2 * 3600.0, 0.8, 1200.0, 24 * 3600.0),
-    ("pretrain", 0.10, ((32, 0.5), (64, 0.5)), 12 * 3600.0, 0.6, 2 * 3600.0, 72 * 3600.0),
-)
-
-
-def synthetic_trace(num_jobs: int, cluster_gpus: int, load: float, seed: int, num_users: int = 20,
-                    mix: Optional[Sequence[MixCategory]] = None) -> list[TraceRow]:
-    """A seeded LLM-development-cluster trace (after the Acme trace's published shape:
-    most jobs are short small debugging/evaluation runs, a few multi-node pretraining
-    runs hold most GPU-time). ``SYNTHETIC_MIX`` documents the distributions: category
-    share, GPU-count weights (capped at the cluster), log-normal duration (median,
-    sigma, clipped). Arrivals are Poisson, rescaled to the offered ``load``. ``mix``
-    (optional, same layout) replaces ``SYNTHETIC_MIX``; None keeps it.
-    """
-    mix = SYNTHETIC_MIX if mix is None else tuple(mix)
-    rng = random.Random(seed)
-    rows = []
-    t = 0.0
-    for i in range(num_jobs):
-        cat = rng.choices(mix, weights=[c[1] for c in mix])[0]
-        name, _, counts, median, sigma, lo, hi = cat
-        gpus = min(rng.choices([c for c, _ in counts], weights=[w for _, w in counts])[0], cluster_gpus)
-        duration = min(hi, max(lo, median * math.exp(rng.gauss(0.0, sigma))))
-        t += rng.expovariate(1.0)
-        rows.append(TraceRow("syn-%d" % i, t, round(duration), gpus, "user%02d" % rng.randrange(num_users), name))
-    return rescale_load(rows, cluster_gpus, load)
-
-
-# ---------------------------------------------------------------- to Megatron jobs
+# ---------------------------------------------------------------- reaMegatron jobs
 
 @dataclass(frozen=True)
 class Conversion:
@@ -304,6 +173,7 @@ class Conversion:
     class_bias: tuple[tuple[str, float], ...] = ()
     noise_sigma: float = 0.0
     bands: Optional[Bands] = None
+    shape_noise: ShapeNoise = ShapeNoise()  # the truth's factor per config shape (sim/truth.py)
     layouts: str = "user"
 
     def __post_init__(self) -> None:
@@ -360,6 +230,12 @@ def _truth_factor(job_class: str, conv: Conversion, rng: random.Random) -> float
     return bias * noise
 
 
+def user_time_limit_s(run_s: float) -> int:
+    """The time limit a user gives a job that runs ``run_s``: an over-estimate,
+    ``TIME_LIMIT_FACTOR`` x, rounded up to ``TIME_LIMIT_ROUND_S``."""
+    return math.ceil(TIME_LIMIT_FACTOR * run_s / TIME_LIMIT_ROUND_S) * TIME_LIMIT_ROUND_S
+
+
 def to_megatron_job(index: int, row: TraceRow, conv: Conversion,
                     planner: Optional[Planner] = None) -> WorkloadJob:
     """Turn one trace row into a Megatron job (seeded per row, so order-independent)."""
@@ -377,11 +253,18 @@ def to_megatron_job(index: int, row: TraceRow, conv: Conversion,
         lo, hi = max(1, row.num_gpus // 2), min(2 * row.num_gpus, conv.cluster_gpus)
         profile = profile.with_range(lo, hi)
     factor = _truth_factor(profile.job_class, conv, rng)
-    user_run_s = conv.cost.job_time_s(profile, profile.requested) * factor
-    limit = math.ceil(TIME_LIMIT_FACTOR * user_run_s / TIME_LIMIT_ROUND_S) * TIME_LIMIT_ROUND_S
-    return WorkloadJob(job_id=index + 1, name=row.name, user=row.user or "user", submit_s=row.submit_s,
-                       argv=argv, profile=profile, recorded_duration_s=row.duration_s, time_limit_s=limit,
-                       model=model.name, category=row.category, truth_factor=factor)
+    shape = conv.shape_noise.factor(profile.requested, profile.requested)  # the user knows it
+    limit = user_time_limit_s((conv.cost.startup_s(profile) + iters * iter_s * shape) * factor)
+    return WorkloadJob(job_id=index + 1, name=row.name, user=row.user or synthetic_user(row.name),
+                       submit_s=row.submit_s, argv=argv, profile=profile, recorded_duration_s=row.duration_s,
+                       time_limit_s=limit, model=model.name, category=row.category, truth_factor=factor)
+
+
+def synthetic_user(row_name: str, users: int = 20) -> str:
+    """'u00'..'u19' for a row without a user: weight 1/(k+1) for user k, seeded by the row's
+    name alone (the same user whatever ``--seed``; the row's own draws are untouched)."""
+    weights = [1.0 / (k + 1) for k in range(users)]
+    return "u%02d" % random.Random("user:" + row_name).choices(range(users), weights)[0]
 
 
 def build_workload(rows: Iterable[TraceRow], conv: Conversion, drop_oversized: bool = False) -> list[WorkloadJob]:

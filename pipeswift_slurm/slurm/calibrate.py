@@ -10,6 +10,7 @@ at the end of tick t applies from tick t+1 on.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -71,16 +72,31 @@ class StoreCalibration:
     exclude_partitions``; on a test cluster that only emulates, ``[controller] calibrate
     = false`` turns the step off.
 
+    A finished job whose launcher measured its iteration time (``[calibration]
+    measure_dir``, ``slurm/measured.py``) is learned from by that measurement, with the
+    layout that ran, so the layout terms are fitted too; others by their elapsed time.
+
     Args:
         store: a ``store.history.Store`` (``finished_jobs``, ``save_calibration``,
-            ``calibration``).
+            ``calibration``, ``measurements``, ``save_measurement``).
         exclude_partitions: partitions whose jobs never feed calibration.
+        measure_dir: the spool folder the launchers report to ('' = none read).
     """
 
-    def __init__(self, store: Any, exclude_partitions: Sequence[str] = ()):
+    def __init__(self, store: Any, exclude_partitions: Sequence[str] = (), measure_dir: str = ""):
         self.store = store
         self.exclude_partitions = frozenset(exclude_partitions)
+        self.measure_dir = measure_dir
         self._user_factors: Optional[dict[str, float]] = None
+
+    def measured(self, jobs: Iterable[Any], profile_of: Callable[[Any], Any],
+                 iter_time_s: Callable[[Any, Any], float], now: float) -> None:
+        """Record the launchers' reports of ``jobs`` (``slurm/measured.py``), if a folder is set."""
+        if self.measure_dir:
+            from pipeswift_slurm.slurm.measured import ingest
+
+            ingest(self.measure_dir, [j for j in jobs if j.partition not in self.exclude_partitions], profile_of,
+                   iter_time_s, self.store)
 
     def user_factor(self, user: str) -> float:
         """The per-user correction of ``user``'s claims (``user_factors``; 1 for a user
@@ -107,8 +123,16 @@ class StoreCalibration:
         """Refit the per-class bias from finished jobs; the estimator with the stored bias."""
         from pipeswift_slurm.store.queries import CalibrationEntry
 
-        obs = [Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time) for f in self.store.finished_jobs()
-               if self.learns_from(f)]
+        from pipeswift_slurm.slurm.measured import observation, within_elapsed
+
+        measured = {m.job_id: m for m in self.store.measurements()} if self.measure_dir else {}
+        obs = []
+        for f in self.store.finished_jobs():
+            if self.learns_from(f):
+                m = measured.get(f.job_id)
+                if m is not None and m.status == "ok" and not within_elapsed(m, f.run_s):
+                    self.store.save_measurements([dataclasses.replace(m, status="exceeds elapsed")])
+                obs.append(observation(f, m) or Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time))
         fitted = fit_bias(obs, now=now)
         self.store.save_calibration([CalibrationEntry(c.job_class, c.n_jobs, c.log_ratio, now)
                                      for c in fitted.values()])
@@ -145,6 +169,10 @@ class OnlineCalibration:
     def user_factor(self, user: str) -> float:
         """1: a simulation's users claim what their jobs run (its truth is set per class)."""
         return 1.0
+
+    def measured(self, jobs: Iterable[Any], profile_of: Callable[[Any], Any],
+                 iter_time_s: Callable[[Any, Any], float], now: float) -> None:
+        """Nothing: a simulated job's layout reaches the calibrator with its record."""
 
     def refit(self, now: float, estimator: Estimator) -> Estimator:
         """Observe the jobs finished by ``now``; the calibrator's new estimator after a refit."""

@@ -53,6 +53,7 @@ class ControllerConfig:
     lock_file: str = DEFAULT_LOCK
     calibrate: bool = True
     calibration_exclude_partitions: tuple[str, ...] = ()
+    measure_dir: str = ""  # [calibration] measure_dir: where launchers report iteration times
     source: str = "(defaults)"
 
     @property
@@ -69,7 +70,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
     "policy": {"name": ("policy", str), "site_factor_max": ("site_factor_max", int), "knobs": ("policy_knobs", dict)},
     "controller": {"dry_run": ("dry_run", bool), "allow_requeue": ("allow_requeue", bool),
                    "lock_file": ("lock_file", str), "calibrate": ("calibrate", bool)},
-    "calibration": {"exclude_partitions": ("calibration_exclude_partitions", list)},
+    "calibration": {"exclude_partitions": ("calibration_exclude_partitions", list),
+                    "measure_dir": ("measure_dir", str)},
 }
 
 

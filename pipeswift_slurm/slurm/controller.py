@@ -23,13 +23,14 @@ from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile, SiteCaps
 from pipeswift_slurm.core.request import request_profile
 from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller
-from pipeswift_slurm.policy import Policy
+from pipeswift_slurm.policy import Policy, wait_bound_of
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
 from pipeswift_slurm.slurm.calibrate import user_factor_of
 from pipeswift_slurm.slurm.factors import stable_factors
 from pipeswift_slurm.slurm.holds import own_holds_to_release
 from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
 from pipeswift_slurm.slurm.seams import BatchingBackend, Calibration, HistoryStore
+from pipeswift_slurm.slurm.wait_bound import over_wait_bound
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class TickReport:
     decide_s: float = 0.0
     duration_s: float = 0.0
     failed: Optional[str] = None
+    over_wait_bound: list[int] = field(default_factory=list)  # runnable pending jobs queued past the bound
 
 
 def _evolve(decision: Decision, **changes: Any) -> Decision:
@@ -71,6 +73,7 @@ class ControllerSettings:
     allow_requeue: bool = False
     partitions: tuple[str, ...] = ()
     gpus_per_node: int = 0  # 0: the cluster's own (Slurm's node records); else a cap on it
+    warn_wait_bound: bool = True  # a WARNING line per tick with jobs past the policy's wait bound
 
 
 # Why Slurm will not start a pending job whatever its priority: a hold (by its user or an
@@ -224,6 +227,8 @@ class Controller:
         profiles = self._ingest(view)
         by_id = {j.job_id: j for j in view.jobs}
         runnable = {job_id: p for job_id, p in profiles.items() if not not_runnable(by_id[job_id])}
+        report.over_wait_bound = over_wait_bound(view, runnable, wait_bound_of(self.policy),
+                                                 self.settings.warn_wait_bound)
         t0 = self.clock()
         decisions = self.policy.decide(view, runnable, self.estimator)
         report.decide_s = self.clock() - t0
@@ -255,6 +260,10 @@ class Controller:
         if report.failed is not None:
             raise BackendError(report.failed)
         if self.calibration is not None and not self.settings.dry_run:
+            gpn, est = getattr(self.estimator, "gpus_per_node", 0), self.estimator  # the launchers' reports:
+            getattr(self.calibration, "measured", lambda *a: None)(
+                view.jobs, lambda j: profiles.get(j.job_id) or parse_profile(j, gpn, gpu_cap(j, gpn, view.total_gpus))[0],
+                lambda p, c: est.cost.iter_time_s(p, c), view.now)
             self.estimator = self.calibration.refit(view.now, self.estimator)
         return report
 

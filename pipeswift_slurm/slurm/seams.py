@@ -8,10 +8,10 @@ them; tests pass fakes. No SQLAlchemy here (the controller must not import it).
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 from pipeswift_slurm.core.estimator import Estimator
-from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
+from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, JobProfile
 from pipeswift_slurm.slurm.backends import Backend, BackendError
 
 
@@ -70,6 +70,11 @@ class Calibration(Protocol):
     policy's caches)."""
 
     def refit(self, now: float, estimator: Estimator) -> Estimator: ...
+
+    def measured(self, jobs: Iterable[Job], profile_of: Callable[[Job], Optional[JobProfile]],
+                 iter_time_s: Callable[[JobProfile, ExecConfig], float], now: float) -> None:
+        """Take in the launchers' measured iteration times of ``jobs`` (before ``refit``)."""
+        ...
 
     def user_factor(self, user: str) -> float:
         """The correction (>= 1) of ``user``'s claimed run times; 1 when none is kept."""

@@ -59,7 +59,7 @@ from pipeswift_slurm.store.queries import CalibrationEntry, Queries, T
 from pipeswift_slurm.store.queries import (ACTIVE_STATES, CALIBRATION_STATES, CONFIG_FIELDS,  # noqa: F401
                             VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision,
                             SnapshotSummary)
-from pipeswift_slurm.store.rows import SELECT_IDS, earlier_runs, inserted_id, save_calibration
+from pipeswift_slurm.store.rows import SELECT_IDS, MeasurementWrites, earlier_runs, inserted_id, save_calibration
 from pipeswift_slurm.store.tick import TickTx
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ def _is_locked(exc: OperationalError) -> bool:
 
 # ---------------------------------------------------------------- the store
 
-class Store(Queries):
+class Store(Queries, MeasurementWrites):
     """History of jobs and decisions over SQLAlchemy (SQLite by default).
 
     Use ``Store.from_url(path_or_url)`` in the controller, ``Store.in_memory()`` in the

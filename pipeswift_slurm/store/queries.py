@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from pipeswift_slurm.core.model import PENDING, RUNNING, Decision, ExecConfig
-from pipeswift_slurm.store.schema import CalibrationRow, DecisionRow, JobRow, ProfileRow, TickRow
+from pipeswift_slurm.store.schema import CalibrationRow, DecisionRow, JobRow, MeasurementRow, ProfileRow, TickRow
 
 
 T = TypeVar("T")
@@ -67,6 +67,26 @@ class RunRecord:
     predicted_run_s: Optional[float]
     config: Optional[str] = None
     calibration_skip: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class MeasurementEntry:
+    """One row of ``measurements`` (``schema.MeasurementRow``): what the launcher measured
+    of a job's layout, and whether the controller learns from it (``status`` 'ok')."""
+
+    job_id: int
+    user: Optional[str]
+    job_class: Optional[str]
+    config: Optional[str]
+    tp: Optional[int]
+    pp: Optional[int]
+    micro_batch_size: Optional[int]
+    vp: Optional[int]
+    iter_s: Optional[float]
+    predicted_iter_s: Optional[float]
+    iterations: Optional[int]
+    status: str
+    reported_at: float
 
 
 @dataclass(frozen=True)
@@ -179,6 +199,14 @@ def _calibration(s: Session) -> dict[str, tuple[float, int]]:
     return {job_class: (ratio, n_jobs) for job_class, ratio, n_jobs in rows}
 
 
+def _measurements(s: Session, job_ids: Optional[list[int]]) -> list[MeasurementEntry]:
+    cols = [getattr(MeasurementRow, f) for f in MeasurementEntry.__dataclass_fields__]
+    query = select(*cols).order_by(MeasurementRow.job_id)
+    if job_ids is not None:
+        query = query.where(MeasurementRow.job_id.in_(job_ids))
+    return [MeasurementEntry(*r) for r in s.execute(query)]
+
+
 class Queries:
     """Read methods shared by Store (own read transaction) and TickTx (the tick's)."""
 
@@ -215,6 +243,11 @@ class Queries:
             include_vanished: also jobs whose end was estimated (state ``COMPLETED?``).
         """
         return self._read(_finished_jobs, job_class, since, include_vanished)
+
+    def measurements(self, job_ids: Optional[Iterable[int]] = None) -> list[MeasurementEntry]:
+        """The measurements the launchers reported and the controller recorded (of
+        ``job_ids`` only, when given), by job."""
+        return self._read(_measurements, None if job_ids is None else list(job_ids))
 
     def calibration(self) -> dict[str, tuple[float, int]]:
         """Map from job_class to (ratio actual/predicted, number of jobs behind it)."""

@@ -181,7 +181,8 @@ SELECT grp,
        MAX(CASE WHEN rank_ = (n + 1) / 2 THEN wait_s END)      AS median_s,
        MAX(wait_s)                                            AS max_s,
        MAX(CASE WHEN rank_ = n THEN job_id END)               AS max_job_id,  -- lowest id on ties
-       SUM(CASE WHEN wait_s > :bound THEN 1 ELSE 0 END)       AS n_over_bound
+       SUM(CASE WHEN wait_s > :bound THEN 1 ELSE 0 END)       AS n_over_bound,
+       SUM(CASE WHEN still_pending = 1 AND wait_s > :bound THEN 1 ELSE 0 END) AS n_pending_over_bound
 FROM ranked
 GROUP BY grp
 """
@@ -190,7 +191,7 @@ GROUP BY grp
 def wait_rows(src: Any, by: str, since: Optional[float], until: Optional[float], now_s: Optional[float],
               bound_s: float) -> list[Any]:
     """Per group: grp, n_jobs, n_pending, mean_s, median_s, max_s, max_job_id,
-    n_over_bound; a PENDING job's wait runs to ``now_s``."""
+    n_over_bound, n_pending_over_bound; a PENDING job's wait runs to ``now_s``."""
     sql = WAITS_SQL.format(group=_group_sql(src, by), window=WINDOW_SQL)
     return _rows(src, sql, {**_window(since, until), "now": now_s, "bound": bound_s})
 
@@ -354,3 +355,19 @@ def finished_user_runs(src: Any) -> list[Any]:
     user, job_class, partition, predicted_run_s (the cost model's, uncalibrated), run_s;
     oldest end first. What the per-user correction of claims is fitted from."""
     return _rows(src, USER_RUNS_SQL.format(finished=FINISHED_SQL), {})
+
+
+RAN_JOBS_SQL = """
+SELECT j.job_id, j."user", j.name, j.partition, j.submit_time, j.start_time, j.end_time, j.state,
+       j.num_nodes, j.gpus, p.raw_text AS profile_text
+FROM jobs j LEFT JOIN profiles p ON p.job_id = j.job_id
+ORDER BY j.submit_time, j.job_id
+"""
+
+
+def ran_job_rows(src: Any) -> list[Any]:
+    """Every job of the history, oldest submission first: job_id, user, name, partition,
+    submit_time, start_time, end_time, state, num_nodes, gpus (as last seen: the allocation
+    of a job that ran) and profile_text (its profile token, NULL without one). What
+    ``pipeswift simulate --history`` replays."""
+    return _rows(src, RAN_JOBS_SQL, {})

@@ -17,8 +17,8 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, RUNNING, Decision, Job, JobProfile
-from pipeswift_slurm.store.queries import ACTIVE_STATES, CONFIG_FIELDS, CalibrationEntry
-from pipeswift_slurm.store.schema import Base, CalibrationRow
+from pipeswift_slurm.store.queries import ACTIVE_STATES, CONFIG_FIELDS, CalibrationEntry, MeasurementEntry
+from pipeswift_slurm.store.schema import Base, CalibrationRow, MeasurementRow
 
 
 
@@ -84,6 +84,21 @@ def save_calibration(s: Session, rows: Iterable[CalibrationEntry]) -> None:
     s.execute(TABLES["calibration"].delete()
               .where(CalibrationRow.job_class.in_([v["job_class"] for v in values])))
     s.execute(insert(CalibrationRow), values)
+
+
+class MeasurementWrites:
+    """The Store's write of the launchers' measurements (``Store`` inherits it)."""
+
+    _write_engine: Any
+
+    def save_measurements(self, entries: Sequence[MeasurementEntry]) -> None:
+        """Record (or replace: a job's report is rewritten as it runs) what the launchers
+        measured, in one transaction."""
+        if not entries:
+            return
+        with Session(self._write_engine) as s, s.begin():
+            s.execute(TABLES["measurements"].delete().where(MeasurementRow.job_id.in_([e.job_id for e in entries])))
+            s.execute(insert(MeasurementRow), [dict(e.__dict__) for e in entries])
 
 
 def queue_run_s(values: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:

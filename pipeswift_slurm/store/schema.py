@@ -249,6 +249,29 @@ class CalibrationRow(Base):
     updated_at: Mapped[float]
 
 
+class MeasurementRow(Base):
+    """What the launcher measured of a job (``submit/iterlog.py``), as the controller
+    accepted it (``slurm/measured.py``): the median seconds per iteration after warm-up of
+    the layout that ran, beside the cost model's uncalibrated prediction for that layout.
+    A claim about this job only; ``status`` is 'ok' or why it is not learned from."""
+
+    __tablename__ = "measurements"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.job_id"), primary_key=True, autoincrement=False)
+    user: Mapped[Optional[str]]
+    job_class: Mapped[Optional[str]]
+    config: Mapped[Optional[str]]
+    tp: Mapped[Optional[int]]
+    pp: Mapped[Optional[int]]
+    micro_batch_size: Mapped[Optional[int]]
+    vp: Mapped[Optional[int]]
+    iter_s: Mapped[Optional[float]]
+    predicted_iter_s: Mapped[Optional[float]]
+    iterations: Mapped[Optional[int]]
+    status: Mapped[str]
+    reported_at: Mapped[float]
+
+
 class TickSnapshotRow(Base):
     """Cluster occupancy seen by one tick, for utilisation over time.
 

@@ -165,7 +165,7 @@ def _predictions(profile: JobProfile, environ: Mapping[str, str], limit_s: Optio
     lines = ["Predicted run time on %s, %d GPUs per node (PIPESWIFT_GPU_TYPE sets your cluster's GPU type;"
              " the controller also corrects for its measured bias):" % (estimator.cost.gpu.name, per_node)]
     if rows:
-        lines.append(table(["GPUs", "fastest layout", "run time"], rows))
+        lines.append(table(["GPUs", "layout it runs", "run time"], rows))
     if none:
         from pipeswift_slurm.core.planner import describe_no_layout
 

@@ -36,6 +36,7 @@ from pipeswift_slurm.core.megatron_render import render_args
 from pipeswift_slurm.core.megatron_rules import config_for_allocation
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.token import ProfileRequest, TokenError, decode_decision, decode_profile
+from pipeswift_slurm.submit.iterlog import MEASURE_DIR_ENV, run_measured
 from pipeswift_slurm.submit.layout import LayoutError, Rewritten, Target, set_processes
 
 log = logging.getLogger(__name__)
@@ -334,6 +335,9 @@ def launch(argv: Sequence[str], env: dict[str, str], run: Runner = subprocess_ru
     log.debug("command: %s", command)
     if opts.emulate:
         return _emulate(cfg, profile, alloc, env, sleep)
+    measure_dir = env.get(MEASURE_DIR_ENV, "")
+    if measure_dir and cfg is not None and alloc.job_id:
+        return run_measured(command, measure_dir, alloc.job_id, cfg)  # Megatron's iteration times
     try:
         execvp(command[0], command)
     except OSError as exc:

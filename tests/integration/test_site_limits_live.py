@@ -11,10 +11,8 @@ PIPESWIFT_TBL_SLURMD_PORT_BASE (17501), PIPESWIFT_TBL_DBD_PORT (6959)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -28,10 +26,9 @@ from pipeswift_slurm.slurm.backends.slurm_parse import parse_squeue_json
 from test_controller import MEGATRON, Site  # noqa: E402 (same folder)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
-from testbed_env import cluster_env  # noqa: E402  (tests/slurm/testbed_env.py)
+from testbed_env import NoAccounting, dbd_cluster  # noqa: E402  (tests/slurm/testbed_env.py)
 
 pytestmark = pytest.mark.slurm
-TESTBED = Path(__file__).resolve().parents[2] / "tests" / "slurm" / "testbed.sh"
 QOS = "pslimit8"
 ACCOUNT = "pslimits"
 MAX_GPUS, MAX_WALL_S = 8, 2 * 3600
@@ -44,41 +41,21 @@ def profile(gpus: tuple[int, int]) -> str:
 @pytest.fixture(scope="module")
 def dbd_env() -> Iterator[dict[str, str]]:
     """A 2 x 8-GPU cluster with MariaDB + slurmdbd, the QOS and an account for root."""
-    folder = tempfile.mkdtemp(prefix="pstbl-", dir="/tmp")
-    os.chmod(folder, 0o755)  # mariadbd runs as mysql and keeps its log under it (mkdtemp: 0700)
-    env = dict(os.environ, SLURM_TESTBED_DIR=folder, NODES="2", GPUS="8", FRESH="1", ACCOUNTING="dbd",
-               CTLD_PORT=os.environ.get("PIPESWIFT_TBL_CTLD_PORT", "6951"),
-               SLURMD_PORT_BASE=os.environ.get("PIPESWIFT_TBL_SLURMD_PORT_BASE", "17501"),
-               DBD_PORT=os.environ.get("PIPESWIFT_TBL_DBD_PORT", "6959"))
-    env.pop("SLURM_CONF", None)
-    missing = [p for p in ("/usr/sbin/slurmdbd", "/usr/sbin/mariadbd") if not os.path.exists(p)]
-    if missing:
-        shutil.rmtree(folder, ignore_errors=True)
-        pytest.skip("no accounting here: %s not installed (apt-get install slurmdbd mariadb-server"
-                    " slurm-wlm-mysql-plugin; tests/run-all.sh does)" % ", ".join(missing))
     try:
-        up = subprocess.run(["bash", str(TESTBED), "up"], env=env, capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired as exc:
-        up = subprocess.CompletedProcess(exc.cmd, 124, "", "testbed.sh up took over 240 s")
-    if up.returncode != 0:
-        subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
-        why = ((up.stderr or up.stdout).strip().splitlines() or ["?"])[-1]
-        pytest.skip("cannot bring up a test cluster with accounting (MariaDB + slurmdbd): %s" % why)
-    try:
-        ready = cluster_env(env)
-        for argv in (["add", "qos", QOS], ["modify", "qos", "where", "name=" + QOS, "set",
-                                           "MaxTRESPerJob=gres/gpu=%d" % MAX_GPUS, "MaxWall=02:00:00"],
-                     ["add", "account", ACCOUNT], ["add", "user", "root", "account=" + ACCOUNT,
-                                                   "qos=normal," + QOS]):
-            subprocess.run(["sacctmgr", "-i", *argv], env=ready, capture_output=True, text=True, timeout=60)
-        shown = subprocess.run(["sacctmgr", "-nP", "show", "qos", QOS, "format=MaxWall,MaxTRES"], env=ready,
-                               capture_output=True, text=True, timeout=60).stdout.strip()
-        assert shown == "02:00:00|gres/gpu=%d" % MAX_GPUS, shown
-        yield ready
-    finally:
-        subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
+        with dbd_cluster("pstbl-", os.environ.get("PIPESWIFT_TBL_CTLD_PORT", "6951"),
+                         os.environ.get("PIPESWIFT_TBL_SLURMD_PORT_BASE", "17501"),
+                         os.environ.get("PIPESWIFT_TBL_DBD_PORT", "6959")) as ready:
+            for argv in (["add", "qos", QOS], ["modify", "qos", "where", "name=" + QOS, "set",
+                                               "MaxTRESPerJob=gres/gpu=%d" % MAX_GPUS, "MaxWall=02:00:00"],
+                         ["add", "account", ACCOUNT], ["add", "user", "root", "account=" + ACCOUNT,
+                                                       "qos=normal," + QOS]):
+                subprocess.run(["sacctmgr", "-i", *argv], env=ready, capture_output=True, text=True, timeout=60)
+            shown = subprocess.run(["sacctmgr", "-nP", "show", "qos", QOS, "format=MaxWall,MaxTRES"], env=ready,
+                                   capture_output=True, text=True, timeout=60).stdout.strip()
+            assert shown == "02:00:00|gres/gpu=%d" % MAX_GPUS, shown
+            yield ready
+    except NoAccounting as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@
 #   CTLD_PORT=6817 SLURMD_PORT_BASE=17001      pick others to run a second, isolated cluster
 #   DEFAULT_TIME_MIN=60                        partition DefaultTime (sane StartTime estimates)
 #   ACCOUNTING=none|dbd                        dbd: MariaDB + slurmdbd so that sacct works
-#   DBD_PORT=6819
+#   DBD_PORT=6819                              its database is slurm_acct_db_$DBD_PORT (MariaDB is
+#                                              shared by every cluster on the host; FRESH=1 drops it)
 #   FRESH=1                                    wipe saved state on 'up' (job ids restart at 1)
 #   INSTALL=1                                  apt-get install missing packages (run
 #                                              'apt-get update' first on a fresh machine)
@@ -186,6 +187,7 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$HOST
 AccountingStoragePort=$DBD_PORT
 AccountingStorageTRES=gres/gpu
+AccountingStoreFlags=job_comment
 EOF
 fi
 # (without dbd: no AccountingStorageType line; 'none' is the default in every version and
@@ -225,14 +227,21 @@ EOF
 start_dbd() {
   if ! mysqladmin --socket=/run/mysqld/mysqld.sock ping >/dev/null 2>&1; then
     mkdir -p /run/mysqld "$DIR/mariadb" && chown mysql:mysql /run/mysqld "$DIR/mariadb"
-    # pid and log files must sit in a directory owned by mysql, or mariadbd dies silently
+    # pid and log files must sit in a directory owned by mysql, or mariadbd dies silently;
+    # unix socket only (slurmdbd uses it): a MariaDB of the Debian 13 chroot may hold TCP 3306
     setsid /usr/sbin/mariadbd --user=mysql --socket=/run/mysqld/mysqld.sock \
-      --pid-file="$DIR/mariadb/mariadb.pid" --bind-address=127.0.0.1 \
+      --pid-file="$DIR/mariadb/mariadb.pid" --skip-networking \
       --innodb-buffer-pool-size=128M --log-error="$DIR/mariadb/mariadb.log" </dev/null >/dev/null 2>&1 &
     for _ in $(seq 1 150); do mysqladmin --socket=/run/mysqld/mysqld.sock ping >/dev/null 2>&1 && break; sleep 0.2; done
     mysqladmin --socket=/run/mysqld/mysqld.sock ping >/dev/null 2>&1 \
       || { echo "mariadb did not start" >&2; tail -20 "$DIR/mariadb/mariadb.log" >&2; exit 1; }
     say "mariadb started"
+  fi
+  # one database per slurmdbd port: clusters on the same MariaDB (all named pswifttest,
+  # job ids from 1 after FRESH) must never see each other's jobs in sacct
+  DBD_DB=slurm_acct_db_$DBD_PORT
+  if [ "${FRESH:-0}" = 1 ] && ! alive "$DIR/run/slurmdbd.pid"; then
+    mysql --socket=/run/mysqld/mysqld.sock -e "DROP DATABASE IF EXISTS $DBD_DB" >/dev/null 2>&1 || true
   fi
   cat > "$DIR/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge
@@ -242,7 +251,7 @@ SlurmUser=root
 StorageType=accounting_storage/mysql
 StorageHost=localhost
 StorageUser=root
-StorageLoc=slurm_acct_db
+StorageLoc=$DBD_DB
 PidFile=$DIR/run/slurmdbd.pid
 LogFile=$DIR/log/slurmdbd.log
 DebugLevel=info
@@ -250,7 +259,14 @@ EOF
   chmod 600 "$DIR/etc/slurmdbd.conf"
   if ! alive "$DIR/run/slurmdbd.pid"; then
     "$SBIN/slurmdbd"
-    for _ in $(seq 1 150); do (exec 3<>"/dev/tcp/127.0.0.1/$DBD_PORT") 2>/dev/null && break; sleep 0.2; done
+    for _ in $(seq 1 150); do
+      (exec 3<>"/dev/tcp/127.0.0.1/$DBD_PORT") 2>/dev/null && break
+      [ -f "$DIR/run/slurmdbd.pid" ] && ! alive "$DIR/run/slurmdbd.pid" && break
+      sleep 0.2
+    done
+    # e.g. Slurm 24.11 with Debian 13's MariaDB 11.8: "fatal: _check_mysql_concat_is_sane"
+    alive "$DIR/run/slurmdbd.pid" || { echo "slurmdbd did not start: $(grep -m1 -E 'fatal|error' \
+      "$DIR/log/slurmdbd.log" 2>/dev/null || echo 'see its log')" >&2; exit 1; }
     say "slurmdbd started"
   fi
 }

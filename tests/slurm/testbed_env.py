@@ -6,9 +6,13 @@ left out (the caller sets PATH itself)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from pipeswift_slurm.slurm.backends.scontrol_argv import gres_value
 from pipeswift_slurm.core.model import GpuRequest
@@ -39,3 +43,44 @@ def gpus_per_node_tres(count: int) -> tuple[str, str]:
     """What ``TresPerNode`` shows for ``count`` GPUs per node: ``gres:gpu:N`` on Slurm
     22.05, ``gres/gpu:N`` on 24.11 (the test cluster may run either)."""
     return gres_value(GpuRequest(slash=False), count), gres_value(GpuRequest(slash=True), count)
+
+
+TESTBED = Path(__file__).resolve().parent / "testbed.sh"
+
+
+class NoAccounting(Exception):
+    """Why a cluster with accounting cannot come up here (the caller skips with it)."""
+
+
+@contextlib.contextmanager
+def dbd_cluster(prefix: str, ctld_port: str, slurmd_port_base: str, dbd_port: str, nodes: int = 2,
+                gpus: int = 8) -> Iterator[dict[str, str]]:
+    """A fresh test cluster with MariaDB + slurmdbd (``ACCOUNTING=dbd``) in a new folder
+    under /tmp, on the given ports (its accounting database is its own:
+    ``slurm_acct_db_<dbd_port>``); yields its environment, takes it down after.
+
+    Raises:
+        NoAccounting: slurmdbd or MariaDB is not installed, or the cluster did not come up
+            (the last line of testbed.sh's output says why).
+    """
+    missing = [p for p in ("/usr/sbin/slurmdbd", "/usr/sbin/mariadbd") if not os.path.exists(p)]
+    if missing:
+        raise NoAccounting("no accounting here: %s not installed (apt-get install slurmdbd mariadb-server"
+                           " slurm-wlm-mysql-plugin; tests/run-all.sh does)" % ", ".join(missing))
+    folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.chmod(folder, 0o755)  # mariadbd runs as mysql and keeps its log under it (mkdtemp: 0700)
+    env = dict(os.environ, SLURM_TESTBED_DIR=folder, NODES=str(nodes), GPUS=str(gpus), FRESH="1",
+               ACCOUNTING="dbd", CTLD_PORT=ctld_port, SLURMD_PORT_BASE=slurmd_port_base, DBD_PORT=dbd_port)
+    env.pop("SLURM_CONF", None)
+    try:
+        try:
+            up = subprocess.run(["bash", str(TESTBED), "up"], env=env, capture_output=True, text=True, timeout=240)
+        except subprocess.TimeoutExpired as exc:
+            up = subprocess.CompletedProcess(exc.cmd, 124, "", "testbed.sh up took over 240 s")
+        if up.returncode != 0:
+            why = ((up.stderr or up.stdout).strip().splitlines() or ["?"])[-1]
+            raise NoAccounting("cannot bring up a test cluster with accounting (MariaDB + slurmdbd): %s" % why)
+        yield cluster_env(env)
+    finally:
+        subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)

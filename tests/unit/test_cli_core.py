@@ -14,8 +14,10 @@ from click.testing import CliRunner, Result
 from pipeswift_slurm.cli.main import pipeswift
 
 ESTIMATE_KEYS = {"gpus", "config", "iter_time_s", "tflops_per_gpu", "mem_gib", "fits", "bubble_fraction",
-                 "num_micro_batches", "data_parallel_size", "job_time_s", "gpu_type", "gpu_type_source"}
-PLAN_KEYS = {"gpu_type", "gpu_type_source", "gpus", "valid_configs", "configs", "no_layout", "excluded"}
+                 "num_micro_batches", "data_parallel_size", "job_time_s", "error_band", "error_band_group",
+                 "gpu_type", "gpu_type_source"}
+PLAN_KEYS = {"gpu_type", "gpu_type_source", "gpus", "valid_configs", "configs", "no_layout", "user_layout_kept",
+             "excluded"}
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -88,7 +90,7 @@ def test_plan_json_top_3(runner: CliRunner, gpt_argv: list[str]) -> None:
     times = [row["iter_time_s"] for row in data["configs"]]
     assert times == sorted(times)
     for row in data["configs"]:
-        assert set(row) == ESTIMATE_KEYS - {"gpu_type", "gpu_type_source"}
+        assert set(row) == ESTIMATE_KEYS - {"gpu_type", "gpu_type_source"} | {"chosen"}
         assert 4 <= row["gpus"] <= 16 and row["fits"] is True
         cfg = row["config"]
         assert cfg["tp"] * cfg["pp"] * cfg["cp"] * cfg["dp"] == row["gpus"]

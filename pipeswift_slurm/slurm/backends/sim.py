@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from pipeswift_slurm.core.model import PENDING, RUNNING, ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
+from pipeswift_slurm.core.token import carries_profile
 from pipeswift_slurm.slurm.backends import JobGone
 
 
@@ -149,7 +150,8 @@ class SimBackend:
                            state_reason="JobHeldAdmin" if job.held else "",
                            start_time=job.start_s if job.state != PENDING else None, end_time=job.end_s,
                            time_limit_s=job.time_limit_s,
-                           site_factor=job.site_factor, opted_in=True, comment=job.comment,
+                           site_factor=job.site_factor, opted_in=carries_profile(job.comment),
+                           comment=job.comment,
                            admin_comment=job.admin_comment, config=job.config,
                            node_list=tuple("node%d" % (n + 1) for n in job.placement),
                            gpu_request=GpuRequest("tres_per_node", job.gpus_per_node),

@@ -62,6 +62,10 @@ def _text(value: Any) -> str:
     return "" if value in (None, "(null)") else str(value)
 
 
+# The same readers for the other parsers of Slurm's JSON (``sim/sacct.py``: sacct --json).
+json_int, json_state, json_text = _num, _state, _text
+
+
 def parse_gres(spec: str) -> Optional[GpuRequest]:
     """Find the GPU item in a TRES/GRES spec such as ``gres:gpu:2``, ``gres/gpu:a100:4``,
     ``gpu:8(IDX:0-7)``, ``gres:gpu`` (count 1) or ``gres/gpu=2``; None if it has no GPU.
@@ -207,7 +211,7 @@ def _job_from_json(rec: Mapping[str, Any]) -> Optional[Job]:
         start_time=None if state == PENDING else _time(rec.get("start_time")),
         end_time=_time(rec.get("end_time")) if state in FINISHED_STATES else None,
         time_limit_s=limit_min * 60 if limit_min else None,
-        opted_in=token.PROFILE_PREFIX in comment and not is_meta,
+        opted_in=token.carries_profile(comment) and not is_meta,
         comment=comment, admin_comment=admin,
         node_list=expand_hostlist(_text(rec.get("nodes"))) if state != PENDING else (),
         gpu_request=req, config=decision_config(admin, job_id),

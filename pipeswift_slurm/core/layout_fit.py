@@ -1,0 +1,115 @@
+"""Layout terms of the calibration: corrections per model class AND layout feature.
+
+One factor per job class cannot correct an error that depends on the layout (the cost
+model too slow for tp8 pp1, good from pp6). The calibration (``calibration.fit_bias``)
+fits, after the class term, one term per (class, feature, value) from the residuals of
+the observations that carry the layout that ran (the launcher's measured iteration time,
+``submit/iterlog.py``):
+
+    log(actual / predicted) = class term + tp term + pp term + mbs term + vp term
+
+Each term is a shrunk weighted mean of what the class term and the other terms leave,
+refined by a few backfitting sweeps: term = sum(w r) / (sum(w) + k), i.e. the mean
+shrunk toward 0 by n / (n + k), with ``k = DEFAULT_FEATURE_PRIOR_JOBS`` (2) pseudo-runs at
+0, so a value seen in 2 runs moves half way and one seen in 20 runs 91 %. A layout
+whose values were each seen in some runs of the class is predicted even when that
+combination never ran (the goal: unseen layouts of a class within 10 %).
+
+Influence of one user: within every term a user's runs weigh at most
+``USER_CAP_RUNS`` (5) runs in all (``user_capped``), so one user's runs move a term by
+at most their capped share of its evidence, cap / (n_eff + k), whatever they submit.
+
+Keys: a term is stored as ``"<job_class> <feature>=<value>"`` beside the class keys
+(``feature_keys``), in the same bias map and table. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+FEATURES = ("tp", "pp", "mbs", "vp")  # tensor, pipeline, micro-batch, interleaving (virtual stages)
+DEFAULT_FEATURE_PRIOR_JOBS = 2.0
+USER_CAP_RUNS = 5.0
+BACKFIT_SWEEPS = 10
+
+
+def layout_features(config: Any) -> tuple[tuple[str, int], ...]:
+    """(feature, value) pairs of a config (anything with tp, pp, micro_batch_size, vp)."""
+    return (("tp", int(config.tp)), ("pp", int(config.pp)), ("mbs", int(config.micro_batch_size)),
+            ("vp", int(getattr(config, "vp", 1) or 1)))
+
+
+def feature_key(job_class: str, feature: str, value: int) -> str:
+    """Key of one layout term in the bias map, e.g. ``"gpt-<2B tp=4"``."""
+    return "%s %s=%d" % (job_class, feature, value)
+
+
+def feature_keys(job_class: str, features: Sequence[tuple[str, int]]) -> list[str]:
+    """Keys of the layout terms that apply to a run of ``job_class`` with ``features``."""
+    return [feature_key(job_class, f, v) for f, v in features]
+
+
+def is_feature_key(key: str) -> bool:
+    """Whether a bias-map key is a layout term (not a class or family)."""
+    head, _, tail = key.rpartition(" ")
+    return bool(head) and tail.partition("=")[0] in FEATURES and tail.partition("=")[2].isdigit()
+
+
+def layout_factor(bias: Mapping[str, float], job_class: str, config: Any) -> float:
+    """Product of the layout terms' ratios that apply to ``config`` (1 without any)."""
+    if config is None or not bias:
+        return 1.0
+    out = 1.0
+    for key in feature_keys(job_class, layout_features(config)):
+        out *= bias.get(key, 1.0)
+    return out
+
+
+def user_capped(users: Sequence[str], weights: Sequence[float], cap: float = USER_CAP_RUNS) -> list[float]:
+    """Weights scaled so that each user's total is at most ``cap`` ('' = unknown user,
+    left as it is)."""
+    total: dict[str, float] = {}
+    for user, w in zip(users, weights):
+        total[user] = total.get(user, 0.0) + w
+    return [w * (min(1.0, cap / total[u]) if u and total[u] > 0 else 1.0) for u, w in zip(users, weights)]
+
+
+def fit_feature_terms(rows: Sequence[tuple[str, str, tuple[tuple[str, int], ...], float, float]],
+                      class_log: Mapping[str, float], *, prior_jobs: float = DEFAULT_FEATURE_PRIOR_JOBS,
+                      user_cap: float = USER_CAP_RUNS, sweeps: int = BACKFIT_SWEEPS
+                      ) -> dict[str, tuple[float, int, float]]:
+    """The layout terms of every class, by backfitting shrunk means (module docstring).
+
+    Args:
+        rows: (job_class, user, features, log(actual / predicted), decay weight) of the
+            runs that carry their layout.
+        class_log: the fitted class term per job class (log ratio; 0 when absent).
+        prior_jobs: k, pseudo-runs at 0 in every term.
+        user_cap: most weight one user has in one term.
+        sweeps: backfitting sweeps.
+
+    Returns:
+        key -> (log ratio, runs, effective weight) of every term with data.
+    """
+    if prior_jobs < 0:
+        raise ValueError("prior_jobs must be >= 0, got %r" % prior_jobs)
+    terms: dict[str, float] = {}
+    members: dict[str, list[int]] = {}
+    for i, (job_class, _user, features, _x, _w) in enumerate(rows):
+        for key in feature_keys(job_class, features):
+            members.setdefault(key, []).append(i)
+    weights: dict[str, list[float]] = {
+        key: user_capped([rows[i][1] for i in idx], [rows[i][4] for i in idx], user_cap)
+        for key, idx in members.items()}
+    keys_of = [feature_keys(r[0], r[2]) for r in rows]
+    for _ in range(max(1, sweeps)):
+        for key in sorted(members):
+            num = den = 0.0
+            for i, w in zip(members[key], weights[key]):
+                others = sum(terms.get(k, 0.0) for k in keys_of[i] if k != key)
+                num += w * (rows[i][3] - class_log.get(rows[i][0], 0.0) - others)
+                den += w
+            terms[key] = num / (den + prior_jobs) if den + prior_jobs > 0 else 0.0
+    return {key: (terms[key], len(members[key]), sum(weights[key])) for key in members
+            if math.isfinite(terms[key])}

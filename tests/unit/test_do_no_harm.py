@@ -1,0 +1,103 @@
+"""Do no harm (issue 25, item 4): the policies and the launcher replace a user's layout on a
+GPU count only when the predicted gain exceeds the error band (``planner.keep_user_layout``,
+reached through ``Planner.choose`` by both)."""
+
+from dataclasses import replace
+
+from pipeswift_slurm.core.costmodel import CostModel, Estimate
+from pipeswift_slurm.core.error_band import ErrorBand
+from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.hardware import get_gpu_type
+from pipeswift_slurm.core.megatron import profile_from_argv
+from pipeswift_slurm.core.megatron_rules import node_shape, user_layout_at
+from pipeswift_slurm.core.model import ExecConfig, JobProfile
+from pipeswift_slurm.core.planner import Planner, keep_user_layout
+from pipeswift_slurm.core.token import ProfileRequest
+from pipeswift_slurm.policy.common import job_options
+from pipeswift_slurm.submit import launcher
+
+A100 = get_gpu_type("A100-80GB")
+
+
+def _argv(tp: int, pp: int) -> list[str]:
+    # GPT 1.3B-like: on 8 A100s the fastest is tp1 pp1 dp8 (ampere pp = 1 band 22 %)
+    return ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+            "--max-position-embeddings", "2048", "--tensor-model-parallel-size", str(tp),
+            "--pipeline-model-parallel-size", str(pp), "--micro-batch-size", "1", "--global-batch-size", "64",
+            "--train-iters", "100", "--bf16"]
+
+
+def _profile(tp: int, pp: int, gpus: int = 8) -> JobProfile:
+    return profile_from_argv(_argv(tp, pp), world_size=gpus, gpus_per_node=8)
+
+
+def _estimator(do_no_harm: bool = True) -> Estimator:
+    """The estimator as the controller, the simulator and the launcher build it (do no harm
+    is on by default), or one with the rule off."""
+    cost = CostModel(A100)
+    return Estimator(cost, 8) if do_no_harm else Estimator(cost, 8, planner=Planner(cost, 8, do_no_harm=False))
+
+
+def test_user_layout_within_the_band_is_kept() -> None:
+    # tp2 pp2 is predicted 19 % slower than tp1 pp1 on 8 GPUs: less than the wider band (22 %)
+    profile = _profile(2, 2)
+    est = _estimator()
+    fastest, chosen = est.fastest(profile, 8), est.best(profile, 8)
+    gain = 1 - fastest.iter_time_s / chosen.iter_time_s
+    assert fastest.config != profile.requested and 0.10 < gain < max(fastest.band.rel, chosen.band.rel)
+    assert chosen.config == profile.requested
+    assert _estimator(do_no_harm=False).best(profile, 8).config == fastest.config  # the switch
+
+
+def test_user_layout_clearly_worse_is_replaced() -> None:
+    # tp4 pp1 is predicted 43 % slower than tp1 pp1: beyond any band
+    profile = _profile(4, 1)
+    est = _estimator()
+    assert est.best(profile, 8).config == est.fastest(profile, 8).config != profile.requested
+
+
+def test_user_layout_is_scaled_to_each_gpu_count_and_kept_there_too() -> None:
+    profile = _profile(2, 2).with_range(4, 16)
+    at16 = user_layout_at(profile, 16, 8)
+    assert at16 == replace(profile.requested, dp=4, num_micro_batches=16, num_nodes=2, gpus_per_node=8)
+    assert user_layout_at(profile, 6, 8) is None  # 6 GPUs: tp2 x pp2 does not divide them
+    assert _estimator().best(profile, 16).config == at16
+
+
+def _est(iter_s: float, band: float, fits: bool = True, tp: int = 1) -> Estimate:
+    cfg = ExecConfig(tp=tp, pp=1, dp=8 // tp, micro_batch_size=1, num_micro_batches=8, num_nodes=1, gpus_per_node=8)
+    return Estimate(cfg, iter_s, iter_s, 0.0, 0.0, 0.0, 10.0, 100.0, fits, ErrorBand(band, "test"))
+
+
+def test_gain_must_exceed_the_larger_band() -> None:
+    user = _est(1.0, 0.10, tp=2)
+    assert keep_user_layout(user, _est(0.85, 0.10)) is not user  # 15 % > 10 %
+    assert keep_user_layout(user, _est(0.85, 0.20)) is user  # 15 % < the proposal's 20 %
+    wide = replace(user, band=ErrorBand(0.2, "test"))
+    assert keep_user_layout(wide, _est(0.85, 0.10)) is wide  # 15 % < the user's 20 %
+    assert keep_user_layout(user, _est(0.90, 0.10)) is user  # exactly the band: kept
+    assert keep_user_layout(replace(user, fits=False), _est(2.0, 0.10)).config.tp == 1  # out of memory: replaced
+    assert keep_user_layout(None, _est(1.0, 0.1)) is not None and keep_user_layout(user, None) is None
+
+
+def test_launcher_and_policy_choose_the_same_config_on_every_count() -> None:
+    est = _estimator()
+    for tp, pp in ((2, 2), (4, 1), (1, 2), (8, 1)):
+        flexible = _profile(tp, pp).with_range(4, 32)
+        by_policy = {o.gpus: o.config for o in job_options(flexible, est, 64, 8)}
+        assert by_policy
+        for gpus, config in by_policy.items():
+            if gpus % 8:
+                continue  # whole nodes: where the launcher can read every user layout of this test
+            alloc = launcher.Allocation(*node_shape(gpus, 8))
+            pinned = launcher.job_profile(_argv(tp, pp), ProfileRequest(()), alloc)
+            assert launcher.best_config(pinned, alloc, est) == config == est.best(flexible, gpus).config, (tp, pp, gpus)
+
+
+def test_simulator_counts_jobs_run_in_another_layout_and_the_rule_lowers_it() -> None:
+    from pipeswift_slurm.sim.runner import RunSpec, run_comparison
+
+    spec = RunSpec(gpus=16, synthetic_jobs=40, policies=("pipeswift", "pipeswift:order"))
+    on, off = ({m["policy"]: m for m in run_comparison(replace(spec, do_no_harm=flag)).metrics} for flag in (True, False))
+    assert on["pipeswift:order"]["relayout_jobs"] == off["pipeswift:order"]["relayout_jobs"] == 0  # users' configs
+    assert on["pipeswift"]["relayout_jobs"] < off["pipeswift"]["relayout_jobs"]

@@ -1,0 +1,118 @@
+"""The controller's side of the launcher's measurements (``slurm/measured.py``): a job's
+report reaches the history, is bounded and checked against Slurm's elapsed time, and
+changes the next prediction for that class and layout only."""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeswift_slurm.core.model import Job
+from pipeswift_slurm.slurm.calibrate import StoreCalibration
+from pipeswift_slurm.store.history import Store
+from test_calibration_records import DECIDED, USER, estimator, profile, record  # noqa: F401 (fixture)
+
+ME = getpass.getuser()
+
+
+def job(state: str = "RUNNING", user: str = ME, end: float | None = None) -> Job:
+    return Job(1, state, 50.0, gpus=16, num_nodes=2, start_time=100.0, end_time=end, partition="gpu",
+               opted_in=True, config=DECIDED, user=user)
+
+
+def report(folder: Path, ratio: float, est, iterations: int = 100, job_id: int = 1) -> float:
+    measured = est.cost.iter_time_s(profile(), DECIDED) * ratio
+    (folder / ("%d.json" % job_id)).write_text(json.dumps({
+        "job_id": job_id, "config": dataclasses.asdict(DECIDED), "median_iter_s": measured,
+        "iterations": iterations, "samples": 10}))
+    return measured
+
+
+@pytest.fixture
+def new_store(db_url: str):
+    """A store on a new database of each backend (SQLite; PostgreSQL when a test server is up)."""
+    store = Store.from_url(db_url)
+    yield store
+    store.engine.dispose()
+
+
+def run(store: Store, tmp_path: Path, est, ratio: float, user: str = ME, iterations: int = 100
+        ) -> tuple[Store, StoreCalibration]:
+    record(store, 200.0, est, job(user=user))
+    report(tmp_path, ratio, est, iterations)
+    step = StoreCalibration(store, measure_dir=str(tmp_path))
+    step.measured([job(user=user)], lambda j: profile(), est.cost.iter_time_s, 200.0)
+    record(store, 1300.0, est, job("COMPLETED", user, 1300.0))  # elapsed 1200 s
+    return store, step
+
+
+def test_a_measurement_reaches_the_history_and_changes_that_layouts_prediction(new_store, tmp_path, estimator):
+    store, step = run(new_store, tmp_path, estimator, 1.5)
+    [m] = store.measurements()
+    assert (m.status, m.config, m.tp, m.pp, m.user) == ("ok", DECIDED.short(), DECIDED.tp, DECIDED.pp, ME)
+    assert m.predicted_iter_s == pytest.approx(estimator.cost.iter_time_s(profile(), DECIDED))
+    new = step.refit(1300.0, estimator)
+    assert any(" tp=" in key for key in store.calibration())  # layout terms, beside the class
+    assert new.bias("gpt-1b", DECIDED) > 1.1  # learned from the measured iteration time, not 1200 s elapsed
+    other = dataclasses.replace(DECIDED, tp=2, dp=2)
+    assert new.bias("gpt-1b", other) < new.bias("gpt-1b", DECIDED)  # another tp moves less
+    assert new.bias("gpt-2b-other", DECIDED) == 1.0  # other classes untouched
+
+
+@pytest.mark.parametrize("ratio, user, iterations, status", [
+    (10.0, ME, 100, "out of bounds"),
+    (1.5, "no-such-user-pipeswift", 100, "not its user's file"),
+    (1.5, ME, 100_000, "ok"),  # 100,000 iterations cannot fit in 1200 s elapsed: refused at the refit
+])
+def test_refused_claims_are_recorded_and_never_learned(new_store, tmp_path, estimator, ratio, user, iterations,
+                                                       status):
+    store, step = run(new_store, tmp_path, estimator, ratio, user, iterations)
+    assert [m.status for m in store.measurements()] == [status]
+    step.refit(1300.0, estimator)
+    assert not any(" tp=" in key for key in store.calibration())
+    if status == "ok":
+        assert [m.status for m in store.measurements()] == ["exceeds elapsed"]
+
+
+def test_a_report_for_another_job_id_is_refused(tmp_path, estimator):
+    store = Store.in_memory()
+    record(store, 200.0, estimator, job())
+    report(tmp_path, 1.5, estimator)
+    body = json.loads((tmp_path / "1.json").read_text())
+    (tmp_path / "1.json").write_text(json.dumps({**body, "job_id": 2}))
+    StoreCalibration(store, measure_dir=str(tmp_path)).measured([job()], lambda j: profile(),
+                                                                 estimator.cost.iter_time_s, 200.0)
+    assert [m.status for m in store.measurements()] == ["not this job's report"]
+
+
+def test_a_link_is_refused(new_store, tmp_path, estimator):
+    """A link named after a job is not a report of it, whoever owns its target."""
+    record(new_store, 200.0, estimator, job())
+    report(tmp_path, 1.5, estimator, job_id=9)
+    (tmp_path / "1.json").symlink_to(tmp_path / "9.json")
+    StoreCalibration(new_store, measure_dir=str(tmp_path)).measured([job()], lambda j: profile(),
+                                                                     estimator.cost.iter_time_s, 200.0)
+    assert [m.status for m in new_store.measurements()] == ["not a plain file"]
+
+
+def test_only_new_reports_are_read_again(new_store, tmp_path, estimator):
+    """A tick writes nothing for a report it has recorded; a rewritten one replaces it."""
+    import os
+
+    from pipeswift_slurm.slurm.measured import ingest
+
+    record(new_store, 200.0, estimator, job())
+    report(tmp_path, 1.5, estimator)
+    again = (str(tmp_path), [job()], lambda j: profile(), estimator.cost.iter_time_s, new_store)
+    assert ingest(*again) == {"ok": 1}
+    assert ingest(*again) == {}
+    measured = report(tmp_path, 1.2, estimator)
+    later = new_store.measurements()[0].reported_at + 10
+    os.utime(tmp_path / "1.json", (later, later))
+    assert ingest(*again) == {"ok": 1}
+    [m] = new_store.measurements([1])
+    assert (m.iter_s, m.reported_at) == (pytest.approx(measured), later)
