@@ -251,7 +251,8 @@ def comparison_json(comp: Any) -> dict[str, Any]:
                      else DEFAULT_GPU_TYPE, "workload": spec.workload or (spec.history.source if spec.history is not None
                                                                      else "synthetic"), "load": spec.load,
                      "seed": spec.seed, "start_day": spec.start_day, "window_days": spec.window_days,
-                     "flex": spec.flex, "tick_interval_s": spec.tick_interval_s, "wait_bound_s": spec.wait_bound_s,
+                     "flex": spec.flex, "layouts": spec.layouts, "tick_interval_s": spec.tick_interval_s,
+                     "wait_bound_s": spec.wait_bound_s,
                      "truth_noise": spec.noise_sigma, "truth_shape_noise": spec.shape_sigma,
                      "truth_user_favour": spec.user_favour, "slurm": spec.slurm.as_dict(),
                      "start": _date(comp.workload["start_epoch_s"])},
@@ -330,6 +331,9 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Log-normal sigma of a seeded true/predicted factor per config shape (tp, pp, micro-batch).")
 @click.option("--truth-user-favour", type=FiniteFloatRange(min=0.1, max=10), default=1.0, show_default=True,
               help="The layout shape each job asked for really runs this many times faster than predicted.")
+@click.option("--layouts", type=click.Choice(("user", "expert")), default="user", show_default=True,
+              help="Users' own layouts: the workload's (zoo defaults), or expert: the planner's fastest"
+              " at the job's GPU count.")
 @click.option("--learn", is_flag=True, help="Calibrate online with layout terms from finished jobs (issue 25).")
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
@@ -344,7 +348,8 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
              truth_user_favour: float, learn: bool, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
              config_path: Optional[str], start_epoch_s: Optional[float], sacct_file: Optional[str] = None,
-             history_db: Optional[str] = None, slurm_config: Optional[str] = None) -> None:
+             history_db: Optional[str] = None, slurm_config: Optional[str] = None,
+             layouts: str = "user") -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
     from pipeswift_slurm.cli.whatif import load_history, load_slurm_settings, print_what_changed, skipped_note
     from pipeswift_slurm.sim.runner import RunSpec
@@ -376,7 +381,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
                    noise_sigma=truth_noise, shape_sigma=truth_shape_noise, user_favour=truth_user_favour,
-                   cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn,
+                   cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn, layouts=layouts,
                    slurm=load_slurm_settings(slurm_config),
                    history=load_history(sacct_file, history_db, load=load, vc=cluster_filter)
                    if (sacct_file or history_db) else None)

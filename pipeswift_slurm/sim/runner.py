@@ -37,7 +37,9 @@ class RunSpec:
     ((job_class prefix, true/predicted ratio), ...) for the truth; ``noise_sigma`` the
     log-normal per-job noise of the truth; ``shape_sigma`` the log-normal per-config-shape
     factor of the truth (``sim/truth.py``, seeded by ``seed``), ``user_favour`` how much
-    faster than predicted the shape each job asked for really runs.
+    faster than predicted the shape each job asked for really runs. ``layouts``: the users'
+    own layouts, "user" (the zoo defaults) or "expert" (the planner's fastest at each job's
+    GPU count; see sim/layouts.py).
     """
 
     gpus: int = 64
@@ -74,6 +76,7 @@ class RunSpec:
     history: Any = None
     # the site's Slurm scheduling settings (``--slurm-config``); Slurm's defaults otherwise
     slurm: SchedulingSettings = field(default_factory=SchedulingSettings)
+    layouts: str = "user"
 
 
 @dataclass
@@ -148,7 +151,8 @@ def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[
         return jobs, facts
     rows, own_start_s = trace_rows(spec)
     conv = Conversion(cost, spec.gpus, spec.gpus_per_node, flex=spec.flex, seed=spec.seed,
-                      class_bias=spec.class_bias, noise_sigma=spec.noise_sigma, shape_noise=shape_noise(spec))
+                      class_bias=spec.class_bias, noise_sigma=spec.noise_sigma, shape_noise=shape_noise(spec),
+                      layouts=spec.layouts)
     jobs = build_workload(rows, conv, drop_oversized=spec.drop_oversized)
     start_s = spec.start_epoch_s if spec.start_epoch_s is not None else own_start_s or today_utc_s()
     jobs = [replace(j, submit_s=j.submit_s + start_s) for j in jobs] if start_s else jobs

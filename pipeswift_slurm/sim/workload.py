@@ -16,6 +16,8 @@ job (``to_megatron_job``):
     (within the cluster); the others are rigid at their recorded count;
   * the user's time limit over-estimates the true run time: 1.5x, rounded up to 30 min;
   * a row without a user gets one of 20 synthetic users (``synthetic_user``, Zipf-like, by job_id);
+  * ``Conversion.layouts = "expert"``: instead the planner's best config on that count, the
+    iterations from its iteration time (sim/layouts.py: what an expert would run);
   * every job saves and loads checkpoints (``--save``, ``--load``) about every 30 min of
     its user config's run (``--save-interval``), so a requeued job resumes from its last
     checkpoint (see sim/engine.py);
@@ -37,6 +39,8 @@ from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
 from pipeswift_slurm.core.megatron_rules import node_shape
 from pipeswift_slurm.core.model import JobProfile
+from pipeswift_slurm.core.planner import Planner
+from pipeswift_slurm.sim.layouts import LAYOUTS, own_argv, own_layout
 from pipeswift_slurm.sim.trace import (TRACE_COLUMNS, DATED_AFTER_S, SYNTHETIC_MIX, TraceRow,  # noqa: F401 (re-exported)
                                        WorkloadError, offered_load, read_trace, rescale_load, select_window,
                                        synthetic_trace, window_start_s)
@@ -158,7 +162,7 @@ class Conversion:
     last band taking everything above) naming models of ``ZOO`` or ``EXTRA_ZOO``; the
     seeded draw within a band is the same as the default's, and the fallback when no
     model of the band fits is every other model of the table, last named first. None
-    (the default) is ``_BANDS`` over ``ZOO``, unchanged.
+    (the default) is ``_BANDS`` over ``ZOO``, unchanged. ``layouts``: one of ``LAYOUTS``.
     """
 
     cost: CostModel
@@ -170,6 +174,11 @@ class Conversion:
     noise_sigma: float = 0.0
     bands: Optional[Bands] = None
     shape_noise: ShapeNoise = ShapeNoise()  # the truth's factor per config shape (sim/truth.py)
+    layouts: str = "user"
+
+    def __post_init__(self) -> None:
+        if self.layouts not in LAYOUTS:
+            raise WorkloadError("layouts %r: expected one of %s" % (self.layouts, ", ".join(LAYOUTS)))
 
 
 def _candidates(row: TraceRow, conv: Conversion, rng: random.Random) -> tuple[list[str], dict[str, ZooModel]]:
@@ -227,15 +236,17 @@ def user_time_limit_s(run_s: float) -> int:
     return math.ceil(TIME_LIMIT_FACTOR * run_s / TIME_LIMIT_ROUND_S) * TIME_LIMIT_ROUND_S
 
 
-def to_megatron_job(index: int, row: TraceRow, conv: Conversion) -> WorkloadJob:
+def to_megatron_job(index: int, row: TraceRow, conv: Conversion,
+                    planner: Optional[Planner] = None) -> WorkloadJob:
     """Turn one trace row into a Megatron job (seeded per row, so order-independent)."""
     rng = random.Random("%d:%s" % (conv.seed, row.name))
     model, profile = _fit_model(row, conv, rng)
+    profile = own_layout(profile, conv.layouts, conv.cost, conv.gpus_per_node, planner)
     iter_s = conv.cost.iter_time_s(profile, profile.requested)
     iters = max(1, round((row.duration_s - conv.cost.startup_s(profile)) / iter_s))
     save_interval = max(1, round(CHECKPOINT_EVERY_S / iter_s))
     ckpt = "/checkpoints/%s" % row.name
-    argv = tuple(model.argv(row.num_gpus, profile.plan.global_batch_size, iters)
+    argv = tuple(own_argv(model.argv(row.num_gpus, profile.plan.global_batch_size, iters), profile, conv.layouts)
                  + ["--save", ckpt, "--load", ckpt, "--save-interval", str(save_interval)])
     profile = replace(profile, plan=replace(profile.plan, train_iters=iters, save_interval=save_interval))
     if rng.random() < conv.flex:
@@ -275,4 +286,5 @@ def build_workload(rows: Iterable[TraceRow], conv: Conversion, drop_oversized: b
     if rows and not kept:
         raise WorkloadError("all %d job(s) are larger than the cluster's %d nodes x %d GPUs (--drop-oversized"
                             " left nothing to simulate); use a bigger --gpus" % (len(rows), nodes, conv.gpus_per_node))
-    return [to_megatron_job(i, r, conv) for i, r in enumerate(kept)]
+    planner = Planner(conv.cost, conv.gpus_per_node)  # shared: each model shape is ranked once
+    return [to_megatron_job(i, r, conv, planner) for i, r in enumerate(kept)]
