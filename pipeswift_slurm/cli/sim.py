@@ -386,18 +386,14 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    history=load_history(sacct_file, history_db, load=load, vc=cluster_filter)
                    if (sacct_file or history_db) else None)
     comp = _run(spec, db)
-    note = skipped_note(comp.workload)
-    if note:
-        click.echo(note, err=True)
     if json_out != "-":
         print_comparison(comp)
         if comp.changed is not None:
             print_what_changed(comp)
     for m in comp.metrics if learn and json_out != "-" else ():
         click.echo(learn_line(m))
-    warning = bound_warning(comp)
-    if warning:
-        click.echo(warning, err=True)
+    for line in filter(None, (skipped_note(comp.workload), bound_warning(comp))):
+        click.echo(line, err=True)
     _outputs(comp, json_out, plot)
 
 
