@@ -71,7 +71,9 @@ def render_squeue(backend: SimBackend) -> str:
             "time_limit": job.time_limit_s // 60, "submit_time": int(job.submit_s),
             "eligible_time": int(job.submit_s), "start_time": int(job.start_s) if running else 0,
             "end_time": int(job.start_s) + job.time_limit_s if running else 0,
-            "priority": job.site_factor, "state_reason": "None" if running else "Priority",
+            # a held job shows as Slurm shows it: JobHeldAdmin, priority 0 (the short-job lane holds)
+            "priority": 0 if job.held else job.site_factor,
+            "state_reason": "None" if running else "JobHeldAdmin" if job.held else "Priority",
             "nodes": _hostlist(names) if running else "", "restart_cnt": job.restarts,
         })
     return json.dumps({"meta": META, "errors": [], "jobs": jobs}, indent=2)
