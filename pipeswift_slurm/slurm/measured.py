@@ -61,7 +61,12 @@ def read_report(folder: str, job: Job) -> Optional[tuple[dict[str, Any], str, fl
     if not _owner_ok(st, job.user):
         return {}, "not its user's file", st.st_mtime
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
+        # non-blocking and checked again once open: a file swapped for a FIFO after the
+        # lstat must not hang the tick
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as fh:
+            opened = os.fstat(fh.fileno())
+            if not stat.S_ISREG(opened.st_mode) or not _owner_ok(opened, job.user):
+                return {}, "not a plain file of its user", st.st_mtime
             data = json.loads(fh.read(MAX_REPORT_BYTES + 1)[:MAX_REPORT_BYTES])
         if not isinstance(data, dict) or data.get("job_id") != job.job_id:
             return {}, "not this job's report", st.st_mtime

@@ -116,3 +116,18 @@ def test_only_new_reports_are_read_again(new_store, tmp_path, estimator):
     assert ingest(*again) == {"ok": 1}
     [m] = new_store.measurements([1])
     assert (m.iter_s, m.reported_at) == (pytest.approx(measured), later)
+
+
+def test_a_report_swapped_for_a_fifo_after_the_check_does_not_hang_the_tick(tmp_path, monkeypatch):
+    """The folder is world-writable: between the controller's lstat and its open, a user may
+    put a FIFO where the plain file was. The open must not block; the report is refused."""
+    import os
+
+    from pipeswift_slurm.slurm import measured
+
+    plain = tmp_path / "plain"
+    plain.write_text("{}")
+    os.mkfifo(tmp_path / "1.json")
+    monkeypatch.setattr(measured.os, "lstat", lambda path: os.stat(plain))  # the check saw a file
+    got = measured.read_report(str(tmp_path), job())
+    assert got is not None and got[0] == {} and got[1] == "not a plain file of its user"
