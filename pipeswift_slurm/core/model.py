@@ -173,7 +173,9 @@ class JobProfile:
     ``run_time_factor`` scales every predicted run time of this one job: the controller
     raises it by its user's correction (users whose jobs ran longer than claimed) and
     lowers it so that the prediction at the job's own size stays within the job's own
-    time limit (a claim cannot outlast what Slurm lets the job run).
+    time limit (a claim cannot outlast what Slurm lets the job run). ``partitions`` are
+    the partitions the request allows beside the job's own (a request, checked by the
+    controller against those it manages).
     """
 
     shape: ModelShape
@@ -186,6 +188,7 @@ class JobProfile:
     allowed_pp: Optional[tuple[int, ...]] = None
     job_class: str = ""
     run_time_factor: float = 1.0
+    partitions: tuple[str, ...] = ()
 
     @property
     def flexible(self) -> bool:
@@ -380,6 +383,8 @@ class Decision:
     running job and put it back in the queue (only where the site enabled it), with
     ``site_factor`` then applied to the requeued job. ``hold`` True holds a pending job
     (Slurm will not start it) and False releases a job the controller held.
+    ``partition`` moves a pending job to that one partition (one the job allows, chosen
+    where it is predicted to finish soonest); ``config`` is then planned for its GPUs.
     """
 
     job_id: int
@@ -388,6 +393,7 @@ class Decision:
     time_limit_s: Optional[int] = None
     requeue: bool = False
     hold: Optional[bool] = None
+    partition: Optional[str] = None
     reason: str = ""
     predicted_start_s: Optional[float] = None
     predicted_end_s: Optional[float] = None
@@ -395,4 +401,5 @@ class Decision:
     @property
     def changes_anything(self) -> bool:
         return (self.config is not None or self.site_factor is not None
-                or self.time_limit_s is not None or self.requeue or self.hold is not None)
+                or self.time_limit_s is not None or self.requeue or self.hold is not None
+                or self.partition is not None)

@@ -70,4 +70,5 @@ def request_profile(req: ProfileRequest, *, world_size: Optional[int] = None, gp
         # 4-GPU submission means 16)
         hi = min(gpu_range[1], cluster_gpus)
         gpu_range = (min(gpu_range[0], hi), hi)
-    return require_length(parse(world, gpu_range))
+    profile = require_length(parse(world, gpu_range))
+    return replace(profile, partitions=req.partitions) if req.partitions else profile

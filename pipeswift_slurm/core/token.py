@@ -38,7 +38,10 @@ class ProfileRequest:
     """What psbatch recorded: Megatron argv plus the user's flexibility options.
 
     ``gpus`` is (min, max) or None (rigid at the submitted size); ``min_micro_batch_size``
-    and ``allowed_pp`` narrow the planner's search; ``job_class`` keys calibration.
+    and ``allowed_pp`` narrow the planner's search; ``job_class`` keys calibration;
+    ``partitions`` are the partitions the job may run in (Slurm's ``-p a,b`` or psbatch's
+    ``--pipeswift-partitions``; empty: only the one it was submitted to). A request: the
+    controller moves a job only among the partitions it manages.
     """
 
     argv: tuple[str, ...]
@@ -47,6 +50,7 @@ class ProfileRequest:
     allowed_pp: Optional[tuple[int, ...]] = None
     job_class: str = ""
     world_size: Optional[int] = None
+    partitions: tuple[str, ...] = ()
 
 
 def _kv(text: str, prefix: str) -> dict[str, str]:
@@ -69,6 +73,26 @@ def _kv(text: str, prefix: str) -> dict[str, str]:
 
 # Numbers in a token: GPU counts, sizes and epoch seconds; anything longer is not one of ours.
 MAX_TOKEN_INT = 10 ** 13
+MAX_PARTITIONS = 16  # partitions one job may name
+MAX_PARTITION_CHARS = 64  # Slurm partition names are short; longer is not one
+
+
+def partition_names(text: str, what: str = "parts") -> tuple[str, ...]:
+    """A comma-separated list of partition names, checked: letters, digits, '_', '-' and
+    '.' only, at most MAX_PARTITION_CHARS each, at most MAX_PARTITIONS, no repeats kept.
+
+    Raises:
+        TokenError: an empty, too long or odd name, or too many.
+    """
+    names = [n for n in text.split(",")]
+    if len(names) > MAX_PARTITIONS:
+        raise TokenError("%s names %d partitions; at most %d" % (what, len(names), MAX_PARTITIONS))
+    for name in names:
+        if not name or len(name) > MAX_PARTITION_CHARS or not all(c.isascii() and (c.isalnum() or c in "_-.")
+                                                                  for c in name):
+            raise TokenError("%s=%r is not a partition name (letters, digits, '_', '-', '.'; up to %d)"
+                             % (what, name[:40], MAX_PARTITION_CHARS))
+    return tuple(dict.fromkeys(names))
 
 
 def _int(value: str, what: str) -> int:
@@ -91,6 +115,8 @@ def encode_profile(req: ProfileRequest) -> str:
         parts.append("world=%d" % req.world_size)
     if req.job_class:
         parts.append("class=" + "".join(c for c in req.job_class if c.isalnum() or c in "-_."))
+    if req.partitions:
+        parts.append("parts=" + ",".join(partition_names(",".join(req.partitions))))
     return ";".join(parts)
 
 
@@ -120,7 +146,8 @@ def decode_profile(text: str) -> ProfileRequest:
     allowed = tuple(_int(p, "pp") for p in kv["pp"].split(",")) if kv.get("pp") else None
     mbmin = _int(kv["mbmin"], "mbmin") if "mbmin" in kv else None
     world = _int(kv["world"], "world") if kv.get("world") else None
-    return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world)
+    partitions = partition_names(kv["parts"]) if kv.get("parts") else ()
+    return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world, partitions)
 
 
 def encode_decision(config: ExecConfig, decided_at: int, held: bool = False) -> str:

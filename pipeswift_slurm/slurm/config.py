@@ -36,12 +36,18 @@ class ControllerConfig:
     writes no history, see ``load_config``). ``calibration_exclude_partitions`` names the
     partitions whose jobs never feed calibration (test partitions where jobs run with
     ``pipeswift-launch --emulate``: their run times are not real).
+    ``partition_gpu_types`` (``[slurm.partition_gpu_types]``, partition = GPU type) makes
+    a mixed cluster: each such partition is planned on its own GPU type and node size
+    (read from Slurm's nodes), and a job that allows several partitions may be moved to
+    the one where it is predicted to finish first. Partitions not named there run
+    ``gpu_type``.
     """
 
     db_url: str = DEFAULT_DB
     backend: str = "auto"
     partitions: tuple[str, ...] = ()
     gpu_type: str = "A100-80GB"
+    partition_gpu_types: tuple[tuple[str, str], ...] = ()  # (partition, GPU type) where they differ
     gpus_per_node: int = 0
     hardware_file: Optional[str] = None
     layer_profile: Optional[str] = None
@@ -66,7 +72,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
     "store": {"url": ("db_url", str)},
     "slurm": {"backend": ("backend", str), "partitions": ("partitions", list), "gpu_type": ("gpu_type", str),
               "gpus_per_node": ("gpus_per_node", int), "hardware_file": ("hardware_file", str),
-              "layer_profile": ("layer_profile", str)},
+              "layer_profile": ("layer_profile", str), "partition_gpu_types": ("partition_gpu_types", dict)},
     "policy": {"name": ("policy", str), "site_factor_max": ("site_factor_max", int), "knobs": ("policy_knobs", dict)},
     "controller": {"dry_run": ("dry_run", bool), "allow_requeue": ("allow_requeue", bool),
                    "lock_file": ("lock_file", str), "calibrate": ("calibrate", bool)},
@@ -105,6 +111,11 @@ def _check(path: str, section: str, key: str, value: Any, kind: type) -> Any:
         if not all(isinstance(v, str) for v in value):
             raise ConfigError("%s: [%s] %s must be a list of strings" % (path, section, key))
         return tuple(value)
+    if key == "partition_gpu_types":
+        if not all(isinstance(v, str) and v for v in value.values()):
+            raise ConfigError("%s: [%s.%s] each value must be a GPU type name, e.g. a100 = \"A100-80GB\""
+                              % (path, section, key))
+        return tuple(sorted(value.items()))
     return value
 
 
@@ -138,7 +149,21 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
         check_backend(chosen, values["backend"])
     cfg = ControllerConfig(**values)
     _check_policy(cfg)
+    _check_gpu_types(cfg)
     return cfg
+
+
+def _check_gpu_types(cfg: ControllerConfig) -> None:
+    """Every GPU type the config names is one the hardware table knows."""
+    if not cfg.partition_gpu_types:
+        return
+    from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
+
+    for partition, name in cfg.partition_gpu_types:
+        try:
+            get_gpu_type(name, cfg.hardware_file)
+        except HardwareError as exc:
+            raise ConfigError("%s: [slurm.partition_gpu_types] %s: %s" % (cfg.source, partition, exc)) from None
 
 
 def _check_policy(cfg: ControllerConfig) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
 
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import MegatronArgError
@@ -26,6 +26,7 @@ from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_contr
 from pipeswift_slurm.policy import Policy, wait_bound_of
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
 from pipeswift_slurm.slurm.calibrate import user_factor_of
+from pipeswift_slurm.slurm.decision_diff import _evolve, intent_outcome, unchanged_parts
 from pipeswift_slurm.slurm.factors import stable_factors
 from pipeswift_slurm.slurm.holds import own_holds_to_release
 from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
@@ -49,20 +50,6 @@ class TickReport:
     duration_s: float = 0.0
     failed: Optional[str] = None
     over_wait_bound: list[int] = field(default_factory=list)  # runnable pending jobs queued past the bound
-
-
-def _evolve(decision: Decision, **changes: Any) -> Decision:
-    """``replace(decision, **changes)`` at a fifth of its cost: a copy of the frozen
-    instance's fields (Decision has no ``__post_init__`` and no slots). Every tick re-ranks
-    and compares every pending job's decision, which made ``replace`` a tenth of a
-    simulation's time."""
-    assert changes.keys() <= _DECISION_FIELDS, changes.keys() - _DECISION_FIELDS
-    copy = object.__new__(Decision)
-    copy.__dict__.update(decision.__dict__, **changes)
-    return copy
-
-
-_DECISION_FIELDS = frozenset(f.name for f in fields(Decision))
 
 
 @dataclass(frozen=True)
@@ -117,22 +104,6 @@ def parse_profile(job: Job, gpus_per_node: int, cluster_gpus: int) -> tuple[Opti
         # Requests are user text: whatever one holds, the job is left as submitted with the
         # reason, and every other job of the tick is handled as usual.
         return None, str(exc)[:500]
-
-
-def unchanged_parts(decision: Decision, job: Job) -> Decision:
-    """The decision minus what the job already has (so an equal decision changes nothing)."""
-    hold = decision.hold
-    if hold is not None and (hold == job.held or (not hold and not held_by_controller(job.admin_comment))):
-        hold = None  # already so, or a hold the controller did not set: never release it
-    config = decision.config
-    if hold is None and config is not None and job.config == config and job.gpus == config.gpus \
-            and job.num_nodes == config.num_nodes:
-        config = None  # (a hold or release rewrites the token, so it keeps its config)
-    site_factor = decision.site_factor if decision.site_factor != job.site_factor else None
-    if job.held and hold is not False:
-        site_factor = None  # Slurm reports no SiteFactor for a held job: set it when releasing
-    limit = decision.time_limit_s if decision.time_limit_s != job.time_limit_s else None
-    return _evolve(decision, config=config, site_factor=site_factor, time_limit_s=limit, hold=hold)
 
 
 class Controller:
@@ -387,20 +358,6 @@ class Controller:
 
         assert self.store is not None
         record_outcomes(self.store, tick_id, report)
-
-
-def intent_outcome(decision: Decision, job: Optional[Job]) -> tuple[Optional[bool], str]:
-    """What Slurm shows became of a decision whose outcome was never recorded (the tick
-    died, or the command timed out): applied when the job now has everything it asked
-    (``unchanged_parts`` finds nothing left to change; a requeue when the job pends again),
-    else not; None when the job left the queue. Returns (applied, the note recorded)."""
-    if job is None:
-        return None, "outcome unknown: the job left the queue before Slurm's state was read back"
-    if decision.requeue:
-        done = job.pending
-    else:
-        done = not unchanged_parts(decision, job).changes_anything
-    return done, "outcome read back from Slurm by a later tick: %s" % ("applied" if done else "not applied")
 
 
 def tick(backend: Backend, store: Optional[HistoryStore], policy: Policy, estimator: Estimator, *,

@@ -19,8 +19,8 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import get_gpu_type
 from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, GpuRequest, Job, JobProfile, Node
 from pipeswift_slurm.policy import get_policy
-from pipeswift_slurm.slurm.controller import (Controller, ControllerSettings, cluster_gpus_per_node, not_runnable,
-                                              unchanged_parts)
+from pipeswift_slurm.slurm.controller import Controller, ControllerSettings, cluster_gpus_per_node, not_runnable
+from pipeswift_slurm.slurm.decision_diff import unchanged_parts
 
 NOW = 1_700_000_000.0
 ARGV = ("--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "1024",

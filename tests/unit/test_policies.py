@@ -18,7 +18,8 @@ from pipeswift_slurm.core import hardware
 from pipeswift_slurm.core import megatron, megatron_rules
 from pipeswift_slurm.slurm.backends import JobGone
 from pipeswift_slurm.slurm.backends.sim import SimBackend, SimJob
-from pipeswift_slurm.slurm.controller import parse_profile, unchanged_parts
+from pipeswift_slurm.slurm.controller import parse_profile
+from pipeswift_slurm.slurm.decision_diff import unchanged_parts
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, Node
