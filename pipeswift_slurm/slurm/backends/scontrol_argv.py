@@ -1,5 +1,6 @@
-"""What a Decision becomes as ``scontrol`` commands: the resize fields in the job's own GRES
-spelling, the update with its decision token, requeue, hold and release in a safe order, and
+"""What a Decision becomes as ``scontrol`` commands: the move to another partition and the
+resize fields in the job's own GRES spelling (one RPC: Slurm checks the size against the
+partition the job is moved to), the update with its decision token, requeue, hold and release in a safe order, and
 the stdin text of a batch of them. Pure: builds argv lists, runs nothing; every value is one
 argv word (whitespace is refused), so no user text ever reaches a shell.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from pipeswift_slurm.core import token
 from pipeswift_slurm.core.model import Decision, ExecConfig, GpuRequest, Job
@@ -41,15 +42,62 @@ def resize_fields(config: ExecConfig, job: Job) -> list[str]:
     per_node = config.gpus_per_node or (config.gpus // nodes if config.gpus % nodes == 0 else 0)
     if per_node <= 0:
         raise BackendError("job %d: config %s has no whole GPU count per node" % (job.job_id, config.short()))
+    return ["NumNodes=%d-%d" % (nodes, nodes), _gpu_field(job, nodes * per_node, per_node)]
+
+
+def _gpu_field(job: Job, per_job: int, per_node: int) -> str:
     req = job.gpu_request
     if req.field == "tres_per_job":
-        gpu_field = "TresPerJob=" + gres_value(req, nodes * per_node)
-    elif req.field == "tres_per_node":
-        gpu_field = "TresPerNode=" + gres_value(req, per_node)
-    else:
-        raise BackendError("job %d asks GPUs via %s; only per-node or per-job requests are resized"
-                           % (job.job_id, req.field))
-    return ["NumNodes=%d-%d" % (nodes, nodes), gpu_field]
+        return "TresPerJob=" + gres_value(req, per_job)
+    if req.field == "tres_per_node":
+        return "TresPerNode=" + gres_value(req, per_node)
+    raise BackendError("job %d asks GPUs via %s; only per-node or per-job requests are resized or moved"
+                       % (job.job_id, req.field))
+
+
+def moved_job(job: Job, partition: str, gres_types: Mapping[str, str]) -> Job:
+    """``job`` as it is to be asked for in ``partition``: a typed GPU request
+    (``gpu:a100:4``) takes the GRES type of that partition's nodes (``gres_types``, map
+    from partition to its one GRES type, ``partition_check.partition_gres_types``), or
+    the job could never start there. Untyped requests stay as they are.
+
+    Raises:
+        BackendError: the job asks for typed GPUs and ``partition`` has no one GRES type.
+    """
+    req = job.gpu_request
+    if not req.gpu_type or gres_types.get(partition) == req.gpu_type:
+        return job
+    new_type = gres_types.get(partition)
+    if not new_type:
+        raise BackendError("job %d asks for typed GPUs (gpu:%s) and partition %s has no one GPU GRES type to "
+                           "ask for instead; not moved" % (job.job_id, req.gpu_type, partition))
+    return dataclasses.replace(job, gpu_request=dataclasses.replace(req, gpu_type=new_type))
+
+
+def size_fields(decision: Decision, job: Job) -> list[str]:
+    """The fields of one ``scontrol update`` that set where and on how much the job runs:
+    ``Partition=P`` for a move, then the resize (``resize_fields``); a move without a
+    resize re-asks a typed GPU request at its count (``job`` is already ``moved_job``).
+    Slurm 22.05 and 24.11 apply the partition before checking the size in one update.
+
+    Raises:
+        BackendError: an odd partition name, or as ``resize_fields``.
+    """
+    fields = []
+    if decision.partition is not None:
+        try:
+            names = token.partition_names(decision.partition, "partition")
+        except token.TokenError as exc:
+            raise BackendError("job %d: %s; not moved" % (job.job_id, exc)) from None
+        if len(names) != 1:
+            raise BackendError("job %d: a job is moved to one partition, not %r" % (job.job_id, decision.partition))
+        fields.append("Partition=" + names[0])
+        if decision.config is None and job.gpu_request.gpu_type:
+            req = job.gpu_request
+            fields.append(_gpu_field(job, req.count, req.count))
+    if decision.config is not None:
+        fields += resize_fields(decision.config, job)
+    return fields
 
 
 def _argv_value(name: str, value: str) -> str:
@@ -106,9 +154,7 @@ def update_argv(decision: Decision, job: Job, now: float, held: Optional[bool] =
     is the hold mark the token carries (default: whether the decision holds the job);
     ``site_factor`` False leaves the SiteFactor to a later command. The token replaces only
     our own word of the job's AdminComment (``admin_comment_value``)."""
-    fields: list[str] = []
-    if decision.config is not None:
-        fields += resize_fields(decision.config, job)
+    fields = size_fields(decision, job)
     if decision.time_limit_s is not None:
         fields.append("TimeLimit=%d" % max(1, -(-int(decision.time_limit_s) // 60)))
     if decision.site_factor is not None and site_factor:
@@ -146,7 +192,7 @@ def apply_argvs(decision: Decision, job: Job, now: float) -> list[list[str]]:
         assert update is not None
         return argvs + [update + ["Priority=0"]]
     if decision.hold is False:
-        first = update_argv(_without_site_factor(decision), job, now, held=True) if decision.config else None
+        first = update_argv(_without_site_factor(decision), job, now, held=True)
         argvs += [first] if first else []
         argvs.append(["scontrol", "release", str(int(job.job_id))])
         last = update_argv(_only_mark(decision), job, now, held=False)

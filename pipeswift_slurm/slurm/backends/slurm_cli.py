@@ -25,11 +25,12 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 from pipeswift_slurm.core.model import ClusterView, Decision, Job
 from pipeswift_slurm.slurm.backends import BackendError, JobGone, OutcomeUnknown, applicable
 from pipeswift_slurm.slurm.backends.scontrol_argv import BATCH_MAX_LINES, BATCH_PROCESSES, SCONTROL_BATCH_ARGV
-from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, batch_text, batchable, update_argv
+from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, batch_text, batchable, moved_job, update_argv
 from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
 from pipeswift_slurm.slurm.backends.slurm_parse import JSON_REPORTED, parse_batch_errors
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_scontrol_nodes
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_sprio, parse_squeue_json
+from pipeswift_slurm.slurm.partition_check import partition_gres_types
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,16 @@ class _Update:
 
 
 # ------------------------------------------------------------------------------------ backend
-def _in_partitions(names: Sequence[str], wanted: Optional[frozenset[str]]) -> bool:
+def in_partitions(names: Iterable[str], wanted: Optional[frozenset[str]]) -> bool:
+    """Whether a job or node in the partitions ``names`` is managed: ``wanted`` is None
+    (all) or names one of them. A job pending in several shows them as ``a,b``: pass
+    ``job.partition.split(",")``, so it is managed when any of them is."""
     return wanted is None or bool(wanted.intersection(names))
+
+
+def as_moved(decision: Decision, job: Job, gres_types: Mapping[str, str]) -> Job:
+    """``job`` as a partition move asks for it (``moved_job``), or as it is without one."""
+    return job if decision.partition is None else moved_job(job, decision.partition, gres_types)
 
 
 def read_site_factors(run: Runner) -> dict[int, int]:
@@ -191,6 +200,7 @@ class SlurmCliBackend:
         self._feed: Optional[InputRunner] = feed if feed is not None else getattr(run, "feed", None)
         self._batch_processes = max(1, batch_processes)
         self._limits = LimitsReader(run) if read_limits else None
+        self._gres_types: dict[str, str] = {}  # partition -> its GRES type, from the last snapshot
 
     def snapshot(self) -> ClusterView:
         """Read jobs, nodes and site factors with one command each, and the site's limits
@@ -204,10 +214,11 @@ class SlurmCliBackend:
         nodes = parse_scontrol_nodes(self._run(list(NODES_ARGV)))
         factors = self._site_factors()
         jobs = [replace(j, site_factor=factors.get(j.job_id, 0)) for j in jobs
-                if _in_partitions(j.partition.split(","), self._partitions)]
+                if in_partitions(j.partition.split(","), self._partitions)]
         if self._limits is not None:
             jobs = with_caps(jobs, self._limits.read())
-        nodes = [n for n in nodes if _in_partitions(n.partitions, self._partitions)]
+        self._gres_types = partition_gres_types(nodes)
+        nodes = [n for n in nodes if in_partitions(n.partitions, self._partitions)]
         log.debug("snapshot: %d jobs, %d nodes", len(jobs), len(nodes))
         return ClusterView(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
 
@@ -255,7 +266,7 @@ class SlurmCliBackend:
         """
         if not applicable(decision, job):
             return
-        for argv in apply_argvs(decision, job, self._clock()):
+        for argv in apply_argvs(decision, as_moved(decision, job, self._gres_types), self._clock()):
             log.info("job %d: %s", job.job_id, " ".join(argv[1:]))
             try:
                 self._run(argv)
@@ -286,11 +297,12 @@ class SlurmCliBackend:
             if self._feed is None or decision.requeue or decision.hold is not None or not job.opted_in:
                 results[i] = self._apply_one(decision, job)
                 continue
-            if decision.config is not None and not job.pending:
-                results[i] = JobGone("job %d is %s, not PENDING: not resized" % (job.job_id, job.state))
+            if (decision.config is not None or decision.partition is not None) and not job.pending:
+                results[i] = JobGone("job %d is %s, not PENDING: not %s"
+                                     % (job.job_id, job.state, "resized" if decision.config else "moved"))
                 continue
             try:
-                argv = update_argv(decision, job, now)
+                argv = update_argv(decision, as_moved(decision, job, self._gres_types), now)
             except BackendError as exc:
                 results[i] = exc
                 continue
