@@ -11,8 +11,9 @@ in the log (the table in docs/slurm-backends.md):
 - node counts: pyslurm's modify sets them only at submit (silently does nothing), so the
   resize (``NumNodes=a-a`` plus the GPU request, one RPC so the job never starts
   half-resized) is the CLI backend's ``scontrol update`` argv, run with the same runner;
-  a move to another partition goes in that same update (``Partition=``, with a typed GPU
-  request retyped for it), so the size is checked against the partition it moves to;
+  a move to another partition goes in that same update (``Partition=``; a job asking a GPU
+  type is moved only where the nodes have it), so the size is checked against the
+  partition it moves to;
 - ``--gpus`` (per-job) requests and a node's used GPUs (``Job`` has only ``gres_per_node``;
   ``Node.allocated_gres`` is empty unless GPUs are tracked as TRES): read with pyslurm's own
   older API (``pyslurm.job().get()``, ``pyslurm.node().get()``: the same load RPCs);
@@ -34,10 +35,11 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from pipeswift_slurm.core import token
 from pipeswift_slurm.core.model import ClusterView, Decision, GpuRequest, Job, Node
 from pipeswift_slurm.slurm.backends import BackendError, applicable
-from pipeswift_slurm.slurm.backends.slurm_cli import Runner, as_moved, classify_error, in_partitions
-from pipeswift_slurm.slurm.backends.slurm_cli import read_site_factors, subprocess_runner
+from pipeswift_slurm.slurm.backends.slurm_cli import Runner, classify_error, in_partitions
+from pipeswift_slurm.slurm.backends.slurm_cli import read_site_factors, run_update, subprocess_runner
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_gres, parse_squeue_json
-from pipeswift_slurm.slurm.backends.scontrol_argv import admin_comment_value, size_fields, without_hold_mark
+from pipeswift_slurm.slurm.backends.scontrol_argv import admin_comment_value, check_move, size_fields
+from pipeswift_slurm.slurm.backends.scontrol_argv import without_hold_mark
 from pipeswift_slurm.slurm.partition_check import partition_gres_types
 from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
 
@@ -221,6 +223,7 @@ class PyslurmBackend:
         """
         if not applicable(decision, job):
             return
+        check_move(decision, job, self._gres_types)
         try:
             self._apply(decision, job)
         except BackendError as exc:
@@ -237,9 +240,9 @@ class PyslurmBackend:
         if decision.requeue:
             self._call("requeue", lambda: ps.Job(job.job_id).requeue())
         if decision.config is not None or decision.partition is not None:
-            fields = size_fields(decision, as_moved(decision, job, self._gres_types))
+            fields = size_fields(decision, job)
             say_fallback("resize")
-            self._run(["scontrol", "update", "JobId=%d" % job.job_id, *fields])
+            run_update(self._run, ["scontrol", "update", "JobId=%d" % job.job_id, *fields])
         if decision.hold is False:
             before = modify_kwargs(replace(decision, site_factor=None), now, job, held=True)
             self._modify(job.job_id, before)

@@ -1,7 +1,6 @@
 """What a Decision becomes as ``scontrol`` commands: the move to another partition and the
-resize fields in the job's own GRES spelling (one RPC: Slurm checks the size against the
-partition the job is moved to), the update with its decision token, requeue, hold and release in a safe order, and
-the stdin text of a batch of them. Pure: builds argv lists, runs nothing; every value is one
+resize fields in the job's own GRES spelling (one RPC), the update with its decision token,
+requeue, hold and release in a safe order, and the stdin text of a batch of them. Pure: builds argv lists, runs nothing; every value is one
 argv word (whitespace is refused), so no user text ever reaches a shell.
 """
 
@@ -42,43 +41,39 @@ def resize_fields(config: ExecConfig, job: Job) -> list[str]:
     per_node = config.gpus_per_node or (config.gpus // nodes if config.gpus % nodes == 0 else 0)
     if per_node <= 0:
         raise BackendError("job %d: config %s has no whole GPU count per node" % (job.job_id, config.short()))
-    return ["NumNodes=%d-%d" % (nodes, nodes), _gpu_field(job, nodes * per_node, per_node)]
-
-
-def _gpu_field(job: Job, per_job: int, per_node: int) -> str:
     req = job.gpu_request
     if req.field == "tres_per_job":
-        return "TresPerJob=" + gres_value(req, per_job)
-    if req.field == "tres_per_node":
-        return "TresPerNode=" + gres_value(req, per_node)
-    raise BackendError("job %d asks GPUs via %s; only per-node or per-job requests are resized or moved"
-                       % (job.job_id, req.field))
+        gpu_field = "TresPerJob=" + gres_value(req, nodes * per_node)
+    elif req.field == "tres_per_node":
+        gpu_field = "TresPerNode=" + gres_value(req, per_node)
+    else:
+        raise BackendError("job %d asks GPUs via %s; only per-node or per-job requests are resized"
+                           % (job.job_id, req.field))
+    return ["NumNodes=%d-%d" % (nodes, nodes), gpu_field]
 
 
-def moved_job(job: Job, partition: str, gres_types: Mapping[str, str]) -> Job:
-    """``job`` as it is to be asked for in ``partition``: a typed GPU request
-    (``gpu:a100:4``) takes the GRES type of that partition's nodes (``gres_types``, map
-    from partition to its one GRES type, ``partition_check.partition_gres_types``), or
-    the job could never start there. Untyped requests stay as they are.
+def check_move(decision: Decision, job: Job, gres_types: Mapping[str, str]) -> None:
+    """Refuse to move (``decision.partition``) a job that asked for a GPU type
+    (``gpu:a100:4``) to a partition whose nodes report another one (``gres_types``: map from
+    partition to its one GRES type, ``partition_check.partition_gres_types``; a partition
+    missing there has none or several). The user asked for that hardware; and Slurm 22.05
+    leaves a pending job whose GRES type was changed never runnable (BadConstraints, seen
+    live), so a request is never retyped.
 
     Raises:
-        BackendError: the job asks for typed GPUs and ``partition`` has no one GRES type.
+        BackendError: the job asks for typed GPUs that ``partition`` does not have.
     """
-    req = job.gpu_request
-    if not req.gpu_type or gres_types.get(partition) == req.gpu_type:
-        return job
-    new_type = gres_types.get(partition)
-    if not new_type:
-        raise BackendError("job %d asks for typed GPUs (gpu:%s) and partition %s has no one GPU GRES type to "
-                           "ask for instead; not moved" % (job.job_id, req.gpu_type, partition))
-    return dataclasses.replace(job, gpu_request=dataclasses.replace(req, gpu_type=new_type))
+    asked, partition = job.gpu_request.gpu_type, decision.partition
+    if partition is not None and asked and gres_types.get(partition) != asked:
+        raise BackendError("job %d asks for gpu:%s GPUs and partition %s's nodes report %s; not moved"
+                           % (job.job_id, asked, partition, gres_types.get(partition) or "no one GPU type"))
 
 
 def size_fields(decision: Decision, job: Job) -> list[str]:
     """The fields of one ``scontrol update`` that set where and on how much the job runs:
-    ``Partition=P`` for a move, then the resize (``resize_fields``); a move without a
-    resize re-asks a typed GPU request at its count (``job`` is already ``moved_job``).
-    Slurm 22.05 and 24.11 apply the partition before checking the size in one update.
+    ``Partition=P`` for a move, then the resize (``resize_fields``). Slurm 22.05 and 24.11
+    apply the partition before the size in one update (a size valid only in the new
+    partition is taken; seen live on both).
 
     Raises:
         BackendError: an odd partition name, or as ``resize_fields``.
@@ -92,9 +87,6 @@ def size_fields(decision: Decision, job: Job) -> list[str]:
         if len(names) != 1:
             raise BackendError("job %d: a job is moved to one partition, not %r" % (job.job_id, decision.partition))
         fields.append("Partition=" + names[0])
-        if decision.config is None and job.gpu_request.gpu_type:
-            req = job.gpu_request
-            fields.append(_gpu_field(job, req.count, req.count))
     if decision.config is not None:
         fields += resize_fields(decision.config, job)
     return fields

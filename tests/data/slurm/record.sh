@@ -30,10 +30,12 @@ if [ "${1:-}" = partitions ]; then
   sleep 2
   squeue --json --states=all > "$OUT/squeue-$V-partitions.json"
   scontrol -d -o show node > "$OUT/scontrol-nodes-$V-partitions.txt"
-  # the moves as the backends send them: partition and size in one update
-  scontrol update JobId="$M" Partition=h100 NumNodes=2-2 TresPerNode=gres:gpu:4
-  scontrol update JobId="$T" Partition=h100 TresPerNode=gres:gpu:h100:1
-  scontrol update JobId="$U" Partition=h100 NumNodes=2-2 TresPerJob=gres:gpu:8
+  # the moves as the backends send them: partition and size in one update (24.11 refuses
+  # some partition changes at random, "Resource temporarily unavailable": sent again)
+  upd() { for _ in 1 2 3 4 5 6 7 8; do scontrol update "$@" 2>/dev/null && return; done; scontrol update "$@"; }
+  G=$(squeue -h -j "$M" -o %b | sed 's/:[0-9]*$//')   # gres:gpu or gres/gpu, as this Slurm spells it
+  upd JobId="$M" Partition=h100 NumNodes=2-2 TresPerNode="$G:4"
+  upd JobId="$U" Partition=h100 NumNodes=2-2 TresPerJob="$G:8"
   sleep 1
   squeue --json --states=all > "$OUT/squeue-$V-partitions-moved.json"
   scancel "$B" "$M" "$T" "$U"
