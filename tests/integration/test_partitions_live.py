@@ -188,7 +188,7 @@ def test_the_backends_move_pending_jobs_in_one_update_and_they_start_there(
         backend.apply(Decision(third, partition="h100"), jobs[third])
     else:
         _, log = in_child(mixed_env, "apply", (Decision(third, partition="h100"), jobs[third]))
-        assert "moving to another partition" in log, log
+        assert "a move to another partition" in log, log
     deadline = time.monotonic() + 60
     while not all(fields(slurm, j)["JobState"] == "RUNNING" for j in (untyped, third)):
         assert time.monotonic() < deadline, [(j, fields(slurm, j)["JobState"], fields(slurm, j)["Reason"])

@@ -29,7 +29,7 @@ from test_slurm_cli import FakeFeed, FakeRunner, read  # noqa: E402
 NOW = 1_800_000_000.0
 PROFILE = token.PROFILE_PREFIX + "args=W10="
 CFG = ExecConfig(tp=1, pp=2, dp=2, micro_batch_size=1, num_micro_batches=8, num_nodes=2, gpus_per_node=2)
-VERSIONS = ["22.05"]
+VERSIONS = ["22.05", "24.11"]
 
 
 def recorded(version: str, moved: bool = False) -> FakeRunner:

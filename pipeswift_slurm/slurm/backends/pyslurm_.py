@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 # what pyslurm cannot do, and what is used instead (each said once per process)
 FALLBACKS = {
     "resize": "pyslurm cannot change a job's node count (it sets nodes only at submit): "
-              "resizing (and moving to another partition) with scontrol update NumNodes=a-a, the GPU "
-              "request and Partition= in one RPC",
+              "resizing with scontrol update NumNodes=a-a and the GPU request (a move to another "
+              "partition, Partition=, in the same RPC)",
     "site_factor": "pyslurm cannot read a job's site factor: reading it with sprio",
     "older_api": "pyslurm.Job has no per-job GPU request (--gpus) and Node.allocated_gres is empty "
                  "unless GPUs are TRES: reading both with pyslurm's older job()/node() API",
