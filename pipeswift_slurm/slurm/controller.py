@@ -253,6 +253,7 @@ class Controller:
         estimators: dict[str, Any] = {}
         for name, cost in self.partition_costs.items():
             gpn = cluster_gpus_per_node(view, (name,))
+            gpn = min(gpn, self.settings.gpus_per_node or gpn)  # the site's cap, as for one cluster
             if not gpn:
                 log.warning("partition %s: no GPU node in it; not planned this tick", name)
                 continue
