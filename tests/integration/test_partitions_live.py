@@ -174,9 +174,15 @@ def test_the_backends_move_pending_jobs_in_one_update_and_they_start_there(
         ids.append(int(slurm(["sbatch", "--parsable", "-o", "/dev/null", "-D", "/tmp", "-p", "a100", "-N1", gres,
                               comment, "--wrap", "sleep 300"]).strip().split(";")[0]))
     untyped, typed, third = ids[-3:]
+    ids.append(int(slurm(["sbatch", "--parsable", "-o", "/dev/null", "-H", "-p", "a100,h100", "--gpus=1",
+                          "--wrap", "true"]).strip().split(";")[0]))
     backend = SlurmCliBackend(run=slurm, read_site_factors=False, read_limits=False)
     jobs = {j.job_id: j for j in backend.snapshot().jobs}
     assert jobs[typed].gpu_request.gpu_type == "a100" and jobs[untyped].opted_in
+    assert jobs[ids[-1]].partition == "a100,h100"
+    if not _skip_reason(dict(mixed_env)):  # pyslurm reads a job pending in two partitions alike
+        view, _ = in_child(mixed_env, "snapshot")
+        assert {j.job_id: j.partition for j in view.jobs} == {j.job_id: j.partition for j in jobs.values()}
     grow = ExecConfig(tp=1, pp=1, dp=4, micro_batch_size=1, num_micro_batches=16, num_nodes=1, gpus_per_node=4)
     out = backend.apply_many([(Decision(untyped, partition="h100", config=grow), jobs[untyped]),
                               (Decision(typed, partition="h100"), jobs[typed])])

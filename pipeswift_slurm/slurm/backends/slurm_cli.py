@@ -317,11 +317,8 @@ class SlurmCliBackend:
             if self._feed is None or decision.requeue or decision.hold is not None or not job.opted_in:
                 results[i] = self._apply_one(decision, job)
                 continue
-            if (decision.config is not None or decision.partition is not None) and not job.pending:
-                results[i] = JobGone("job %d is %s, not PENDING: not %s"
-                                     % (job.job_id, job.state, "resized" if decision.config else "moved"))
-                continue
             try:
+                applicable(decision, job)  # (opted in: raises JobGone for a job no longer PENDING)
                 check_move(decision, job, self._gres_types)
                 argv = update_argv(decision, job, now)
             except BackendError as exc:
