@@ -3,7 +3,7 @@ partitions' nodes report a typed GPU GRES (``gpu:h100:4``) that is not the GPU t
 ``[slurm.partition_gpu_types]`` gives them (``gres_mismatches``: such a partition is left
 unplanned, since its jobs would be planned for the wrong hardware), and the one GRES type
 to ask for in each partition (``partition_gres_types``: a typed job moved there asks for
-that type). Pure: reads a ClusterView, runs nothing. Imports only the core.
+that type). Pure: reads a ClusterView, runs nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Union
 
 from pipeswift_slurm.core.model import ClusterView, Node
+from pipeswift_slurm.policy.partitions import partition_gres_types  # noqa: F401 (the backends read it here)
 
 PartitionGpuTypes = Union[Mapping[str, str], Iterable[tuple[str, str]]]
 
@@ -57,15 +58,3 @@ def gres_mismatches(view: ClusterView, partition_gpu_types: PartitionGpuTypes) -
                                 "GPU type %s ([slurm.partition_gpu_types]); not planned"
                                 % (partition, bad.name, bad.gpu_type, gpu_type))
     return found
-
-
-def partition_gres_types(nodes: Iterable[Node]) -> dict[str, str]:
-    """Map from partition name to the GRES type its nodes report, for the partitions whose
-    typed GPU nodes all report one type (a partition with none, or with several, is left
-    out: a typed request cannot be moved there by type)."""
-    types: dict[str, set[str]] = {}
-    for node in nodes:
-        if node.gpu_type:
-            for partition in node.partitions:
-                types.setdefault(partition, set()).add(node.gpu_type)
-    return {partition: next(iter(names)) for partition, names in types.items() if len(names) == 1}
