@@ -25,7 +25,7 @@ class EstimatorProtocol(Protocol):
     """What a policy asks of an estimator (``Estimator`` is the one implementation; tests
     and benches may pass others): predicted run times, and the config to run per GPU count
     (``best``: the planner's ``choose``, the fastest unless the user's layout is within
-    the error band)."""
+    the error band), and the GPU counts a policy may choose (``option``: ``Planner.offer``)."""
 
     def startup_s(self, profile: JobProfile) -> float: ...
 
@@ -34,6 +34,8 @@ class EstimatorProtocol(Protocol):
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]: ...
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
+
+    def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
 
 
 class Estimator:
@@ -101,6 +103,11 @@ class Estimator:
         run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class, est.config) \
             * profile.run_time_factor
         return est.config, run_s
+
+    def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
+        """``best_run_time_s`` on a GPU count a policy may choose for the job, None on one
+        that enters only through a layout change the band does not back (``Planner.offer``)."""
+        return self.best_run_time_s(profile, gpus) if self.planner.offer(profile, gpus) is not None else None
 
 
 def estimator_from_env(env: Mapping[str, str], gpus_per_node: int) -> Estimator:
