@@ -62,3 +62,25 @@ def test_resized_jobs_jct_against_the_base_run() -> None:
     assert got is not None and got["jobs"] == 1 and got["slower_beyond_tolerance"] == 1  # b was not resized
     assert got["worst_ratio"] == 1.5 and got["worst_job_id"] == 1
     assert resized_jct(records, {}) is None
+
+
+def test_simulate_json_carries_the_measure_per_policy() -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from pipeswift_slurm.cli.main import pipeswift
+
+    args = ["simulate", "--gpus", "16", "--jobs", "40", "--seed", "1", "--truth-user-favour", "1.15",
+            "--truth-shape-noise", "0.15", "--policy", "slurm,pipeswift", "--json", "-"]
+    result = CliRunner().invoke(pipeswift, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    slurm, ps = json.loads(result.stdout)["policies"]
+    assert slurm["do_no_harm"]["same_gpus"]["jobs"] == slurm["do_no_harm"]["other_gpus"]["jobs"] == 0
+    assert slurm["do_no_harm"]["resized_jct_vs_slurm"]["jobs"] == 0
+    harm = ps["do_no_harm"]
+    # every job in another layout is compared, or counted as having no user's layout at or below its count
+    assert harm["same_gpus"]["jobs"] + harm["other_gpus"]["jobs"] + harm["other_gpus"]["no_user_layout"] \
+        == ps["relayout_jobs"] > 0
+    assert harm["resized_jct_vs_slurm"]["jobs"] == ps["reconfigured_jobs"] > 0
+    assert harm["tolerance_rel"] == TOLERANCE_REL
