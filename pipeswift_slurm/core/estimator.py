@@ -101,18 +101,20 @@ class Estimator:
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
         """(config, predicted run time) of the config to run on ``gpus`` GPUs (``best``)."""
-        est = self.planner.choose(profile, gpus)
+        return self._with_run_time_s(profile, self.planner.choose(profile, gpus))
+
+    def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
+        """``best_run_time_s`` on a GPU count a policy may choose for the job, None on one
+        that enters only through a layout change the band does not back (``Planner.offer``)."""
+        return self._with_run_time_s(profile, self.planner.offer(profile, gpus))
+
+    def _with_run_time_s(self, profile: JobProfile, est: Optional[Estimate]) -> Optional[tuple[ExecConfig, float]]:
         if est is None:
             return None
         iters = profile.plan.iterations
         run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class, est.config) \
             * profile.run_time_factor
         return est.config, run_s
-
-    def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
-        """``best_run_time_s`` on a GPU count a policy may choose for the job, None on one
-        that enters only through a layout change the band does not back (``Planner.offer``)."""
-        return self.best_run_time_s(profile, gpus) if self.planner.offer(profile, gpus) is not None else None
 
 
 def estimator_from_env(env: Mapping[str, str], gpus_per_node: int) -> Estimator:

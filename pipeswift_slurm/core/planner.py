@@ -129,14 +129,15 @@ class Planner:
         (``user_layout_at_most``, fewer GPUs) by more than the band (:func:`keep_user_layout`),
         else that smaller count serves the job with fewer GPUs and no bet. A count with no
         user's layout at or below it (a shrink below the user's smallest) is offered as is."""
-        chosen = self.choose(profile, gpus)
-        if chosen is None or not self.do_no_harm or user_layout_at(profile, gpus, self.gpus_per_node) is not None:
-            return chosen
+        if not self.do_no_harm:
+            return self.best(profile, gpus)
         user = profile.requested
         key = (self._key(profile), user.micro_batch_size, user.vp, gpus, "offer")
         if key not in self._chosen:
-            mine = user_layout_at_most(profile, gpus, self.gpus_per_node)
-            kept = chosen if mine is None else keep_user_layout(self.cost.estimate(profile, mine), chosen)
+            chosen = self.choose(profile, gpus)
+            mine = user_layout_at_most(profile, gpus, self.gpus_per_node) if chosen is not None else None
+            kept = chosen if mine is None or mine.gpus == gpus else \
+                keep_user_layout(self.cost.estimate(profile, mine), chosen)
             self._chosen[key] = chosen if kept is chosen else None
         return self._chosen[key]
 
