@@ -17,8 +17,13 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate, per_profile
-from pipeswift_slurm.core.megatron_rules import (Problem, check_config, enumerate_configs, user_layout_at,
-                                                 user_layout_at_most)
+from pipeswift_slurm.core.megatron_rules import (
+    Problem,
+    check_config,
+    enumerate_configs,
+    user_layout_at,
+    user_layout_at_most,
+)
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 
