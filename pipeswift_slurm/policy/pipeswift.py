@@ -224,12 +224,11 @@ class PipeSwiftPolicy:
         reserve = self.knobs.expand_reserve_fraction * self._total
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
         never: Optional[Option] = None  # a count the lane never has room for
-        not_now: dict[int, str] = {}  # GPU count -> why it does not start now though free
         for opt in options:
             long_job = opt.run_s > self.knobs.short_lane_max_s
             lane_full = long_job and not starving and self._long_busy + opt.gpus > self._long_cap
-            if lane_full and opt.gpus > user_gpus:
-                continue  # a long job grows only while the short-job lane stays free
+            if long_job and not starving and opt.gpus > user_gpus and self._long_busy + opt.gpus > self._grow_cap:
+                continue  # a long job grows only while the short-job lane stays free, short jobs about or not
             if long_job and opt.gpus > user_gpus and self._borrowed + opt.gpus - user_gpus > self._borrow_cap:
                 continue  # GPUs lent for a long run are bounded: the jobs still to come need them
             start = timeline.earliest(opt.gpus, opt.run_s)
@@ -239,16 +238,14 @@ class PipeSwiftPolicy:
                 start = max(start, self._lane_room_s(opt.gpus, now))
                 if start == math.inf and (never is None or opt.gpus < never.gpus):
                     never = opt
-            elif start == now and lane_full:
-                not_now[opt.gpus] = "free now, but long jobs already hold the GPUs they may"
             elif start == now and expands:
-                not_now[opt.gpus] = "free now, but growing to %d would leave less than the expand reserve" % opt.gpus
+                # barred though free now: no plan may wait for it, since resizing the job to a
+                # count that fits now makes Slurm start it at once, the bar ignored
+                continue
             elif start == now and fits_now(free, opt.config) is not None:
                 if best_now is None or opt.run_s < best_now.run_s:
                     best_now = opt
                 continue
-            elif start == now:
-                not_now[opt.gpus] = "free now, but not on enough whole nodes"
             if start > deadline_s and start < math.inf:
                 if late is None or start < late[0]:
                     late = (start, opt)
@@ -286,9 +283,8 @@ class PipeSwiftPolicy:
         if opt.gpus in lane_wait:
             return Plan(opt, start, "held for the short-job lane: wait for %d GPUs (predicted start in %.0f s)"
                         % (opt.gpus, start - now), lane=True)
-        if start - now < 1:
-            why = not_now.get(opt.gpus, "free now, but not on enough whole nodes")
-            return Plan(opt, start, "wait for %d GPUs (%s)" % (opt.gpus, why))
+        if start - now < 1:  # when whole nodes free up is not foreseen: no start now
+            return Plan(opt, None, "wait for %d GPUs (free now, but not on enough whole nodes)" % opt.gpus)
         return Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
 
     def _lane_room_s(self, gpus: int, now: float) -> float:
@@ -335,6 +331,10 @@ class PipeSwiftPolicy:
         short_about = len(self._long_ends) < len(view.running) or \
             any(best_run_s(opts[j.job_id]) <= self.knobs.short_lane_max_s for j in pending)
         self._long_cap = (1.0 - (self.knobs.short_lane_fraction if short_about else 0.0)) * total
+        # growing a long job past its request is never undone before it ends, so the lane
+        # bounds growth whether or not short jobs are about now: those that come during
+        # the run must find the lane free (holding a job at its own size waits for them)
+        self._grow_cap = (1.0 - self.knobs.short_lane_fraction) * total
         self._long_busy = sum(gpus for _, gpus in self._long_ends)
         # GPUs beyond their request that running jobs hold for long (a decision of an
         # earlier tick: today's policy never gives them back), against the lending cap

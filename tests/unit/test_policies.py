@@ -432,6 +432,60 @@ def test_pipeswift_short_lane_releases_when_long_jobs_end() -> None:
     assert released.hold is False and released.reason == "start now on 8 GPUs", released
 
 
+def _long_jobs_fill_all_but_one_node(pending_p: Any, running_hours: float) -> tuple[ClusterView, dict[int, Any]]:
+    """4 nodes x 8 GPUs: jobs 1-3 (8 GPUs each, ``running_hours``) run on nodes 1-3; job 4
+    (``pending_p``) waits since a minute; node 4's 8 GPUs are free."""
+    _, running = _profile(8, running_hours, 8)
+    return _view(4, 8, [(1, "RUNNING", 8, 0.0, running), (2, "RUNNING", 8, 0.0, running),
+                        (3, "RUNNING", 8, 0.0, running), (4, "PENDING", 4, 60.0, pending_p)],
+                 now=120.0, busy={0: 8, 1: 8, 2: 8})
+
+
+def test_pipeswift_never_resizes_a_job_to_a_count_it_bars_though_free() -> None:
+    """Issue 24, small jobs: job 4 (20 h on 4 GPUs, allows 4-8) could grow to 8 into the 8
+    free GPUs, but that leaves less than the expand reserve (10 % of 32). BUG (found on the
+    dev set, 103959 day 84): the plan then was "wait for 8 GPUs (free now, but ...)" with
+    a resize to 8, and Slurm started it at once on 8 (they fit): the bar was ignored, and
+    with the next grown job long jobs held all 32 GPUs for a day while 1-minute jobs
+    queued. A barred count is no plan: it starts now on 4; without the reserve, on 8."""
+    _, grows = _profile(4, 20.0, 8, gpu_range=(4, 8))
+    view, profiles = _long_jobs_fill_all_but_one_node(grows, 1.0)
+    est = Estimator(COST, 8)
+
+    def job4(**knobs: Any) -> Decision:
+        return next(d for d in get_policy("pipeswift", **knobs).decide(view, profiles, est) if d.job_id == 4)
+
+    kept = job4()
+    assert kept.reason == "start now on 4 GPUs" and kept.predicted_start_s == view.now, kept
+    assert kept.config is None or kept.config.gpus == 4, kept
+    grown = job4(expand_reserve_fraction=0.0)
+    assert grown.reason == "start now on 8 GPUs" and grown.config is not None and grown.config.gpus == 8, grown
+
+
+@pytest.mark.parametrize("short_about", [False, True])
+def test_pipeswift_never_grows_a_long_job_into_the_short_job_lane(short_about: bool) -> None:
+    """Issue 24, small jobs: long jobs hold 24 of 32 GPUs; job 4 (24 h on 4, allows 4-8)
+    would end sooner on 8, but long jobs would then hold all 32 for a day. Growing a long
+    job is never undone before it ends, so the lane (1/8 of the GPUs, 4 here) bounds growth
+    whether or not a short job is about at this moment (before, with none about, it grew
+    to 8 and the 1-minute jobs that came next waited for hours: 103959 day 84, 2869ce day
+    21). It starts now on its own 4 GPUs. (The expand reserve is off here, to show the
+    lane alone.)"""
+    _, grows = _profile(4, 24.0, 8, gpu_range=(4, 8))
+    view, profiles = _long_jobs_fill_all_but_one_node(grows, 30.0)
+    if short_about:  # a 1-GPU, 10-minute job waits too
+        _, short = _profile(1, 1 / 6, 8)
+        view = replace(view, jobs=view.jobs + (Job(5, "PENDING", 100.0, gpus=1, opted_in=True),))
+        profiles = {**profiles, 5: short}
+    est = Estimator(COST, 8)
+    decisions = get_policy("pipeswift", expand_reserve_fraction=0.0).decide(view, profiles, est)
+    job4 = next(d for d in decisions if d.job_id == 4)
+    assert job4.reason == "start now on 4 GPUs" and (job4.config is None or job4.config.gpus == 4), job4
+    lane_off = get_policy("pipeswift", expand_reserve_fraction=0.0, short_lane_fraction=0.0)
+    grown = next(d for d in lane_off.decide(view, profiles, est) if d.job_id == 4)
+    assert grown.config is not None and grown.config.gpus == 8, grown
+
+
 def test_pipeswift_never_picks_more_nodes_than_the_cluster_has() -> None:
     """BUG (reported): 3 nodes x 6 GPUs, a 2-GPU job running, a flexible job (8 GPUs as
     2 x 4, allows 4..18) pending. pipeswift decides "wait for 16 GPUs (predicted start in
