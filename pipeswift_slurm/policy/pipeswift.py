@@ -45,13 +45,17 @@ past their own share of the wait bound.
 Lending (``borrow_share``): a job predicted to run longer than ``short_lane_max_s`` gets
 more GPUs than it asked for only while the GPUs lent to such long runs (running ones
 included) stay within that share of the cluster: nothing gives them back before the job
-ends. Short-job lane (``short_lane_fraction`` > 0), kept while short jobs are about (one
-runs or waits; otherwise it would only leave GPUs idle): jobs predicted to run longer than
-``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs; a long job that would
-exceed it is held (Slurm's hold, marked in the decision token; its decision says so) until
-long jobs have ended enough for it to fit, so short jobs always find GPUs (a long job
-bigger than that share is held until it starves); jobs past the starvation threshold are
-never held.
+ends. Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer than
+``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs. A long job never grows
+into the lane; one that would enter it at its own size is held (Slurm's hold, marked in
+the decision token; its decision says so) until long jobs have ended enough for it to fit,
+while short jobs are about (one runs or waits) or GPUs are lent to long runs (what was
+lent is what Slurm would have left to the short jobs to come); with neither, long jobs fill
+the cluster as Slurm would, and a hold would only leave GPUs idle. With ``preempt`` a loan
+is not for good, and the lane is kept only while short jobs are about. A long job bigger
+than that share is held until it starves; jobs past the starvation threshold are never
+held. A GPU count that is free now but barred by the expand reserve is never
+planned as a wait: the job resized to it would fit, and Slurm would start it at once.
 Mixed clusters (``move_partitions``, on by default): a job that allows several partitions
 is moved to the one where it is predicted to finish first (``policy/partitions.py``).
 Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chosen);
@@ -228,7 +232,7 @@ class PipeSwiftPolicy:
             long_job = opt.run_s > self.knobs.short_lane_max_s
             lane_full = long_job and not starving and self._long_busy + opt.gpus > self._long_cap
             if long_job and not starving and opt.gpus > user_gpus and self._long_busy + opt.gpus > self._grow_cap:
-                continue  # a long job grows only while the short-job lane stays free, short jobs about or not
+                continue  # a long job grows only while the short-job lane stays free
             if long_job and opt.gpus > user_gpus and self._borrowed + opt.gpus - user_gpus > self._borrow_cap:
                 continue  # GPUs lent for a long run are bounded: the jobs still to come need them
             start = timeline.earliest(opt.gpus, opt.run_s)
@@ -326,21 +330,28 @@ class PipeSwiftPolicy:
         self._long_ends = sorted((ends[r.job_id], r.gpus) for r in view.running
                                  if ends[r.job_id] - (now if r.start_time is None else r.start_time)
                                  > self.knobs.short_lane_max_s)
-        # the lane and the lending cap hold while short jobs are about (one runs or waits):
-        # where none come, they would only leave GPUs idle
+        # the lending cap holds while short jobs are about (one runs or waits): where none
+        # come, it would only leave GPUs idle
         short_about = len(self._long_ends) < len(view.running) or \
             any(best_run_s(opts[j.job_id]) <= self.knobs.short_lane_max_s for j in pending)
-        self._long_cap = (1.0 - (self.knobs.short_lane_fraction if short_about else 0.0)) * total
-        # growing a long job past its request is never undone before it ends, so the lane
-        # bounds growth whether or not short jobs are about now: those that come during
-        # the run must find the lane free (holding a job at its own size waits for them)
-        self._grow_cap = (1.0 - self.knobs.short_lane_fraction) * total
         self._long_busy = sum(gpus for _, gpus in self._long_ends)
         # GPUs beyond their request that running jobs hold for long (a decision of an
         # earlier tick: today's policy never gives them back), against the lending cap
         self._borrow_cap = (self.knobs.borrow_share if short_about else 1.0) * total
         self._borrowed = sum(max(0, r.gpus - profiles[r.job_id].requested.gpus) for r in view.running
                              if r.job_id in profiles and ends[r.job_id] - now > self.knobs.short_lane_max_s)
+        # Growing a long job is never undone before it ends, so it never takes the lane,
+        # short jobs about or not. The lane also holds long jobs at their own size while
+        # short jobs are about or GPUs are lent to long runs: what was lent is what Slurm
+        # would have left to the short jobs still to come (issue 24: 1-minute jobs waited
+        # 8-23 h behind long jobs grown while none was about). With neither, long jobs fill
+        # the cluster as Slurm would fill it, and holding them would only leave GPUs idle.
+        # (With ``preempt`` a loan is not for good: a long job that holds short jobs up is
+        # requeued, so the lane stays as it was, kept only while short jobs are about.)
+        for_good = not self.knobs.preempt
+        lane_on = short_about or (for_good and self._borrowed > 0)
+        self._long_cap = (1.0 - (self.knobs.short_lane_fraction if lane_on else 0.0)) * total
+        self._grow_cap = (1.0 - self.knobs.short_lane_fraction) * total if for_good else self._long_cap
         plans: dict[int, Plan] = {}
         for job in ordered[:self.knobs.plan_depth]:
             plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,

@@ -486,6 +486,33 @@ def test_pipeswift_never_grows_a_long_job_into_the_short_job_lane(short_about: b
     assert grown.config is not None and grown.config.gpus == 8, grown
 
 
+@pytest.mark.parametrize("lent", [True, False])
+def test_pipeswift_keeps_the_lane_while_gpus_are_lent_to_long_runs(lent: bool) -> None:
+    """Issue 24, small jobs (103959 day 84): 4 nodes x 8 GPUs, no short job about. Jobs 1-3
+    run 24 h on 8 GPUs each, job 5 on 4; a long rigid job 4 (24 h on 4) would fill the
+    last 4 GPUs. When jobs 1-3 asked for 4 and were grown to 8 (12 GPUs lent), those are
+    the GPUs Slurm would have left to the short jobs still to come: the lane holds job 4
+    (1/8 of the GPUs stays for them). When they asked for 8 themselves, Slurm would fill
+    the cluster the same way: job 4 starts now. With ``preempt`` a loan is not for good
+    (a long job can be requeued for waiting jobs): it starts now as well."""
+    _, grown = _profile(4 if lent else 8, 24.0, 8)
+    _, own = _profile(4, 24.0, 8)
+    view, profiles = _view(4, 8, [(1, "RUNNING", 8, 0.0, grown), (2, "RUNNING", 8, 0.0, grown),
+                                  (3, "RUNNING", 8, 0.0, grown), (5, "RUNNING", 4, 0.0, own),
+                                  (4, "PENDING", 4, 60.0, own)], now=120.0, busy={0: 8, 1: 8, 2: 8, 3: 4})
+    est = Estimator(COST, 8)
+
+    def job4(**knobs: Any) -> Decision:
+        return next(d for d in get_policy("pipeswift", **knobs).decide(view, profiles, est) if d.job_id == 4)
+
+    decision = job4()
+    if lent:
+        assert decision.hold is True and decision.reason.startswith("held for the short-job lane"), decision
+    else:
+        assert decision.hold is None and decision.reason == "start now on 4 GPUs", decision
+    assert job4(preempt=True).reason == "start now on 4 GPUs"
+
+
 def test_pipeswift_never_picks_more_nodes_than_the_cluster_has() -> None:
     """BUG (reported): 3 nodes x 6 GPUs, a 2-GPU job running, a flexible job (8 GPUs as
     2 x 4, allows 4..18) pending. pipeswift decides "wait for 16 GPUs (predicted start in
