@@ -21,6 +21,8 @@ from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.layer_profile import LayerProfileMismatch, layer_profile_mismatch, layer_profile_refusal
 from pipeswift_slurm.core.megatron_rules import profile_stage_layers
 from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
+from pipeswift_slurm.core.overheads import (data_parallel_s, elementwise_fwd_values, ring_allreduce_s,
+                                            tp_backward_exposed_s, tp_exposed_s)
 
 V = TypeVar("V")
 
@@ -57,13 +59,6 @@ def attention_core_fwd_flops(shape: ModelShape, micro_batch_size: int) -> float:
     """Forward FLOPs of QK^T and attention-times-V (causal): what selective recompute redoes."""
     q = shape.kv_channels * shape.num_attention_heads
     return 2 * micro_batch_size * shape.seq_length * q * shape.seq_length
-
-
-def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_gbps: float, latency_s: float) -> float:
-    """Ring all-reduce: each rank sends and receives 2*(n-1)/n of the buffer, in 2*(n-1) steps."""
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (ranks - 1) / ranks * nbytes / (bandwidth_gbps * 1e9) + 2 * (ranks - 1) * latency_s
 
 
 def _layers(profile: JobProfile, cfg: ExecConfig) -> list[int]:
@@ -151,15 +146,19 @@ class CostModel:
         return 4 if precision == "fp32" else 2
 
     def layer_times_s(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, float]:
-        """(forward, backward) seconds of one layer and one micro-batch on one GPU.
+        """(forward, backward) seconds of one layer and one micro-batch on one GPU, term by term:
 
-        compute = FLOPs / (tp*cp) / (peak * efficiency(work)); backward = 2x forward
-        compute plus recompute (full: one more forward; selective: the attention core)
-        [K22]; tensor parallelism adds 2 all-reduces of b*s*h values per layer in each
-        direction (sequence parallelism: reduce-scatter + all-gather, same volume) [N21].
+        GEMMs and attention: FLOPs / (tp*cp) / (peak * efficiency(work)); backward = 2x
+        forward plus recompute (full: one more forward; selective: the attention core) [K22];
+        elementwise: ``overheads.elementwise_fwd_values`` at HBM bandwidth, twice that
+        backward (a measured layer profile already holds it); tensor parallelism: 2
+        all-reduces of b*s*h values per layer in each direction (sequence parallelism:
+        reduce-scatter + all-gather, same volume) [N21], of which ``--tp-comm-overlap`` hides
+        all but ``overheads.tp_exposed_s`` and the backward pass without it hides what
+        ``overheads.tp_backward_exposed_s`` says.
         """
         key = (profile.shape, profile.plan.precision, profile.plan.recompute_granularity,
-               cfg.tp, cfg.cp, cfg.micro_batch_size)
+               profile.plan.tp_comm_overlap, profile.plan.sequence_parallel, cfg.tp, cfg.cp, cfg.micro_batch_size)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
@@ -168,15 +167,21 @@ class CostModel:
         peak = gpu.fp32_tflops if plan.precision == "fp32" else gpu.peak_tflops
         rate = peak * 1e12 * gpu.efficiency(fwd_flops / 1e9)
         measured = self._measured_fwd_s(profile, cfg)
+        value_bytes = self._bytes_per_value(plan.precision)
+        elementwise = elementwise_fwd_values(shape, cfg, plan.sequence_parallel and cfg.tp > 1) * value_bytes \
+            / (gpu.hbm_gbps * 1e9)
         if measured is not None:  # a profiling run of this very layer beats the table
-            rate = fwd_flops / measured
+            rate, elementwise = fwd_flops / measured, 0.0
         fwd = fwd_flops / rate
-        recompute = {"full": fwd, "selective": attention_core_fwd_flops(
+        recompute = {"full": fwd + elementwise, "selective": attention_core_fwd_flops(
             shape, cfg.micro_batch_size) / (cfg.tp * cfg.cp) / rate}.get(plan.recompute_granularity or "", 0.0)
-        act_bytes = (cfg.micro_batch_size * shape.seq_length // cfg.cp * shape.hidden_size
-                     * self._bytes_per_value(plan.precision))
+        act_bytes = cfg.micro_batch_size * shape.seq_length // cfg.cp * shape.hidden_size * value_bytes
         tp_comm = 2 * ring_allreduce_s(act_bytes, cfg.tp, gpu.nvlink_gbps, gpu.latency_s)
-        result = (fwd + tp_comm, 2 * fwd + recompute + tp_comm)
+        if plan.tp_comm_overlap:
+            tp_fwd = tp_bwd = tp_exposed_s(tp_comm, cfg.tp, fwd)
+        else:
+            tp_fwd, tp_bwd = tp_comm, tp_backward_exposed_s(tp_comm, fwd)
+        result = (fwd + elementwise + tp_fwd, 2 * (fwd + elementwise) + recompute + tp_bwd)
         self._layer_cache[key] = result
         return result
 
@@ -264,21 +269,15 @@ class CostModel:
         return max(layers[0] * ppl + embed, layers[-1] * ppl + embed, max(layers) * ppl) / cfg.tp
 
     def dp_allreduce_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
-        """Gradient reduction across data-parallel replicas (not overlapped with backward,
-        Megatron's default): ring all-reduce of fp32 main grads (2 bytes with fp16); with
-        the distributed optimizer, reduce-scatter of grads + all-gather of 16-bit params,
-        i.e. (d-1)/d * (4 + 2) bytes/param. Replicas share a node when tp*cp*dp <= GPUs
-        per node, else the ring crosses the network."""
+        """Exposed gradient reduction across data-parallel replicas (``overheads.data_parallel_s``:
+        volume, the group's bandwidth, and what the overlap flags hide behind the backward
+        (forward) pass of one micro-batch on the rank's layers)."""
         if cfg.dp <= 1:
             return 0.0
-        params = self.params_per_gpu(profile, cfg)
-        grad_bytes = 2 if profile.plan.precision == "fp16" else 4
-        inside = cfg.tp * cfg.cp * cfg.dp <= max(cfg.gpus_per_node, 1)
-        bw = self.gpu.nvlink_gbps if inside else self.gpu.inter_node_gbps
-        if profile.plan.use_distributed_optimizer:
-            nbytes = (cfg.dp - 1) / cfg.dp * params * (grad_bytes + 2)
-            return nbytes / (bw * 1e9) + 2 * (cfg.dp - 1) * self.gpu.latency_s
-        return ring_allreduce_s(params * grad_bytes, cfg.dp, bw, self.gpu.latency_s)
+        fwd, bwd = self.layer_times_s(profile, cfg)
+        layers = max(_layers(profile, cfg))
+        return data_parallel_s(self.gpu, profile.plan, cfg, self.params_per_gpu(profile, cfg),
+                               (layers * fwd, layers * bwd))
 
     def optimizer_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
         """Adam step, memory bound: ~32 bytes moved per parameter (fp32 master, grad, m, v
@@ -352,7 +351,8 @@ class CostModel:
         return self._estimates.setdefault((profile.shape, plan.global_batch_size, plan.precision,
                                            plan.recompute_granularity, plan.sequence_parallel,
                                            plan.use_distributed_optimizer, plan.embedding_in_pipeline_split,
-                                           plan.loss_in_pipeline_split), {})
+                                           plan.loss_in_pipeline_split, plan.overlap_grad_reduce,
+                                           plan.overlap_param_gather, plan.tp_comm_overlap), {})
 
     def estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         """Iteration time = pipeline + data-parallel reduction + optimizer step; memory;
