@@ -35,6 +35,8 @@ class EstimatorProtocol(Protocol):
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
 
+    def best_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]: ...
+
 
 class Estimator:
     """Predicted run times of jobs in given configs, and best configs per GPU count.
@@ -97,10 +99,19 @@ class Estimator:
         est = self.planner.choose(profile, gpus)
         if est is None:
             return None
-        iters = profile.plan.iterations
-        run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class, est.config) \
+        return est.config, self._run_s(profile, est, self.cost.startup_s(profile))
+
+    def best_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]:
+        """(GPU count, config, predicted run time) of ``best_run_time_s`` for every count
+        from ``lo`` to ``hi`` that has a valid config, ascending: one search per shape and
+        range (``Planner.choices``), shared by all the jobs of that shape."""
+        startup_s = self.cost.startup_s(profile)
+        return [(gpus, est.config, self._run_s(profile, est, startup_s))
+                for gpus, est in self.planner.choices(profile, lo, hi)]
+
+    def _run_s(self, profile: JobProfile, est: Estimate, startup_s: float) -> float:
+        return (startup_s + profile.plan.iterations * est.iter_time_s) * self.bias(profile.job_class, est.config) \
             * profile.run_time_factor
-        return est.config, run_s
 
 
 def estimator_from_env(env: Mapping[str, str], gpus_per_node: int) -> Estimator:

@@ -81,13 +81,16 @@ class Planner:
         self.vary_tp = vary_tp
         self.max_vp = max_vp
         self.do_no_harm = do_no_harm
-        self._ranked: dict[tuple[object, ...], list[Estimate]] = {}
-        self._chosen: dict[tuple[object, ...], Optional[Estimate]] = {}
-        self._keys: dict[int, tuple[JobProfile, tuple[object, ...]]] = {}
+        self._ranked: dict[tuple[int, int], list[Estimate]] = {}
+        self._chosen: dict[tuple[int, int, int, int], Optional[Estimate]] = {}
+        self._choices: dict[tuple[int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
+        self._key_ids: dict[tuple[object, ...], int] = {}
+        self._keys: dict[int, tuple[JobProfile, int]] = {}
 
-    def _key(self, profile: JobProfile) -> tuple[object, ...]:
-        """The plan key, memoised per profile object."""
-        return per_profile(self._keys, profile, _plan_key)
+    def _key(self, profile: JobProfile) -> int:
+        """The plan key as a small number (equal keys, equal numbers), memoised per profile
+        object: hashing the key's nested dataclasses on every call would be slow."""
+        return per_profile(self._keys, profile, lambda p: self._key_ids.setdefault(_plan_key(p), len(self._key_ids)))
 
     def ranked(self, profile: JobProfile, gpus: int) -> list[Estimate]:
         """Valid configs on exactly ``gpus`` GPUs that fit in memory, fastest first."""
@@ -117,6 +120,18 @@ class Planner:
             mine = user_layout_at(profile, gpus, self.gpus_per_node)
             self._chosen[key] = keep_user_layout(None if mine is None else self.cost.estimate(profile, mine), best)
         return self._chosen[key]
+
+    def choices(self, profile: JobProfile, lo: int, hi: int) -> tuple[tuple[int, Estimate], ...]:
+        """(GPU count, ``choose``) for every count from ``lo`` to ``hi`` that has a valid
+        config, ascending; memoised per plan key and range, so the jobs of one shape and
+        range share one search and one tuple."""
+        user = profile.requested
+        key = (self._key(profile), user.micro_batch_size, user.vp, lo, hi)
+        hit = self._choices.get(key)
+        if hit is None:
+            found = ((gpus, self.choose(profile, gpus)) for gpus in range(lo, hi + 1))
+            hit = self._choices[key] = tuple((gpus, est) for gpus, est in found if est is not None)
+        return hit
 
     def _estimates(self, profile: JobProfile, gpus: int) -> list[Estimate]:
         lo, hi = profile.gpu_range

@@ -36,15 +36,12 @@ def job_options(profile: JobProfile, estimator: EstimatorProtocol, max_gpus: int
     cluster can hold (<= max_gpus GPUs on <= max_nodes nodes); with ``iterations``, the
     run time of that many iterations (what a requeued job has left) in that config."""
     lo, hi = profile.gpu_range
-    out = []
-    for gpus in range(lo, min(hi, max_gpus) + 1):
-        best = estimator.best_run_time_s(profile, gpus)
-        if best is not None and best[0].num_nodes <= max_nodes:
-            if iterations is None:
-                out.append(Option(gpus, best[0], best[1]))
-            else:
-                out.append(Option(gpus, best[0], float(estimator.run_time_s(profile, best[0], iterations)), best[1]))
-    return tuple(out)
+    best = [(gpus, config, run_s) for gpus, config, run_s in estimator.best_run_times_s(profile, lo, min(hi, max_gpus))
+            if config.num_nodes <= max_nodes]
+    if iterations is None:
+        return tuple(Option(gpus, config, run_s) for gpus, config, run_s in best)
+    return tuple(Option(gpus, config, float(estimator.run_time_s(profile, config, iterations)), run_s)
+                 for gpus, config, run_s in best)
 
 
 def best_run_s(options: Sequence[Option]) -> float:
