@@ -14,15 +14,14 @@ Must not import SQLAlchemy, Slurm or torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 from pipeswift_slurm.core.error_band import ErrorBand, band_for, unmeasured_band
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.layer_profile import LayerProfileMismatch, layer_profile_mismatch, layer_profile_refusal
 from pipeswift_slurm.core.megatron_rules import profile_stage_layers
+from pipeswift_slurm.core.memo import per_profile
 from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
-
-V = TypeVar("V")
 
 GIB = 1024 ** 3
 
@@ -98,15 +97,14 @@ class Estimate:
     band: ErrorBand = field(default_factory=unmeasured_band)
 
 
-def per_profile(memo: dict[int, tuple[JobProfile, V]], profile: JobProfile,
-                make: Callable[[JobProfile], V]) -> V:
-    """``make(profile)``, worked out once per profile object: ``memo`` is keyed by its id and
-    keeps the profile, so the id cannot be reused (hashing nested dataclasses on every
-    call is slow)."""
-    hit = memo.get(id(profile))
-    if hit is None or hit[0] is not profile:
-        hit = memo[id(profile)] = (profile, make(profile))
-    return hit[1]
+class _Memo:
+    """Per shape and training settings: estimates and peak memory (GiB) per config, and
+    the max and sum of the stage times per layout."""
+
+    def __init__(self) -> None:
+        self.estimates: dict[ExecConfig, Estimate] = {}
+        self.mem_gib: dict[ExecConfig, float] = {}
+        self.stages: dict[tuple[object, ...], tuple[float, float]] = {}
 
 
 class CostModel:
@@ -135,8 +133,8 @@ class CostModel:
         self.layer_profile = layer_profile
         self._layer_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._params_cache: dict[tuple[object, ...], float] = {}
-        self._estimates: dict[tuple[object, ...], dict[ExecConfig, Estimate]] = {}
-        self._memo_by_profile: dict[int, tuple[JobProfile, dict[ExecConfig, Estimate]]] = {}
+        self._estimates: dict[tuple[object, ...], _Memo] = {}
+        self._memo_by_profile: dict[int, tuple[JobProfile, _Memo]] = {}
 
     def check_layer_profile(self, job: JobProfile) -> None:
         """Raise LayerProfileMismatch unless the layer profile (if any) measured ``job``'s
@@ -236,11 +234,22 @@ class CostModel:
         (M + (P-1)/v) * t, i.e. bubble share (P-1)/(v*M + P-1). GPipe and 1F1B take the
         same time; they differ in memory.
         """
-        times = self.stage_times_s(profile, cfg)
-        t_max = max(times)
+        t_max, t_sum = self._stage_max_sum_s(profile, cfg)
         m = cfg.num_micro_batches
-        total = m * t_max + (sum(times) - t_max) / cfg.vp
+        total = m * t_max + (t_sum - t_max) / cfg.vp
         return total, 1.0 - m * t_max / total
+
+    def _stage_max_sum_s(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, float]:
+        """max and sum of ``stage_times_s``, memoised per layout: they do not depend on the
+        data-parallel size or the number of micro-batches (what GPU counts change)."""
+        memo = self._memo_of(profile).stages
+        key = (cfg.tp, cfg.cp, cfg.pp, cfg.vp, cfg.micro_batch_size, cfg.num_nodes == 1,
+               cfg.decoder_first_pipeline_num_layers, cfg.decoder_last_pipeline_num_layers)
+        hit = memo.get(key)
+        if hit is None:
+            times = self.stage_times_s(profile, cfg)
+            hit = memo[key] = (max(times), sum(times))
+        return hit
 
     def params_per_gpu(self, profile: JobProfile, cfg: ExecConfig) -> float:
         """Weights on the most loaded rank: its layers' weights plus the input embedding
@@ -342,32 +351,40 @@ class CostModel:
         return (static + peak) / GIB + self.gpu.reserved_gib
 
     # ------------------------------------------------------------------ totals
-    def _estimates_of(self, profile: JobProfile) -> dict[ExecConfig, Estimate]:
-        """The memo of estimates (config -> estimate) for the profile's shape and training
-        settings other than the length: what an estimate reads of a profile."""
+    def _memo_of(self, profile: JobProfile) -> _Memo:
+        """The memo of estimates and peak memory per config for the profile's shape and
+        training settings other than the length: what an estimate reads of a profile."""
         return per_profile(self._memo_by_profile, profile, self._new_memo)
 
-    def _new_memo(self, profile: JobProfile) -> dict[ExecConfig, Estimate]:
+    def _new_memo(self, profile: JobProfile) -> _Memo:
         plan = profile.plan
         return self._estimates.setdefault((profile.shape, plan.global_batch_size, plan.precision,
                                            plan.recompute_granularity, plan.sequence_parallel,
                                            plan.use_distributed_optimizer, plan.embedding_in_pipeline_split,
-                                           plan.loss_in_pipeline_split), {})
+                                           plan.loss_in_pipeline_split), _Memo())
 
     def estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         """Iteration time = pipeline + data-parallel reduction + optimizer step; memory;
         model TFLOP/s per GPU = F / (iteration time * world size)."""
-        memo = self._estimates_of(profile)
+        memo = self._memo_of(profile).estimates
         hit = memo.get(cfg)
         if hit is None:
             hit = memo[cfg] = self._estimate(profile, cfg)
+        return hit
+
+    def _memory_memo_gib(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        """``memory_gib``, memoised: the planner asks ``fits`` and then ``estimate``."""
+        memo = self._memo_of(profile).mem_gib
+        hit = memo.get(cfg)
+        if hit is None:
+            hit = memo[cfg] = self.memory_gib(profile, cfg)
         return hit
 
     def _estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         pipe, bubble = self.pipeline_s(profile, cfg)
         dp_s, opt_s = self.dp_allreduce_s(profile, cfg), self.optimizer_s(profile, cfg)
         iter_s = pipe + dp_s + opt_s
-        mem = self.memory_gib(profile, cfg)
+        mem = self._memory_memo_gib(profile, cfg)
         tflops = flops_per_iteration(profile.shape, profile.plan.global_batch_size) / (iter_s * cfg.world_size) / 1e12
         return Estimate(config=cfg, iter_time_s=iter_s, pipeline_s=pipe, dp_allreduce_s=dp_s,
                         optimizer_s=opt_s, bubble_fraction=bubble, mem_gib=mem, tflops_per_gpu=tflops,
@@ -375,7 +392,7 @@ class CostModel:
 
     def fits(self, profile: JobProfile, cfg: ExecConfig) -> bool:
         """Whether the most loaded rank's peak memory fits in the GPU."""
-        return self.memory_gib(profile, cfg) <= self.gpu.mem_gib
+        return self._memory_memo_gib(profile, cfg) <= self.gpu.mem_gib
 
     def iter_time_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
         return self.estimate(profile, cfg).iter_time_s

@@ -105,8 +105,7 @@ def _split_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
     if cfg.vp > 1:
         if cfg.pp < 2:
             out.append(Problem("--num-virtual-stages-per-pipeline-rank", "interleaving needs pp >= 2"))
-        per_rank = [(shape.num_layers + plan.embedding_in_pipeline_split + plan.loss_in_pipeline_split)
-                    // cfg.pp] if accounted else layers
+        per_rank = _interleaved_layers(profile, cfg.pp, layers)
         if any(n % cfg.vp for n in per_rank):
             out.append(Problem("--num-virtual-stages-per-pipeline-rank",
                                "layers per stage %s not divisible by %d virtual stages" % (per_rank, cfg.vp)))
@@ -114,6 +113,16 @@ def _split_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
             out.append(Problem("--micro-batch-size", "interleaved schedule needs a number of micro-batches"
                                " that is a multiple of pp (M=%d, pp=%d)" % (cfg.num_micro_batches, cfg.pp)))
     return out
+
+
+def _interleaved_layers(profile: JobProfile, pp: int, layers: list[int]) -> list[int]:
+    """The layer counts per rank that interleaving splits into virtual stages (each must be
+    divisible by vp): the ranks' own (``layers``), or with the embedding/loss counted as
+    layers, their common share."""
+    plan = profile.plan
+    if plan.embedding_in_pipeline_split or plan.loss_in_pipeline_split:
+        return [(profile.shape.num_layers + plan.embedding_in_pipeline_split + plan.loss_in_pipeline_split) // pp]
+    return layers
 
 
 def _batch_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
@@ -223,7 +232,12 @@ def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int, *, var
                 base = ExecConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=1, num_micro_batches=1, cp=user.cp,
                                   num_nodes=nodes, gpus_per_node=gpn, decoder_first_pipeline_num_layers=first,
                                   decoder_last_pipeline_num_layers=last)
-                yield from _micro_batch_variants(profile, base, gpus_per_node, max_vp, fits)
+                layers = profile_stage_layers(profile, base)
+                if layers is None:
+                    continue  # check_config refuses every config of this split (_split_problems)
+                vps = [vp for vp in range(1, max_vp + 1)
+                       if vp == 1 or (pp >= 2 and not any(n % vp for n in _interleaved_layers(profile, pp, layers)))]
+                yield from _micro_batch_variants(profile, base, gpus_per_node, vps, fits)
 
 
 def uneven_splits(num_layers: int, pp: int) -> list[tuple[Optional[int], Optional[int]]]:
@@ -263,18 +277,22 @@ def _split_choices(profile: JobProfile, pp: int) -> list[tuple[Optional[int], Op
     return splits
 
 
-def _micro_batch_variants(profile: JobProfile, base: ExecConfig, gpus_per_node: int, max_vp: int,
+def _micro_batch_variants(profile: JobProfile, base: ExecConfig, gpus_per_node: int, vps: list[int],
                           fits: Optional[Callable[[ExecConfig], bool]]) -> Iterator[ExecConfig]:
+    """``base`` at every micro-batch size and each interleaving of ``vps`` (those whose
+    layer split allows them, ascending) that check_config accepts (and ``fits``)."""
     gbs = profile.plan.global_batch_size
-    for mbs in _divisors(gbs // base.dp):
+    tp, pp, dp, cp, nodes, gpn = base.tp, base.pp, base.dp, base.cp, base.num_nodes, base.gpus_per_node
+    first, last = base.decoder_first_pipeline_num_layers, base.decoder_last_pipeline_num_layers
+    for mbs in _divisors(gbs // dp):
         if mbs < profile.min_micro_batch_size or (profile.max_micro_batch_size and mbs > profile.max_micro_batch_size):
             continue
-        m = gbs // (mbs * base.dp)
+        m = gbs // (mbs * dp)
         any_fit = any_valid = False
-        for vp in range(1, max_vp + 1):
-            if vp > 1 and (base.pp < 2 or m % base.pp):
+        for vp in vps:
+            if vp > 1 and (pp < 2 or m % pp):
                 continue  # Megatron's interleaving rule, checked cheaply first
-            cfg = replace(base, micro_batch_size=mbs, num_micro_batches=m, vp=vp)
+            cfg = ExecConfig(tp, pp, dp, mbs, m, cp, vp, nodes, gpn, first, last)
             if check_config(profile, cfg, gpus_per_node):
                 continue
             any_valid = True

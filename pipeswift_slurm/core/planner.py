@@ -15,8 +15,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
-from pipeswift_slurm.core.costmodel import CostModel, Estimate, per_profile
+from pipeswift_slurm.core.costmodel import CostModel, Estimate
 from pipeswift_slurm.core.megatron_rules import Problem, check_config, enumerate_configs, user_layout_at
+from pipeswift_slurm.core.memo import per_profile
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 
@@ -83,6 +84,7 @@ class Planner:
         self.do_no_harm = do_no_harm
         self._ranked: dict[tuple[int, int], list[Estimate]] = {}
         self._chosen: dict[tuple[int, int, int, int], Optional[Estimate]] = {}
+        self._best: dict[tuple[int, int], Optional[Estimate]] = {}
         self._choices: dict[tuple[int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
         self._key_ids: dict[tuple[object, ...], int] = {}
         self._keys: dict[int, tuple[JobProfile, int]] = {}
@@ -103,9 +105,34 @@ class Planner:
         return hit
 
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
-        """The fastest valid config on ``gpus`` GPUs, or None when none is valid."""
-        ranked = self.ranked(profile, gpus)
-        return ranked[0] if ranked else None
+        """The fastest valid config on ``gpus`` GPUs (``ranked``'s first), or None when none
+        is valid. Without the ranking at hand, only the configs whose pipeline time alone
+        (a lower bound of the iteration time) is within the fastest found so far are
+        estimated in full."""
+        key = (self._key(profile), gpus)
+        ranked = self._ranked.get(key)
+        if ranked is not None:
+            return ranked[0] if ranked else None
+        if key not in self._best:
+            self._best[key] = self._search_best(profile, gpus)
+        return self._best[key]
+
+    def _search_best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+        lo, hi = profile.gpu_range
+        if not lo <= gpus <= hi:
+            return None
+        configs = enumerate_configs(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp,
+                                    fits=lambda c: self.cost.fits(profile, c))
+        found: Optional[Estimate] = None
+        for pipeline_s, cfg in sorted(((self.cost.pipeline_s(profile, c)[0], c) for c in configs),
+                                      key=lambda pair: pair[0]):
+            if found is not None and pipeline_s > found.iter_time_s:
+                break  # iteration time >= pipeline time: none of the rest can be faster
+            est = self.cost.estimate(profile, cfg)
+            if found is None or (est.iter_time_s, est.mem_gib, est.config) < (found.iter_time_s, found.mem_gib,
+                                                                              found.config):
+                found = est
+        return found
 
     def choose(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
         """The config to run on ``gpus`` GPUs: the fastest (``best``), unless the user's own
