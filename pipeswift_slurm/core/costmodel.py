@@ -1,5 +1,5 @@
-"""Cost model: FLOPs, iteration time, bubble, memory per GPU and job time of a Megatron
-job in a given ExecConfig on a given GPU type. Pure Python, no I/O.
+"""Cost model: iteration time, bubble, memory per GPU and job time of a Megatron job in a
+given ExecConfig on a given GPU type, from the FLOPs of ``core/flops.py``. Pure Python, no I/O.
 
 Sources (term by term in the docstrings below):
 [N21] Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
@@ -17,52 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pipeswift_slurm.core.error_band import ErrorBand, band_for, unmeasured_band
+from pipeswift_slurm.core.flops import (attention_core_fwd_flops, flops_per_iteration, layer_fwd_flops,
+                                        ring_allreduce_s)
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.layer_profile import LayerProfileMismatch, layer_profile_mismatch, layer_profile_refusal
 from pipeswift_slurm.core.megatron_rules import profile_stage_layers
 from pipeswift_slurm.core.memo import per_profile
-from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
+from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 GIB = 1024 ** 3
-
-
-def flops_per_iteration(shape: ModelShape, global_batch_size: int) -> float:
-    """Model FLOPs of one iteration (forward + backward, recompute not counted) [MLM]:
-
-    F = B*s*[ L*( 12*h*ffn*(1.5 if swiglu) + 6*(h*(q+k+v) + q*s + q*h) ) + 6*h*V_pad ]
-    with q = kv_channels*heads, k = v = kv_channels*query_groups; the causal attention
-    term q*s is already halved (s/2 * 2 matmuls); 6 = 3 passes (fwd, 2x bwd) * 2 (FMA).
-    """
-    s, h = shape.seq_length, shape.hidden_size
-    q = shape.kv_channels * shape.num_attention_heads
-    kv = shape.kv_channels * shape.num_query_groups
-    mlp = 12 * h * shape.ffn_hidden_size * (1.5 if shape.swiglu else 1.0)
-    attn = 6 * (h * (q + 2 * kv) + q * s + q * h)
-    return global_batch_size * s * (shape.num_layers * (mlp + attn) + 6 * h * shape.padded_vocab_size(1))
-
-
-def layer_fwd_flops(shape: ModelShape, micro_batch_size: int) -> float:
-    """Forward FLOPs of one transformer layer for one micro-batch: one third of the
-    per-layer term of :func:`flops_per_iteration` (backward = 2x forward)."""
-    s, h = shape.seq_length, shape.hidden_size
-    q = shape.kv_channels * shape.num_attention_heads
-    kv = shape.kv_channels * shape.num_query_groups
-    mlp = 4 * h * shape.ffn_hidden_size * (1.5 if shape.swiglu else 1.0)
-    attn = 2 * (h * (q + 2 * kv) + q * s + q * h)
-    return micro_batch_size * s * (mlp + attn)
-
-
-def attention_core_fwd_flops(shape: ModelShape, micro_batch_size: int) -> float:
-    """Forward FLOPs of QK^T and attention-times-V (causal): what selective recompute redoes."""
-    q = shape.kv_channels * shape.num_attention_heads
-    return 2 * micro_batch_size * shape.seq_length * q * shape.seq_length
-
-
-def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_gbps: float, latency_s: float) -> float:
-    """Ring all-reduce: each rank sends and receives 2*(n-1)/n of the buffer, in 2*(n-1) steps."""
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (ranks - 1) / ranks * nbytes / (bandwidth_gbps * 1e9) + 2 * (ranks - 1) * latency_s
 
 
 def _layers(profile: JobProfile, cfg: ExecConfig) -> list[int]:
@@ -98,13 +61,14 @@ class Estimate:
 
 
 class _Memo:
-    """Per shape and training settings: estimates and peak memory (GiB) per config, and
-    the max and sum of the stage times per layout."""
+    """Per shape and training settings: estimates and peak memory (GiB) per config; the
+    max and sum of the stage times, and what peak memory reads, per layout."""
 
     def __init__(self) -> None:
         self.estimates: dict[ExecConfig, Estimate] = {}
         self.mem_gib: dict[ExecConfig, float] = {}
         self.stages: dict[tuple[object, ...], tuple[float, float]] = {}
+        self.memory_parts: dict[tuple[object, ...], tuple[float, list[int], float, float, float]] = {}
 
 
 class CostModel:
@@ -331,24 +295,39 @@ class CostModel:
         activations = layers_on_rank * per-layer bytes * in-flight micro-batches, plus
         embedding activations on the first rank and 4*s*b*(h+V)/t for the logits and
         loss on the last, plus the GPU's reserved memory."""
-        shape, plan = profile.shape, profile.plan
-        layers = _layers(profile, cfg)
+        plan = profile.plan
         if plan.precision == "fp32":
             per_param = 8 + 8 / cfg.dp if plan.use_distributed_optimizer else 16
         else:
             per_param = 6 + 12 / cfg.dp if plan.use_distributed_optimizer else 18
-        static = self.params_per_gpu(profile, cfg) * per_param
-        per_layer = self.activation_bytes_per_layer(profile, cfg)
-        sb = shape.seq_length / cfg.cp * cfg.micro_batch_size
+        params, layers, per_layer, embedding, logits = self._memory_parts(profile, cfg)
+        static = params * per_param
         peak = 0.0
         for rank in sorted({0, cfg.pp - 1}):
             act = layers[rank] * per_layer * self.in_flight(cfg, rank)
             if rank == 0:
-                act += (8 * sb + sb * shape.hidden_size) * self.in_flight(cfg, 0)
+                act += embedding * self.in_flight(cfg, 0)
             if rank == cfg.pp - 1:
-                act += 4 * sb * (shape.hidden_size + shape.padded_vocab_size(cfg.tp)) / cfg.tp
+                act += logits
             peak = max(peak, act)
         return (static + peak) / GIB + self.gpu.reserved_gib
+
+    def _memory_parts(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, list[int], float, float, float]:
+        """What ``memory_gib`` reads of a layout, memoised per layout (not per data-parallel
+        size or micro-batch count): weights on the most loaded rank, layers per rank,
+        activation bytes per layer, the first rank's embedding bytes per micro-batch
+        (8*s*b + s*b*h) and the last rank's logits and loss bytes."""
+        memo = self._memo_of(profile).memory_parts
+        key = (cfg.tp, cfg.cp, cfg.pp, cfg.micro_batch_size, cfg.decoder_first_pipeline_num_layers,
+               cfg.decoder_last_pipeline_num_layers)
+        hit = memo.get(key)
+        if hit is None:
+            shape = profile.shape
+            sb = shape.seq_length / cfg.cp * cfg.micro_batch_size
+            hit = memo[key] = (self.params_per_gpu(profile, cfg), _layers(profile, cfg),
+                               self.activation_bytes_per_layer(profile, cfg), 8 * sb + sb * shape.hidden_size,
+                               4 * sb * (shape.hidden_size + shape.padded_vocab_size(cfg.tp)) / cfg.tp)
+        return hit
 
     # ------------------------------------------------------------------ totals
     def _memo_of(self, profile: JobProfile) -> _Memo:

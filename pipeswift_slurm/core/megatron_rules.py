@@ -219,6 +219,18 @@ def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int, *, var
     stages. With a memory predicate ``fits``, only fitting configs are yielded, and larger
     micro-batches are skipped once none fits (activation memory grows with the micro-batch size).
     """
+    for base, vps in config_bases(profile, gpus, gpus_per_node, vary_tp=vary_tp, max_vp=max_vp):
+        for mbs, m in micro_batch_levels(profile, base):
+            found, last_level = level_configs(profile, interleavings(base, mbs, m, vps), gpus_per_node, fits)
+            yield from found
+            if last_level:
+                break
+
+
+def config_bases(profile: JobProfile, gpus: int, gpus_per_node: int, *, vary_tp: bool = True,
+                 max_vp: int = 4) -> Iterator[tuple[ExecConfig, list[int]]]:
+    """The layouts :func:`enumerate_configs` varies the micro-batch size of: (a config with
+    micro-batch size and count 1, the interleavings its layer split allows, ascending)."""
     user = profile.requested
     nodes, gpn = node_shape(gpus, gpus_per_node)
     tps = _tp_choices(profile, gpn) if vary_tp else [user.tp]
@@ -235,9 +247,48 @@ def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int, *, var
                 layers = profile_stage_layers(profile, base)
                 if layers is None:
                     continue  # check_config refuses every config of this split (_split_problems)
-                vps = [vp for vp in range(1, max_vp + 1)
-                       if vp == 1 or (pp >= 2 and not any(n % vp for n in _interleaved_layers(profile, pp, layers)))]
-                yield from _micro_batch_variants(profile, base, gpus_per_node, vps, fits)
+                yield base, [vp for vp in range(1, max_vp + 1) if vp == 1 or (
+                    pp >= 2 and not any(n % vp for n in _interleaved_layers(profile, pp, layers)))]
+
+
+def micro_batch_levels(profile: JobProfile, base: ExecConfig) -> list[tuple[int, int]]:
+    """(micro-batch size, number of micro-batches) of ``base``'s data-parallel size, the
+    sizes dividing the per-replica batch within the job's limits, ascending."""
+    gbs, dp = profile.plan.global_batch_size, base.dp
+    return [(mbs, gbs // (mbs * dp)) for mbs in _divisors(gbs // dp) if mbs >= profile.min_micro_batch_size
+            and not (profile.max_micro_batch_size and mbs > profile.max_micro_batch_size)]
+
+
+def interleavings(base: ExecConfig, mbs: int, m: int, vps: list[int]) -> list[ExecConfig]:
+    """``base`` with ``mbs`` x ``m`` micro-batches at each interleaving of ``vps`` that
+    Megatron's cheap rule allows (vp > 1 needs pp >= 2 and M a multiple of pp)."""
+    return [ExecConfig(base.tp, base.pp, base.dp, mbs, m, base.cp, vp, base.num_nodes, base.gpus_per_node,
+                       base.decoder_first_pipeline_num_layers, base.decoder_last_pipeline_num_layers)
+            for vp in vps if vp == 1 or (base.pp >= 2 and not m % base.pp)]
+
+
+def level_configs(profile: JobProfile, configs: list[ExecConfig], gpus_per_node: int,
+                  fits: Optional[Callable[[ExecConfig], bool]]) -> tuple[list[ExecConfig], bool]:
+    """Of one micro-batch size's ``configs``, those check_config accepts (and that ``fits``),
+    and whether the size is the last to try (:func:`last_micro_batch`)."""
+    valid = [cfg for cfg in configs if not check_config(profile, cfg, gpus_per_node)]
+    if fits is None:
+        return valid, False
+    found = [cfg for cfg in valid if fits(cfg)]
+    return found, not found and last_micro_batch(profile, valid, gpus_per_node, fits)
+
+
+def last_micro_batch(profile: JobProfile, configs: list[ExecConfig], gpus_per_node: int,
+                     fits: Callable[[ExecConfig], bool]) -> bool:
+    """Whether one micro-batch size's ``configs`` end the search of larger ones: some are
+    valid but none fits in memory (larger micro-batches need even more)."""
+    valid = False
+    for cfg in configs:
+        if not check_config(profile, cfg, gpus_per_node):
+            if fits(cfg):
+                return False
+            valid = True
+    return valid
 
 
 def uneven_splits(num_layers: int, pp: int) -> list[tuple[Optional[int], Optional[int]]]:
@@ -275,33 +326,6 @@ def _split_choices(profile: JobProfile, pp: int) -> list[tuple[Optional[int], Op
         mine = (user.decoder_first_pipeline_num_layers, user.decoder_last_pipeline_num_layers)
         splits = [mine] + [s for s in splits if s != mine]
     return splits
-
-
-def _micro_batch_variants(profile: JobProfile, base: ExecConfig, gpus_per_node: int, vps: list[int],
-                          fits: Optional[Callable[[ExecConfig], bool]]) -> Iterator[ExecConfig]:
-    """``base`` at every micro-batch size and each interleaving of ``vps`` (those whose
-    layer split allows them, ascending) that check_config accepts (and ``fits``)."""
-    gbs = profile.plan.global_batch_size
-    tp, pp, dp, cp, nodes, gpn = base.tp, base.pp, base.dp, base.cp, base.num_nodes, base.gpus_per_node
-    first, last = base.decoder_first_pipeline_num_layers, base.decoder_last_pipeline_num_layers
-    for mbs in _divisors(gbs // dp):
-        if mbs < profile.min_micro_batch_size or (profile.max_micro_batch_size and mbs > profile.max_micro_batch_size):
-            continue
-        m = gbs // (mbs * dp)
-        any_fit = any_valid = False
-        for vp in vps:
-            if vp > 1 and (pp < 2 or m % pp):
-                continue  # Megatron's interleaving rule, checked cheaply first
-            cfg = ExecConfig(tp, pp, dp, mbs, m, cp, vp, nodes, gpn, first, last)
-            if check_config(profile, cfg, gpus_per_node):
-                continue
-            any_valid = True
-            if fits is not None and not fits(cfg):
-                continue
-            any_fit = True
-            yield cfg
-        if fits is not None and not any_fit and any_valid:
-            return  # valid but out of memory: larger micro-batches need even more
 
 
 def _tp_choices(profile: JobProfile, gpn: int) -> list[int]:

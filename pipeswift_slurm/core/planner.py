@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
-from pipeswift_slurm.core.megatron_rules import Problem, check_config, enumerate_configs, user_layout_at
+from pipeswift_slurm.core.megatron_rules import (Problem, check_config, config_bases, enumerate_configs,
+                                                interleavings, last_micro_batch, micro_batch_levels,
+                                                user_layout_at)
 from pipeswift_slurm.core.memo import per_profile
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
@@ -39,12 +41,18 @@ class PlanResult:
 
 
 def _plan_key(profile: JobProfile) -> tuple[object, ...]:
-    """What the ranking depends on: everything but the training length."""
+    """What the ranking on a GPU count inside the job's range depends on: everything but
+    the training length, the checkpoint interval and the range itself."""
     user = profile.requested
-    return (profile.shape, replace(profile.plan, train_iters=None, train_samples=None), profile.gpu_range,
+    return (profile.shape, replace(profile.plan, train_iters=None, train_samples=None, save_interval=None),
             profile.min_micro_batch_size, profile.max_micro_batch_size, profile.allowed_pp,
             user.tp, user.cp, user.pp, user.decoder_first_pipeline_num_layers,
             user.decoder_last_pipeline_num_layers)
+
+
+def _in_range(profile: JobProfile, gpus: int) -> bool:
+    lo, hi = profile.gpu_range
+    return lo <= gpus <= hi
 
 
 def keep_user_layout(user: Optional[Estimate], best: Optional[Estimate]) -> Optional[Estimate]:
@@ -96,6 +104,8 @@ class Planner:
 
     def ranked(self, profile: JobProfile, gpus: int) -> list[Estimate]:
         """Valid configs on exactly ``gpus`` GPUs that fit in memory, fastest first."""
+        if not _in_range(profile, gpus):
+            return []
         key = (self._key(profile), gpus)
         hit = self._ranked.get(key)
         if hit is None:
@@ -109,6 +119,8 @@ class Planner:
         is valid. Without the ranking at hand, only the configs whose pipeline time alone
         (a lower bound of the iteration time) is within the fastest found so far are
         estimated in full."""
+        if not _in_range(profile, gpus):
+            return None
         key = (self._key(profile), gpus)
         ranked = self._ranked.get(key)
         if ranked is not None:
@@ -118,16 +130,27 @@ class Planner:
         return self._best[key]
 
     def _search_best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
-        lo, hi = profile.gpu_range
-        if not lo <= gpus <= hi:
-            return None
-        configs = enumerate_configs(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp,
-                                    fits=lambda c: self.cost.fits(profile, c))
+        """``ranked(profile, gpus)[0]`` without ranking: the candidates of the enumeration
+        (``megatron_rules.enumerate_configs``, its micro-batch sizes up to the last that
+        fits) by pipeline time, a lower bound of the iteration time; checked (valid, fits)
+        and estimated in that order until the bound passes the fastest found."""
+        def fits(cfg: ExecConfig) -> bool:
+            return self.cost.fits(profile, cfg)
+
+        order: list[tuple[float, int, ExecConfig]] = []
+        for base, vps in config_bases(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp):
+            for mbs, m in micro_batch_levels(profile, base):
+                configs = interleavings(base, mbs, m, vps)
+                if last_micro_batch(profile, configs, self.gpus_per_node, fits):
+                    break
+                order += [(self.cost.pipeline_s(profile, cfg)[0], len(order), cfg) for cfg in configs]
+        order.sort(key=lambda item: item[:2])
         found: Optional[Estimate] = None
-        for pipeline_s, cfg in sorted(((self.cost.pipeline_s(profile, c)[0], c) for c in configs),
-                                      key=lambda pair: pair[0]):
+        for pipeline_s, _, cfg in order:
             if found is not None and pipeline_s > found.iter_time_s:
                 break  # iteration time >= pipeline time: none of the rest can be faster
+            if check_config(profile, cfg, self.gpus_per_node) or not fits(cfg):
+                continue
             est = self.cost.estimate(profile, cfg)
             if found is None or (est.iter_time_s, est.mem_gib, est.config) < (found.iter_time_s, found.mem_gib,
                                                                               found.config):
@@ -150,9 +173,10 @@ class Planner:
 
     def choices(self, profile: JobProfile, lo: int, hi: int) -> tuple[tuple[int, Estimate], ...]:
         """(GPU count, ``choose``) for every count from ``lo`` to ``hi`` that has a valid
-        config, ascending; memoised per plan key and range, so the jobs of one shape and
-        range share one search and one tuple."""
+        config, ascending; memoised per plan key and range (within the job's), so the jobs
+        of one shape and range share one search and one tuple."""
         user = profile.requested
+        lo, hi = max(lo, profile.gpu_range[0]), min(hi, profile.gpu_range[1])
         key = (self._key(profile), user.micro_batch_size, user.vp, lo, hi)
         hit = self._choices.get(key)
         if hit is None:
@@ -161,9 +185,6 @@ class Planner:
         return hit
 
     def _estimates(self, profile: JobProfile, gpus: int) -> list[Estimate]:
-        lo, hi = profile.gpu_range
-        if not lo <= gpus <= hi:
-            return []
         configs = enumerate_configs(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp,
                                     fits=lambda c: self.cost.fits(profile, c))
         return [self.cost.estimate(profile, c) for c in configs]

@@ -119,3 +119,18 @@ def test_pre_checks_drop_no_valid_config(name: str) -> None:
     lo, hi = profile.gpu_range
     for gpus in range(lo, min(hi, 40) + 1):
         assert set(enumerate_configs(profile, gpus, 8)) == _every_valid(profile, gpus, 8), gpus
+
+
+def test_jobs_of_one_shape_share_searches_across_ranges(cost: CostModel) -> None:
+    """Searches are shared by jobs that differ only in GPU range, length or checkpoint
+    interval; each job still gets exactly what a planner of its own would choose."""
+    base = PROFILES["uneven"]
+    jobs = [base.with_range(1, 8), base.with_range(4, 24), base.with_range(6, 6),
+            replace(base.with_range(2, 16), plan=replace(base.plan, train_iters=77, save_interval=5))]
+    shared = Planner(cost, 8)
+    for job in jobs:
+        for lo, hi in ((1, 24), job.gpu_range, (3, 12)):
+            own = Planner(CostModel(cost.gpu), 8)
+            expected = tuple((g, est) for g in range(lo, hi + 1) if (est := own.choose(job, g)) is not None)
+            assert shared.choices(job, lo, hi) == expected, (job.gpu_range, lo, hi)
+        assert shared.ranked(job, 3) == Planner(CostModel(cost.gpu), 8).ranked(job, 3)
