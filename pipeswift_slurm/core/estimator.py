@@ -11,7 +11,7 @@ names.
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Optional, Protocol
+from typing import Hashable, Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.calibration import lookup_bias
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
@@ -36,6 +36,8 @@ class EstimatorProtocol(Protocol):
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
 
     def best_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]: ...
+
+    def run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable: ...
 
 
 class Estimator:
@@ -113,6 +115,12 @@ class Estimator:
         startup_s = self.cost.startup_s(profile)
         return [(gpus, est.config, self._run_s(profile, est, startup_s))
                 for gpus, est in self.planner.choices(profile, lo, hi)]
+
+    def run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable:
+        """Equal for profiles that get equal ``best_run_times_s(profile, lo, hi)`` here:
+        one search (``Planner.choices_key``), length, class and run-time factor."""
+        return (self.planner.choices_key(profile, lo, hi), profile.plan.iterations, profile.job_class,
+                profile.run_time_factor)
 
     def _run_s(self, profile: JobProfile, est: Estimate, startup_s: float) -> float:
         return (startup_s + profile.plan.iterations * est.iter_time_s) * self.bias(profile.job_class, est.config) \

@@ -175,14 +175,19 @@ class Planner:
         """(GPU count, ``choose``) for every count from ``lo`` to ``hi`` that has a valid
         config, ascending; memoised per plan key and range (within the job's), so the jobs
         of one shape and range share one search and one tuple."""
-        user = profile.requested
-        lo, hi = max(lo, profile.gpu_range[0]), min(hi, profile.gpu_range[1])
-        key = (self._key(profile), user.micro_batch_size, user.vp, lo, hi)
+        key = self.choices_key(profile, lo, hi)
         hit = self._choices.get(key)
         if hit is None:
-            found = ((gpus, self.choose(profile, gpus)) for gpus in range(lo, hi + 1))
+            found = ((gpus, self.choose(profile, gpus)) for gpus in range(key[3], key[4] + 1))
             hit = self._choices[key] = tuple((gpus, est) for gpus, est in found if est is not None)
         return hit
+
+    def choices_key(self, profile: JobProfile, lo: int, hi: int) -> tuple[int, int, int, int, int]:
+        """Equal for profiles whose ``choices(profile, lo, hi)`` are equal: the plan key, the
+        user's micro-batch size and interleaving, and the range within the job's."""
+        user = profile.requested
+        return (self._key(profile), user.micro_batch_size, user.vp, max(lo, profile.gpu_range[0]),
+                min(hi, profile.gpu_range[1]))
 
     def _estimates(self, profile: JobProfile, gpus: int) -> list[Estimate]:
         configs = enumerate_configs(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp,

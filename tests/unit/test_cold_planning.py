@@ -134,3 +134,16 @@ def test_jobs_of_one_shape_share_searches_across_ranges(cost: CostModel) -> None
             expected = tuple((g, est) for g in range(lo, hi + 1) if (est := own.choose(job, g)) is not None)
             assert shared.choices(job, lo, hi) == expected, (job.gpu_range, lo, hi)
         assert shared.ranked(job, 3) == Planner(CostModel(cost.gpu), 8).ranked(job, 3)
+
+
+def test_one_ticks_shared_options_are_each_jobs_own(cost: CostModel) -> None:
+    """Jobs of one shape share their options within a tick only when their lengths, classes
+    and run-time factors (and so their run times) agree."""
+    base = PROFILES["uneven"]
+    jobs = [base.with_range(2, 16), base.with_range(2, 16), base.with_range(4, 16),
+            replace(base.with_range(2, 16), plan=replace(base.plan, train_iters=5)),
+            replace(base.with_range(2, 16), run_time_factor=1.5), replace(base.with_range(2, 16), job_class="other")]
+    est, shared = Estimator(cost, 8, {"other": 0.8}), {}
+    got = [job_options(job, est, 24, 2, shared=shared) for job in jobs]
+    assert [job_options(job, Estimator(CostModel(cost.gpu), 8, {"other": 0.8}), 24, 2) for job in jobs] == got
+    assert got[0] is got[1] and len({id(options) for options in got}) == 5
