@@ -235,20 +235,32 @@ def config_bases(profile: JobProfile, gpus: int, gpus_per_node: int, *, vary_tp:
     nodes, gpn = node_shape(gpus, gpus_per_node)
     tps = _tp_choices(profile, gpn) if vary_tp else [user.tp]
     gbs = profile.plan.global_batch_size
+    splits: dict[int, list[tuple[Optional[int], Optional[int], list[int]]]] = {}  # per pp, whatever tp
     for tp in tps:
         for pp in _pp_choices(profile, gpus):
             if gpus % (tp * pp * user.cp) or gbs % (gpus // (tp * pp * user.cp)):
                 continue
-            dp = gpus // (tp * pp * user.cp)
-            for first, last in _split_choices(profile, pp):
-                base = ExecConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=1, num_micro_batches=1, cp=user.cp,
-                                  num_nodes=nodes, gpus_per_node=gpn, decoder_first_pipeline_num_layers=first,
-                                  decoder_last_pipeline_num_layers=last)
-                layers = profile_stage_layers(profile, base)
-                if layers is None:
-                    continue  # check_config refuses every config of this split (_split_problems)
-                yield base, [vp for vp in range(1, max_vp + 1) if vp == 1 or (
-                    pp >= 2 and not any(n % vp for n in _interleaved_layers(profile, pp, layers)))]
+            if pp not in splits:
+                splits[pp] = _splits_with_interleavings(profile, pp, max_vp)
+            for first, last, vps in splits[pp]:
+                yield ExecConfig(tp=tp, pp=pp, dp=gpus // (tp * pp * user.cp), micro_batch_size=1,
+                                 num_micro_batches=1, cp=user.cp, num_nodes=nodes, gpus_per_node=gpn,
+                                 decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last), vps
+
+
+def _splits_with_interleavings(profile: JobProfile, pp: int,
+                               max_vp: int) -> list[tuple[Optional[int], Optional[int], list[int]]]:
+    """The layer splits over ``pp`` stages that are valid, with the interleavings each allows."""
+    out = []
+    for first, last in _split_choices(profile, pp):
+        layers = profile_stage_layers(profile, ExecConfig(tp=1, pp=pp, dp=1, micro_batch_size=1, num_micro_batches=1,
+                                                          decoder_first_pipeline_num_layers=first,
+                                                          decoder_last_pipeline_num_layers=last))
+        if layers is None:
+            continue  # check_config refuses every config of this split (_split_problems)
+        out.append((first, last, [vp for vp in range(1, max_vp + 1) if vp == 1 or (
+            pp >= 2 and not any(n % vp for n in _interleaved_layers(profile, pp, layers)))]))
+    return out
 
 
 def micro_batch_levels(profile: JobProfile, base: ExecConfig) -> list[tuple[int, int]]:
