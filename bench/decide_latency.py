@@ -5,7 +5,8 @@ and the median and max of the next ``--repeat`` calls on views that change a lit
 between calls (time advances, one job arrives), as the controller sees them.
 
 Each measurement runs in a fresh Python process, as a cron tick does (``--runs`` of them
-per case: the cold figure is their median, with the smallest and largest beside it).
+per case: the cold figure is their median, with the smallest and largest beside it, and
+the median CPU time of the cold call, less sensitive to other load on a shared machine).
 ``--against DIR`` measures another checkout's code too (e.g. ``git worktree add /tmp/before
 main``), alternating with this one run by run, and compares the decisions of every call
 (a digest of the decision lists): it exits 1 when they differ anywhere.
@@ -76,9 +77,9 @@ def measure(policy_name: str, pending: int, gpus: int, repeat: int) -> dict:
     view, profiles = build_view(pending, gpus, 7, cost)
     estimator = Estimator(cost, 8)
     policy = get_policy(policy_name)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     decisions = policy.decide(view, profiles, estimator)
-    cold_s = time.perf_counter() - t0
+    cold_s, cold_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     digests, warm = [digest(decisions)], []
     for k in range(repeat):
         view = replace(view, now=view.now + 60.0 * (k + 1))
@@ -87,6 +88,7 @@ def measure(policy_name: str, pending: int, gpus: int, repeat: int) -> dict:
         warm.append(time.perf_counter() - t0)
         digests.append(digest(decisions))
     return {"policy": policy_name, "pending": pending, "gpus": gpus, "cold_ms": round(1000 * cold_s, 2),
+            "cold_cpu_ms": round(1000 * cold_cpu_s, 2),
             "median_ms": round(1000 * statistics.median(warm), 2) if warm else None,
             "max_ms": round(1000 * max(warm), 2) if warm else None, "decisions": digests}
 
@@ -102,6 +104,7 @@ def summary(rows: list[dict]) -> dict:
     cold = [r["cold_ms"] for r in rows]
     warm = [r["median_ms"] for r in rows if r["median_ms"] is not None]
     return {"cold_ms": round(statistics.median(cold), 1), "cold_min_ms": min(cold), "cold_max_ms": max(cold),
+            "cold_cpu_ms": round(statistics.median(r["cold_cpu_ms"] for r in rows), 1),
             "median_ms": round(statistics.median(warm), 1) if warm else None, "runs": len(rows)}
 
 
