@@ -12,7 +12,8 @@ controller or simulator that keeps one Planner pays for each shape once. Pure: n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
@@ -20,7 +21,7 @@ from pipeswift_slurm.core.megatron_rules import (Problem, check_config, config_b
                                                 interleavings, last_micro_batch, micro_batch_levels,
                                                 user_layout_at)
 from pipeswift_slurm.core.memo import per_profile
-from pipeswift_slurm.core.model import ExecConfig, JobProfile
+from pipeswift_slurm.core.model import ExecConfig, JobProfile, TrainingPlan
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,16 @@ class PlanResult:
     excluded: list[Excluded]
 
 
+# what the ranking reads of a TrainingPlan: all but the training length and the checkpoint interval
+_PLAN_FIELDS = attrgetter(*(f.name for f in fields(TrainingPlan)
+                            if f.name not in ("train_iters", "train_samples", "save_interval")))
+
+
 def _plan_key(profile: JobProfile) -> tuple[object, ...]:
     """What the ranking on a GPU count inside the job's range depends on: everything but
     the training length, the checkpoint interval and the range itself."""
     user = profile.requested
-    return (profile.shape, replace(profile.plan, train_iters=None, train_samples=None, save_interval=None),
+    return (profile.shape, _PLAN_FIELDS(profile.plan),
             profile.min_micro_batch_size, profile.max_micro_batch_size, profile.allowed_pp,
             user.tp, user.cp, user.pp, user.decoder_first_pipeline_num_layers,
             user.decoder_last_pipeline_num_layers)
