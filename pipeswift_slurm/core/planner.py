@@ -6,7 +6,11 @@ Uses megatron_rules.enumerate_configs for Megatron's rules and CostModel for tim
 alike: the fastest, unless the user's own layout is as fast within the error band
 (:func:`keep_user_layout`, "do no harm").
 Results per (job shape and plan, GPU count) are memoised on the Planner instance, so a
-controller or simulator that keeps one Planner pays for each shape once. Pure: no I/O.
+controller or simulator that keeps one Planner pays for each shape once; jobs that differ
+only in GPU range, length or checkpoint interval share them. A cron tick starts with an
+empty Planner, so the fastest config alone (``best``, what ``choose`` needs) does not rank:
+it estimates in full only the candidates whose pipeline time is within the fastest found.
+Pure: no I/O.
 """
 
 from __future__ import annotations
