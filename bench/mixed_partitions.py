@@ -20,7 +20,8 @@ decisions are made with the model, so a truth that differs from it is the honest
 
 Prints JSON: per window the mean JCT of every policy, pipeswift over the best baseline
 (``vs_best``), pipeswift with moves off (``pipeswift:stay``) over the best baseline, jobs
-moved, and the worst and median ``vs_best`` over the windows (goal: <= 0.8).
+moved, and the worst and median ``vs_best`` over the windows (goal: <= 0.8). Each window's
+line also goes to stderr as it ends (a long ``--all`` run stopped early keeps them).
 
 Usage: python bench/mixed_partitions.py [--all] [--vc 11cb48,...] [--partition-flex 1.0]
        [--truth-noise 0.3] [--truth-shape-noise 0.15] [--h100-truth 1.3] [--workers 2]
@@ -33,7 +34,7 @@ import json
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,12 @@ def main() -> int:
                   truth_shape_noise=args.truth_shape_noise, h100_truth=args.h100_truth)
              for w in sorted(wins, key=lambda w: -w["jobs"])]
     t0 = time.perf_counter()
+    runs = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        runs = sorted(pool.map(run_window, tasks), key=lambda r: (r["vc"], r["start_day"]))
+        for future in as_completed([pool.submit(run_window, t) for t in tasks]):
+            runs.append(future.result())
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # progress: each window as it ends
+    runs.sort(key=lambda r: (r["vc"], r["start_day"]))
     ratios = [r["vs_best"] for r in runs]
     stay = [r["stay_vs_best"] for r in runs]
     out = {"settings": {k: v for k, v in vars(args).items()}, "windows": runs,

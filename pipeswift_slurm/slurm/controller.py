@@ -253,6 +253,7 @@ class Controller:
         estimators: dict[str, Any] = {}
         for name, cost in self.partition_costs.items():
             gpn = cluster_gpus_per_node(view, (name,))
+            gpn = min(gpn, self.settings.gpus_per_node or gpn)  # the site's cap, as for one cluster
             if not gpn:
                 log.warning("partition %s: no GPU node in it; not planned this tick", name)
                 continue
@@ -310,15 +311,23 @@ class Controller:
 
     def _stable_order(self, decisions: list[Decision], by_id: dict[int, Job]) -> list[Decision]:
         """Keep the order the policy's SiteFactors express, with as few changes to the
-        pending jobs' current factors as possible (each change is an update in Slurm)."""
+        pending jobs' current factors as possible (each change is an update in Slurm). On a
+        mixed cluster, per partition (where each job goes): Slurm never weighs a job of one
+        partition against one of another, so their relative order would only cost updates."""
         ranked = [(i, d) for i, d in enumerate(decisions) if d.site_factor is not None and not d.requeue
                   and d.job_id in by_id and by_id[d.job_id].pending]
         if not ranked:
             return decisions
-        order = [d.job_id for _, d in sorted(ranked, key=lambda x: (-(x[1].site_factor or 0), x[0]))]
-        current = {j: by_id[j].site_factor for j in order if by_id[j].site_factor > 0}
         top = self.policy.site_factor_max or max(d.site_factor or 0 for _, d in ranked)
-        factors = stable_factors(order, current, top)
+        groups: dict[str, list[tuple[int, Decision]]] = {}
+        for item in ranked:
+            where = item[1].partition or by_id[item[1].job_id].partition if self.partition_costs else ""
+            groups.setdefault(where, []).append(item)
+        factors: dict[int, int] = {}
+        for group in groups.values():
+            order = [d.job_id for _, d in sorted(group, key=lambda x: (-(x[1].site_factor or 0), x[0]))]
+            current = {j: by_id[j].site_factor for j in order if by_id[j].site_factor > 0}
+            factors.update(stable_factors(order, current, top))
         out = list(decisions)
         for i, d in ranked:
             out[i] = evolve_decision(d, site_factor=factors[d.job_id])

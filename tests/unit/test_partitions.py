@@ -181,3 +181,30 @@ def test_assign_partitions_is_seeded_per_job_and_drops_what_fits_nowhere() -> No
     assert all(j.gpus <= 8 or j.partition == "b" for j in one)
     assert all(not j.partitions or j.partitions == ("a", "b") for j in one)
     assert 0 < sum(1 for j in one if j.partitions) < len(one)
+
+
+def test_simulate_cli_runs_a_mixed_cluster_and_says_so(tmp_path: Any) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from pipeswift_slurm.cli.main import pipeswift
+
+    out = tmp_path / "m.json"
+    args = ["simulate", "--jobs", "30", "--policy", "slurm,pipeswift", "--partition", "a=A100-80GB:2x8",
+            "--partition", "b=H100-80GB:1x8", "--partition-flex", "0.5", "--truth-partition-factor", "b=1.2",
+            "--json", str(out), "--db", str(tmp_path / "h.sqlite")]
+    result = CliRunner().invoke(pipeswift, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "partitions: a=A100-80GB:2x8, b=H100-80GB:1x8;" in result.output and " moved " in result.output
+    data = json.loads(out.read_text())
+    assert data["spec"]["partitions"] == ["a=A100-80GB:2x8", "b=H100-80GB:1x8"] and data["spec"]["gpus"] == 24
+    assert data["spec"]["partition_flex"] == 0.5 and data["spec"]["truth_partition_factors"] == {"b": 1.2}
+    assert 0 < data["workload"]["multi_partition_jobs"] < data["workload"]["jobs"]
+    assert [p["moved_partition_jobs"] > 0 for p in data["policies"]] == [False, True]
+    # the history says where each moved job was sent, as a "move" decision
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "h.sqlite") as db:
+        moves = db.execute("SELECT kind, partition FROM decisions WHERE partition IS NOT NULL").fetchall()
+    assert moves and all("move" in kind and part in ("a", "b") for kind, part in moves)
