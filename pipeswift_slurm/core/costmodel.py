@@ -302,14 +302,10 @@ class CostModel:
             per_param = 6 + 12 / cfg.dp if plan.use_distributed_optimizer else 18
         params, layers, per_layer, embedding, logits = self._memory_parts(profile, cfg)
         static = params * per_param
-        peak = 0.0
-        for rank in sorted({0, cfg.pp - 1}):
-            act = layers[rank] * per_layer * self.in_flight(cfg, rank)
-            if rank == 0:
-                act += embedding * self.in_flight(cfg, 0)
-            if rank == cfg.pp - 1:
-                act += logits
-            peak = max(peak, act)
+        first = self.in_flight(cfg, 0)
+        peak = max(0.0, layers[0] * per_layer * first + embedding * first + (logits if cfg.pp == 1 else 0.0))
+        if cfg.pp > 1:
+            peak = max(peak, layers[-1] * per_layer * self.in_flight(cfg, cfg.pp - 1) + logits)
         return (static + peak) / GIB + self.gpu.reserved_gib
 
     def _memory_parts(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, list[int], float, float, float]:
