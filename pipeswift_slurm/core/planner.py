@@ -154,7 +154,7 @@ class Planner:
                 if last_micro_batch(profile, configs, self.gpus_per_node, fits):
                     break
                 order += [(self.cost.pipeline_s(profile, cfg)[0], len(order), cfg) for cfg in configs]
-        order.sort(key=lambda item: item[:2])
+        order.sort()  # by pipeline time, then as enumerated (the index is unique: configs never compared)
         found: Optional[Estimate] = None
         for pipeline_s, _, cfg in order:
             if found is not None and pipeline_s > found.iter_time_s:
