@@ -13,8 +13,9 @@ Must not import SQLAlchemy, Slurm or torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Sequence
 
 from pipeswift_slurm.core.error_band import ErrorBand, band_for, unmeasured_band
 from pipeswift_slurm.core.flops import (attention_core_fwd_flops, flops_per_iteration, layer_fwd_flops,
@@ -69,6 +70,7 @@ class _Memo:
         self.mem_gib: dict[ExecConfig, float] = {}
         self.stages: dict[tuple[object, ...], tuple[float, float]] = {}
         self.memory_parts: dict[tuple[object, ...], tuple[float, list[int], float, float, float]] = {}
+        self.layer_pairs: dict[tuple[int, int, int], float] = {}  # (tp, cp, mbs) -> fwd + bwd of a layer
 
 
 class CostModel:
@@ -202,6 +204,23 @@ class CostModel:
         m = cfg.num_micro_batches
         total = m * t_max + (t_sum - t_max) / cfg.vp
         return total, 1.0 - m * t_max / total
+
+    def pipeline_floor_s(self, profile: JobProfile, base: ExecConfig, levels: Sequence[tuple[int, int]],
+                         max_vp: int) -> float:
+        """A lower bound of ``pipeline_s`` over ``base``'s layout at each (micro-batch size,
+        number of micro-batches) of ``levels`` with up to ``max_vp`` virtual stages: each
+        stage's layers alone (t_i >= n_i * (fwd + bwd)), so T >= (fwd + bwd) * (M * n_max +
+        (n_sum - n_max) / v_max); a hair lower, so that rounding cannot lift it above T."""
+        layers = _layers(profile, base)
+        most, rest = max(layers), sum(layers) - max(layers)
+        memo = self._memo_of(profile).layer_pairs
+        floor = math.inf
+        for mbs, m in levels:
+            pair = memo.get((base.tp, base.cp, mbs))
+            if pair is None:
+                pair = memo[base.tp, base.cp, mbs] = sum(self.layer_times_s(profile, replace(base, micro_batch_size=mbs)))
+            floor = min(floor, pair * (m * most + rest / max_vp))
+        return floor * (1 - 1e-9)
 
     def _stage_max_sum_s(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, float]:
         """max and sum of ``stage_times_s``, memoised per layout: they do not depend on the

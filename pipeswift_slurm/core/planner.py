@@ -15,6 +15,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
@@ -103,6 +105,7 @@ class Planner:
         self._ranked: dict[tuple[int, int], list[Estimate]] = {}
         self._chosen: dict[tuple[int, int, int, int], Optional[Estimate]] = {}
         self._best: dict[tuple[int, int], Optional[Estimate]] = {}
+        self._seq = itertools.count()  # ties in the search's queue go first in, first out
         self._choices: dict[tuple[int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
         self._key_ids: dict[tuple[object, ...], int] = {}
         self._keys: dict[int, tuple[JobProfile, int]] = {}
@@ -140,25 +143,37 @@ class Planner:
         return self._best[key]
 
     def _search_best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
-        """``ranked(profile, gpus)[0]`` without ranking: the candidates of the enumeration
-        (``megatron_rules.enumerate_configs``, its micro-batch sizes up to the last that
-        fits) by pipeline time, a lower bound of the iteration time; checked (valid, fits)
-        and estimated in that order until the bound passes the fastest found."""
+        """``ranked(profile, gpus)[0]`` without ranking. Best first by pipeline time, a lower
+        bound of the iteration time: layouts (``megatron_rules.config_bases``) by a floor of
+        their pipeline time (``CostModel.pipeline_floor_s``), each one's candidates (its
+        micro-batch sizes up to the last that fits, as ``enumerate_configs``) added to the
+        queue once the floor is reached; candidates checked (valid, fits) and estimated in
+        order until the queue's and the layouts' bounds pass the fastest found."""
         def fits(cfg: ExecConfig) -> bool:
             return self.cost.fits(profile, cfg)
 
-        order: list[tuple[float, int, ExecConfig]] = []
+        bases: list[tuple[float, int, ExecConfig, list[int], list[tuple[int, int]]]] = []
         for base, vps in config_bases(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp):
-            for mbs, m in micro_batch_levels(profile, base):
-                configs = interleavings(base, mbs, m, vps)
-                if last_micro_batch(profile, configs, self.gpus_per_node, fits):
-                    break
-                order += [(self.cost.pipeline_s(profile, cfg)[0], len(order), cfg) for cfg in configs]
-        order.sort()  # by pipeline time, then as enumerated (the index is unique: configs never compared)
+            levels = micro_batch_levels(profile, base)
+            if levels:
+                bases.append((self.cost.pipeline_floor_s(profile, base, levels, vps[-1]), len(bases), base, vps, levels))
+        bases.sort(reverse=True)  # by floor; the index is unique, configs are never compared
+        queue: list[tuple[float, int, ExecConfig]] = []
         found: Optional[Estimate] = None
-        for pipeline_s, _, cfg in order:
-            if found is not None and pipeline_s > found.iter_time_s:
-                break  # iteration time >= pipeline time: none of the rest can be faster
+        while bases or queue:
+            bound = min(bases[-1][0] if bases else math.inf, queue[0][0] if queue else math.inf)
+            if found is not None and bound > found.iter_time_s:
+                break  # iteration time >= pipeline time >= bound: none of the rest can be faster
+            if bases and bases[-1][0] == bound:
+                _, _, base, vps, levels = bases.pop()
+                for mbs, m in levels:
+                    configs = interleavings(base, mbs, m, vps)
+                    if last_micro_batch(profile, configs, self.gpus_per_node, fits):
+                        break
+                    for cfg in configs:
+                        heapq.heappush(queue, (self.cost.pipeline_s(profile, cfg)[0], next(self._seq), cfg))
+                continue
+            cfg = heapq.heappop(queue)[2]
             if check_config(profile, cfg, self.gpus_per_node) or not fits(cfg):
                 continue
             est = self.cost.estimate(profile, cfg)

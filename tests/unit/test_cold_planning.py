@@ -1,8 +1,9 @@
 """The shortcuts that make a cold tick's planning cheap (issue 24, decide() cold) choose
 exactly what the plain definitions choose: the pruned search for the fastest config
 (``Planner.best``) is the ranking's first, one shared search per shape and range
-(``Estimator.best_run_times_s``) is ``best_run_time_s`` count by count, and the
-enumeration's cheap pre-checks drop no config that ``check_config`` accepts.
+(``Estimator.best_run_times_s``) is ``best_run_time_s`` count by count, the floor that
+orders the search is below every pipeline time it stands for, and the enumeration's
+cheap pre-checks drop no config that ``check_config`` accepts.
 (``python bench/decide_latency.py --against DIR`` compares whole decisions.)"""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import profile_from_argv
 from pipeswift_slurm.core.megatron_rules import (_divisors, _pp_choices, _split_choices, _tp_choices, check_config,
-                                                 enumerate_configs, node_shape)
+                                                 config_bases, enumerate_configs, interleavings, micro_batch_levels,
+                                                 node_shape)
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.planner import Planner
 from pipeswift_slurm.policy.common import Option, job_options
@@ -147,3 +149,19 @@ def test_one_ticks_shared_options_are_each_jobs_own(cost: CostModel) -> None:
     got = [job_options(job, est, 24, 2, shared=shared) for job in jobs]
     assert [job_options(job, Estimator(CostModel(cost.gpu), 8, {"other": 0.8}), 24, 2) for job in jobs] == got
     assert got[0] is got[1] and len({id(options) for options in got}) == 5
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_pipeline_floor_is_below_every_config_of_its_layout(name: str, cost: CostModel) -> None:
+    profile = PROFILES[name]
+    lo, hi = profile.gpu_range
+    checked = 0
+    for gpus in range(lo, min(hi, 40) + 1):
+        for base, vps in config_bases(profile, gpus, 8):
+            levels = micro_batch_levels(profile, base)
+            floor = cost.pipeline_floor_s(profile, base, levels, vps[-1])
+            configs = [cfg for mbs, m in levels for cfg in interleavings(base, mbs, m, vps)]
+            assert all(floor <= cost.pipeline_s(profile, cfg)[0] for cfg in configs), (gpus, base)
+            assert floor >= 0.3 * min(cost.pipeline_s(profile, cfg)[0] for cfg in configs)  # not a trivial bound
+            checked += len(configs)
+    assert checked > 50
