@@ -105,7 +105,6 @@ class Planner:
         self._ranked: dict[tuple[int, int], list[Estimate]] = {}
         self._chosen: dict[tuple[int, int, int, int], Optional[Estimate]] = {}
         self._best: dict[tuple[int, int], Optional[Estimate]] = {}
-        self._seq = itertools.count()  # ties in the search's queue go first in, first out
         self._choices: dict[tuple[int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
         self._key_ids: dict[tuple[object, ...], int] = {}
         self._keys: dict[int, tuple[JobProfile, int]] = {}
@@ -159,6 +158,7 @@ class Planner:
                 bases.append((self.cost.pipeline_floor_s(profile, base, levels, vps[-1]), len(bases), base, vps, levels))
         bases.sort(reverse=True)  # by floor; the index is unique, configs are never compared
         queue: list[tuple[float, int, ExecConfig]] = []
+        order = itertools.count()  # ties in the queue go first in, first out; configs are never compared
         found: Optional[Estimate] = None
         while bases or queue:
             bound = min(bases[-1][0] if bases else math.inf, queue[0][0] if queue else math.inf)
@@ -171,7 +171,7 @@ class Planner:
                     if last_micro_batch(profile, configs, self.gpus_per_node, fits):
                         break
                     for cfg in configs:
-                        heapq.heappush(queue, (self.cost.pipeline_s(profile, cfg)[0], next(self._seq), cfg))
+                        heapq.heappush(queue, (self.cost.pipeline_s(profile, cfg)[0], next(order), cfg))
                 continue
             cfg = heapq.heappop(queue)[2]
             if check_config(profile, cfg, self.gpus_per_node) or not fits(cfg):
