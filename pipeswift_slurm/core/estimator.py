@@ -25,7 +25,7 @@ class EstimatorProtocol(Protocol):
     """What a policy asks of an estimator (``Estimator`` is the one implementation; tests
     and benches may pass others): predicted run times, and the config to run per GPU count
     (``best``: the planner's ``choose``, the fastest unless the user's layout is within
-    the error band)."""
+    the error band), and the GPU counts a policy may choose (``option``: ``Planner.offer``)."""
 
     def startup_s(self, profile: JobProfile) -> float: ...
 
@@ -35,9 +35,11 @@ class EstimatorProtocol(Protocol):
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
 
-    def best_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]: ...
+    def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
 
-    def run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable: ...
+    def option_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]: ...
+
+    def option_run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable: ...
 
 
 class Estimator:
@@ -103,24 +105,29 @@ class Estimator:
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
         """(config, predicted run time) of the config to run on ``gpus`` GPUs (``best``)."""
-        est = self.planner.choose(profile, gpus)
-        if est is None:
-            return None
-        return est.config, self._run_s(profile, est, self.cost.startup_s(profile))
+        return self._with_run_time_s(profile, self.planner.choose(profile, gpus))
 
-    def best_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]:
-        """(GPU count, config, predicted run time) of ``best_run_time_s`` for every count
-        from ``lo`` to ``hi`` that has a valid config, ascending: one search per shape and
-        range (``Planner.choices``), shared by all the jobs of that shape."""
+    def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
+        """``best_run_time_s`` on a GPU count a policy may choose for the job, None on one
+        that enters only through a layout change the band does not back (``Planner.offer``)."""
+        return self._with_run_time_s(profile, self.planner.offer(profile, gpus))
+
+    def option_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]:
+        """(GPU count, config, predicted run time) of ``option`` for every count from ``lo``
+        to ``hi`` that offers one, ascending: one search per shape and range
+        (``Planner.offers``), shared by all the jobs of that shape."""
         startup_s = self.cost.startup_s(profile)
         return [(gpus, est.config, self._run_s(profile, est, startup_s))
-                for gpus, est in self.planner.choices(profile, lo, hi)]
+                for gpus, est in self.planner.offers(profile, lo, hi)]
 
-    def run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable:
-        """Equal for profiles that get equal ``best_run_times_s(profile, lo, hi)`` here:
-        one search (``Planner.choices_key``), length, class and run-time factor."""
-        return (self.planner.choices_key(profile, lo, hi), profile.plan.iterations, profile.job_class,
+    def option_run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable:
+        """Equal for profiles that get equal ``option_run_times_s(profile, lo, hi)`` here:
+        one search (``Planner.offers_key``), length, class and run-time factor."""
+        return (self.planner.offers_key(profile, lo, hi), profile.plan.iterations, profile.job_class,
                 profile.run_time_factor)
+
+    def _with_run_time_s(self, profile: JobProfile, est: Optional[Estimate]) -> Optional[tuple[ExecConfig, float]]:
+        return None if est is None else (est.config, self._run_s(profile, est, self.cost.startup_s(profile)))
 
     def _run_s(self, profile: JobProfile, est: Estimate, startup_s: float) -> float:
         return (startup_s + profile.plan.iterations * est.iter_time_s) * self.bias(profile.job_class, est.config) \

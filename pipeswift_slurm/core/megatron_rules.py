@@ -116,9 +116,8 @@ def _split_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
 
 
 def _interleaved_layers(profile: JobProfile, pp: int, layers: list[int]) -> list[int]:
-    """The layer counts per rank that interleaving splits into virtual stages (each must be
-    divisible by vp): the ranks' own (``layers``), or with the embedding/loss counted as
-    layers, their common share."""
+    """The layer counts per rank that interleaving splits into virtual stages (each divisible
+    by vp): the ranks' own (``layers``), or their common share with the embedding/loss."""
     plan = profile.plan
     if plan.embedding_in_pipeline_split or plan.loss_in_pipeline_split:
         return [(profile.shape.num_layers + plan.embedding_in_pipeline_split + plan.loss_in_pipeline_split) // pp]
@@ -243,9 +242,8 @@ def config_bases(profile: JobProfile, gpus: int, gpus_per_node: int, *, vary_tp:
             if pp not in splits:
                 splits[pp] = _splits_with_interleavings(profile, pp, max_vp)
             for first, last, vps in splits[pp]:
-                yield ExecConfig(tp=tp, pp=pp, dp=gpus // (tp * pp * user.cp), micro_batch_size=1,
-                                 num_micro_batches=1, cp=user.cp, num_nodes=nodes, gpus_per_node=gpn,
-                                 decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last), vps
+                # positional: tp, pp, dp, micro-batch size and count, cp, vp, nodes, GPUs per node, split
+                yield ExecConfig(tp, pp, gpus // (tp * pp * user.cp), 1, 1, user.cp, 1, nodes, gpn, first, last), vps
 
 
 def _splits_with_interleavings(profile: JobProfile, pp: int,
@@ -253,9 +251,7 @@ def _splits_with_interleavings(profile: JobProfile, pp: int,
     """The layer splits over ``pp`` stages that are valid, with the interleavings each allows."""
     out = []
     for first, last in _split_choices(profile, pp):
-        layers = profile_stage_layers(profile, ExecConfig(tp=1, pp=pp, dp=1, micro_batch_size=1, num_micro_batches=1,
-                                                          decoder_first_pipeline_num_layers=first,
-                                                          decoder_last_pipeline_num_layers=last))
+        layers = profile_stage_layers(profile, ExecConfig(1, pp, 1, 1, 1, 1, 1, 1, 0, first, last))
         if layers is None:
             continue  # check_config refuses every config of this split (_split_problems)
         out.append((first, last, [vp for vp in range(1, max_vp + 1) if vp == 1 or (
@@ -272,8 +268,7 @@ def micro_batch_levels(profile: JobProfile, base: ExecConfig) -> list[tuple[int,
 
 
 def interleavings(base: ExecConfig, mbs: int, m: int, vps: list[int]) -> list[ExecConfig]:
-    """``base`` with ``mbs`` x ``m`` micro-batches at each interleaving of ``vps`` that
-    Megatron's cheap rule allows (vp > 1 needs pp >= 2 and M a multiple of pp)."""
+    """``base`` with ``mbs`` x ``m`` micro-batches at each of ``vps`` (vp > 1: pp >= 2, pp | M)."""
     return [ExecConfig(base.tp, base.pp, base.dp, mbs, m, base.cp, vp, base.num_nodes, base.gpus_per_node,
                        base.decoder_first_pipeline_num_layers, base.decoder_last_pipeline_num_layers)
             for vp in vps if vp == 1 or (base.pp >= 2 and not m % base.pp)]
@@ -284,10 +279,8 @@ def level_configs(profile: JobProfile, configs: list[ExecConfig], gpus_per_node:
     """Of one micro-batch size's ``configs``, those check_config accepts (and that ``fits``),
     and whether the size is the last to try (:func:`last_micro_batch`)."""
     valid = [cfg for cfg in configs if not check_config(profile, cfg, gpus_per_node)]
-    if fits is None:
-        return valid, False
-    found = [cfg for cfg in valid if fits(cfg)]
-    return found, not found and last_micro_batch(profile, valid, gpus_per_node, fits)
+    found = valid if fits is None else [cfg for cfg in valid if fits(cfg)]
+    return found, fits is not None and not found and last_micro_batch(profile, valid, gpus_per_node, fits)
 
 
 def last_micro_batch(profile: JobProfile, configs: list[ExecConfig], gpus_per_node: int,
@@ -376,6 +369,16 @@ def user_layout_at(profile: JobProfile, gpus: int, gpus_per_node: int) -> Option
     cfg = replace(user, dp=dp, num_micro_batches=gbs // (user.micro_batch_size * dp), num_nodes=nodes,
                   gpus_per_node=gpn)
     return None if check_config(profile, cfg, gpus_per_node) else cfg
+
+
+def user_layout_at_most(profile: JobProfile, gpus: int, gpus_per_node: int) -> Optional[ExecConfig]:
+    """The user's layout on ``gpus`` GPUs (:func:`user_layout_at`), else on the largest
+    smaller count where it is valid; None when no count up to ``gpus`` has it."""
+    for count in range(gpus, 0, -1):
+        mine = user_layout_at(profile, count, gpus_per_node)
+        if mine is not None:
+            return mine
+    return None
 
 
 def same_layout(a: ExecConfig, b: ExecConfig) -> bool:

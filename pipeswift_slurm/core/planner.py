@@ -4,7 +4,8 @@ iteration time, with the reason each excluded config was excluded on request.
 Uses megatron_rules.enumerate_configs for Megatron's rules and CostModel for time and memory.
 ``Planner.choose`` is the config to run on a GPU count, for the policies and the launcher
 alike: the fastest, unless the user's own layout is as fast within the error band
-(:func:`keep_user_layout`, "do no harm").
+(:func:`keep_user_layout`, "do no harm"); ``Planner.offer`` is the
+same rule across GPU counts, for the policies, which choose the count.
 Results per (job shape and plan, GPU count) are memoised on the Planner instance, so a
 controller or simulator that keeps one Planner pays for each shape once; jobs that differ
 only in GPU range, length or checkpoint interval share them. A cron tick starts with an
@@ -25,7 +26,7 @@ from typing import Optional, Sequence
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
 from pipeswift_slurm.core.megatron_rules import (Problem, check_config, config_bases, enumerate_configs,
                                                 interleavings, last_micro_batch, micro_batch_levels,
-                                                user_layout_at)
+                                                user_layout_at, user_layout_at_most)
 from pipeswift_slurm.core.memo import per_profile
 from pipeswift_slurm.core.model import ExecConfig, JobProfile, TrainingPlan
 
@@ -105,7 +106,8 @@ class Planner:
         self._ranked: dict[tuple[int, int], list[Estimate]] = {}
         self._chosen: dict[tuple[int, int, int, int], Optional[Estimate]] = {}
         self._best: dict[tuple[int, int], Optional[Estimate]] = {}
-        self._choices: dict[tuple[int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
+        self._offered: dict[tuple[int, int, int, int, int], Optional[Estimate]] = {}
+        self._offers: dict[tuple[int, int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
         self._key_ids: dict[tuple[object, ...], int] = {}
         self._keys: dict[int, tuple[JobProfile, int]] = {}
 
@@ -196,23 +198,46 @@ class Planner:
             self._chosen[key] = keep_user_layout(None if mine is None else self.cost.estimate(profile, mine), best)
         return self._chosen[key]
 
-    def choices(self, profile: JobProfile, lo: int, hi: int) -> tuple[tuple[int, Estimate], ...]:
-        """(GPU count, ``choose``) for every count from ``lo`` to ``hi`` that has a valid
-        config, ascending; memoised per plan key and range (within the job's), so the jobs
-        of one shape and range share one search and one tuple."""
-        key = self.choices_key(profile, lo, hi)
-        hit = self._choices.get(key)
+    def offer(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+        """What a policy may run on ``gpus`` GPUs: ``choose``, or None where the count enters
+        only through a layout change that the band does not back. On a count where the user's
+        layout is not valid (another tp x pp x cp does not divide it), any config is another
+        layout, which ``choose`` cannot weigh against the user's there; it is offered only
+        when it beats the user's layout on the largest smaller count where that is valid
+        (``user_layout_at_most``, fewer GPUs) by more than the band (:func:`keep_user_layout`),
+        else that smaller count serves the job with fewer GPUs and no bet. A count with no
+        user's layout at or below it (a shrink below the user's smallest) is offered as is."""
+        if not self.do_no_harm:
+            return self.best(profile, gpus)
+        user = profile.requested
+        # the user's layout is looked for down to the job's smallest count: part of the key
+        key = (self._key(profile), user.micro_batch_size, user.vp, gpus, profile.gpu_range[0])
+        if key not in self._offered:
+            chosen = self.choose(profile, gpus)
+            mine = user_layout_at_most(profile, gpus, self.gpus_per_node) if chosen is not None else None
+            kept = chosen if mine is None or mine.gpus == gpus else \
+                keep_user_layout(self.cost.estimate(profile, mine), chosen)
+            self._offered[key] = chosen if kept is chosen else None
+        return self._offered[key]
+
+    def offers(self, profile: JobProfile, lo: int, hi: int) -> tuple[tuple[int, Estimate], ...]:
+        """(GPU count, ``offer``) for every count from ``lo`` to ``hi`` that offers one,
+        ascending; memoised (``offers_key``), so the jobs of one shape and range share one
+        search and one tuple."""
+        key = self.offers_key(profile, lo, hi)
+        hit = self._offers.get(key)
         if hit is None:
-            found = ((gpus, self.choose(profile, gpus)) for gpus in range(key[3], key[4] + 1))
-            hit = self._choices[key] = tuple((gpus, est) for gpus, est in found if est is not None)
+            found = ((gpus, self.offer(profile, gpus)) for gpus in range(key[4], key[5] + 1))
+            hit = self._offers[key] = tuple((gpus, est) for gpus, est in found if est is not None)
         return hit
 
-    def choices_key(self, profile: JobProfile, lo: int, hi: int) -> tuple[int, int, int, int, int]:
-        """Equal for profiles whose ``choices(profile, lo, hi)`` are equal: the plan key, the
-        user's micro-batch size and interleaving, and the range within the job's."""
+    def offers_key(self, profile: JobProfile, lo: int, hi: int) -> tuple[int, int, int, int, int, int]:
+        """Equal for profiles whose ``offers(profile, lo, hi)`` are equal: the plan key, the
+        user's micro-batch size and interleaving, the job's smallest count, and the range
+        within the job's."""
         user = profile.requested
-        return (self._key(profile), user.micro_batch_size, user.vp, max(lo, profile.gpu_range[0]),
-                min(hi, profile.gpu_range[1]))
+        return (self._key(profile), user.micro_batch_size, user.vp, profile.gpu_range[0],
+                max(lo, profile.gpu_range[0]), min(hi, profile.gpu_range[1]))
 
     def _estimates(self, profile: JobProfile, gpus: int) -> list[Estimate]:
         configs = enumerate_configs(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp,

@@ -34,15 +34,15 @@ def job_options(profile: JobProfile, estimator: EstimatorProtocol, max_gpus: int
                 iterations: Optional[int] = None, shared: Optional[dict[object, tuple[Option, ...]]] = None
                 ) -> tuple[Option, ...]:
     """Best config and predicted run time for every GPU count the job allows that the
-    cluster can hold (<= max_gpus GPUs on <= max_nodes nodes); with ``iterations``, the
-    run time of that many iterations (what a requeued job has left) in that config.
-    ``shared`` (one estimator's, e.g. for one tick) hands jobs whose options are the same
-    (``estimator.run_times_key``) one tuple."""
+    cluster can hold and the do-no-harm rule offers (``Estimator.option``) (<= max_gpus GPUs on
+    <= max_nodes nodes); with ``iterations``, the run time of that many iterations (what a
+    requeued job has left) in that config. ``shared`` (one estimator's, e.g. for one tick)
+    hands jobs whose options are the same (``estimator.option_run_times_key``) one tuple."""
     lo, hi = profile.gpu_range
     hi = min(hi, max_gpus)
     if shared is None or iterations is not None:
         return _job_options(profile, estimator, lo, hi, max_nodes, iterations)
-    key = (estimator.run_times_key(profile, lo, hi), max_nodes)
+    key = (estimator.option_run_times_key(profile, lo, hi), max_nodes)
     hit = shared.get(key)
     if hit is None:
         hit = shared[key] = _job_options(profile, estimator, lo, hi, max_nodes, None)
@@ -51,7 +51,7 @@ def job_options(profile: JobProfile, estimator: EstimatorProtocol, max_gpus: int
 
 def _job_options(profile: JobProfile, estimator: EstimatorProtocol, lo: int, hi: int, max_nodes: int,
                  iterations: Optional[int]) -> tuple[Option, ...]:
-    best = [(gpus, config, run_s) for gpus, config, run_s in estimator.best_run_times_s(profile, lo, hi)
+    best = [(gpus, config, run_s) for gpus, config, run_s in estimator.option_run_times_s(profile, lo, hi)
             if config.num_nodes <= max_nodes]
     if iterations is None:
         return tuple(Option(gpus, config, run_s) for gpus, config, run_s in best)

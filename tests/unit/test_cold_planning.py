@@ -1,7 +1,7 @@
 """The shortcuts that make a cold tick's planning cheap (issue 24, decide() cold) choose
 exactly what the plain definitions choose: the pruned search for the fastest config
 (``Planner.best``) is the ranking's first, one shared search per shape and range
-(``Estimator.best_run_times_s``) is ``best_run_time_s`` count by count, the floor that
+(``Estimator.option_run_times_s``) is ``option`` count by count, the floor that
 orders the search is below every pipeline time it stands for, and the enumeration's
 cheap pre-checks drop no config that ``check_config`` accepts.
 (``python bench/decide_latency.py --against DIR`` compares whole decisions.)"""
@@ -65,20 +65,20 @@ def test_pruned_best_is_the_rankings_first(name: str, cost: CostModel) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
-def test_shared_search_is_best_run_time_count_by_count(name: str, cost: CostModel) -> None:
+def test_shared_search_is_option_count_by_count(name: str, cost: CostModel) -> None:
     profile = replace(PROFILES[name], job_class="gpt-x", run_time_factor=1.3)
     bias = {"gpt-x": 1.1}
     shared, plain = Estimator(cost, 8, bias), Estimator(CostModel(cost.gpu), 8, bias)
     lo, hi = profile.gpu_range
-    table = shared.best_run_times_s(profile, lo, hi)
+    table = shared.option_run_times_s(profile, lo, hi)
     expected = [(gpus, *best) for gpus in range(lo, hi + 1)
-                if (best := plain.best_run_time_s(profile, gpus)) is not None]
+                if (best := plain.option(profile, gpus)) is not None]
     assert table == expected and table
     # a job of the same shape, another length, shares the search but not the run times
     longer = replace(profile, plan=replace(profile.plan, train_iters=3000))
-    assert [(g, c) for g, c, _ in shared.best_run_times_s(longer, lo, hi)] == [(g, c) for g, c, _ in table]
-    assert [r for _, _, r in shared.best_run_times_s(longer, lo, hi)] == \
-        [plain.best_run_time_s(longer, g)[1] for g, _, _ in table]  # type: ignore[index]
+    assert [(g, c) for g, c, _ in shared.option_run_times_s(longer, lo, hi)] == [(g, c) for g, c, _ in table]
+    assert [r for _, _, r in shared.option_run_times_s(longer, lo, hi)] == \
+        [plain.option(longer, g)[1] for g, _, _ in table]  # type: ignore[index]
 
 
 def test_job_options_are_the_per_count_options(cost: CostModel) -> None:
@@ -88,7 +88,7 @@ def test_job_options_are_the_per_count_options(cost: CostModel) -> None:
     plain = Estimator(CostModel(cost.gpu), 8)
     expected = []
     for gpus in range(1, 25):
-        best = plain.best_run_time_s(profile, gpus)
+        best = plain.option(profile, gpus)
         if best is not None and best[0].num_nodes <= 2:
             expected.append(Option(gpus, best[0], best[1]))
     assert list(options) == expected
@@ -126,15 +126,16 @@ def test_pre_checks_drop_no_valid_config(name: str) -> None:
 def test_jobs_of_one_shape_share_searches_across_ranges(cost: CostModel) -> None:
     """Searches are shared by jobs that differ only in GPU range, length or checkpoint
     interval; each job still gets exactly what a planner of its own would choose."""
-    base = PROFILES["uneven"]
+    base, pipelined = PROFILES["uneven"], PROFILES["user_split"]  # the second's layout needs 4k GPUs
     jobs = [base.with_range(1, 8), base.with_range(4, 24), base.with_range(6, 6),
-            replace(base.with_range(2, 16), plan=replace(base.plan, train_iters=77, save_interval=5))]
+            replace(base.with_range(2, 16), plan=replace(base.plan, train_iters=77, save_interval=5)),
+            pipelined.with_range(4, 24), pipelined.with_range(9, 24), pipelined.with_range(13, 24)]
     shared = Planner(cost, 8)
     for job in jobs:
         for lo, hi in ((1, 24), job.gpu_range, (3, 12)):
             own = Planner(CostModel(cost.gpu), 8)
-            expected = tuple((g, est) for g in range(lo, hi + 1) if (est := own.choose(job, g)) is not None)
-            assert shared.choices(job, lo, hi) == expected, (job.gpu_range, lo, hi)
+            expected = tuple((g, est) for g in range(lo, hi + 1) if (est := own.offer(job, g)) is not None)
+            assert shared.offers(job, lo, hi) == expected, (job.gpu_range, lo, hi)
         assert shared.ranked(job, 3) == Planner(CostModel(cost.gpu), 8).ranked(job, 3)
 
 
