@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""decide() latency of every policy for 100 / 1,000 / 10,000 pending jobs on 64 / 1,024 /
-8,192 GPUs. Prints JSON: per (policy, pending, gpus) the cold first call (empty caches)
+"""decide() latency of every policy, cold and warm, at 100 to 10,000 pending jobs.
+
+For 100 / 1,000 / 10,000 pending jobs on 64 / 1,024 / 8,192 GPUs it prints JSON: per
+(policy, pending, gpus) the cold first call (empty caches)
 and the median and max of the next ``--repeat`` calls on views that change a little
 between calls (time advances, one job arrives), as the controller sees them.
 
