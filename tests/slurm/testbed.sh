@@ -304,7 +304,9 @@ for n in $(seq 1 "$NODES"); do
 done
 
 ok=0; states=""
-for _ in $(seq 1 120); do
+# a deadline, not a count: a slurmctld that does not answer makes each sinfo wait 10 s
+READY_BY=$((SECONDS + 60))
+while [ $SECONDS -lt $READY_BY ]; do
   ctld_alive || { echo "slurmctld died:" >&2; tail -5 "$DIR/log/slurmctld.log" >&2; exit 1; }
   states=$(timeout 10 sinfo -h -N -o '%T' 2>/dev/null | sort -u | tr '\n' ' ') || true
   if [ -n "$states" ] && ! echo "$states" | grep -qE 'unk|down|drain|inval|not_resp|\*'; then ok=1; break; fi
