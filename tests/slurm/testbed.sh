@@ -283,6 +283,7 @@ DebugLevel=info
 EOF
   chmod 600 "$DIR/etc/slurmdbd.conf"
   if ! alive "$DIR/run/slurmdbd.pid"; then
+    rm -f "$DIR/run/slurmdbd.pid"   # a dead one's would read as "stopped at start"
     "$SBIN/slurmdbd"
     for _ in $(seq 1 150); do
       (exec 3<>"/dev/tcp/127.0.0.1/$DBD_PORT") 2>/dev/null && break
@@ -297,7 +298,13 @@ EOF
 [ "$ACCOUNTING" = dbd ] && start_dbd
 
 # ------------------------------------------------------------------ daemons
-if ! ctld_alive; then "$SBIN/slurmctld" -f "$SLURM_CONF"; say "slurmctld started"; fi
+if ! ctld_alive; then
+  rm -f "$DIR/run/slurmctld.pid"   # a dead one's: the checks below read the pid file
+  "$SBIN/slurmctld" -f "$SLURM_CONF"
+  # the daemon writes its pid file a moment after the command returns (seconds on a busy host)
+  for _ in $(seq 1 100); do [ -s "$DIR/run/slurmctld.pid" ] && break; sleep 0.1; done
+  say "slurmctld started"
+fi
 for n in $(seq 1 "$NODES"); do
   mkdir -p "$DIR/spool-node$n"   # before slurmd starts, or its domain socket fails
   alive "$DIR/run/slurmd-node$n.pid" || "$SBIN/slurmd" -f "$SLURM_CONF" -N "node$n"
