@@ -131,6 +131,7 @@ CREATE TABLE IF NOT EXISTS decisions (
     time_limit_s                      INTEGER,
     requeue                           BOOLEAN NOT NULL,
     hold                              BOOLEAN,           -- 1 hold, 0 release (the controller's own hold)
+    partition                         TEXT,              -- moved to this partition (a mixed cluster)
     reason                            TEXT,
     predicted_start_s                 REAL,
     predicted_end_s                   REAL,

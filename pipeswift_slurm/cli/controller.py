@@ -179,7 +179,27 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions,
                                   gpus_per_node=cfg.gpus_per_node)
     return Controller(backend, policy, estimator, store, settings,
-                      calibration=calibration if cfg.calibrate else None)
+                      calibration=calibration if cfg.calibrate else None, partition_costs=partition_costs(cfg, obj))
+
+
+def partition_costs(cfg: Any, obj: Obj) -> dict[str, Any]:
+    """Partition -> the cost model of its GPU type, for a mixed cluster
+    (``[slurm.partition_gpu_types]``; the partitions of ``[slurm] partitions`` not named
+    there run ``gpu_type``); empty when the config names none."""
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
+
+    if not cfg.partition_gpu_types:
+        return {}
+    kinds = dict(cfg.partition_gpu_types)
+    out = {}
+    for name in list(cfg.partitions) + [p for p in kinds if p not in cfg.partitions]:
+        try:
+            out[name] = CostModel(get_gpu_type(kinds[name], cfg.hardware_file or obj.hardware)
+                                  if name in kinds else site_gpu(cfg, obj))
+        except HardwareError as exc:
+            fail("%s: [slurm.partition_gpu_types] %s: %s" % (cfg.source, name, exc))
+    return out
 
 
 def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Optional[Any]:

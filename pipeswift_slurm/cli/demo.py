@@ -11,8 +11,8 @@ from typing import Any, Optional
 import click
 
 from pipeswift_slurm.cli.common import Obj, pass_obj
-from pipeswift_slurm.cli.sim import Progress, history_file, on_terminal, plot_cdf, print_comparison
-from pipeswift_slurm.cli.sim import refuse_non_history
+from pipeswift_slurm.cli.sim import Progress, history_file, on_terminal, plot_cdf, refuse_non_history
+from pipeswift_slurm.cli.sim_table import print_comparison
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 
 DEMO_VARIANTS = ("pipeswift:order", "pipeswift:config")  # presets: the gains taken apart

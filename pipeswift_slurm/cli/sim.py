@@ -6,14 +6,15 @@ import calendar
 import json
 import math
 import sys
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import click
 
 from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, output_file, pass_obj
-from pipeswift_slurm.cli.sim_notes import bound_warning, learn_line, worst_users_line
+from pipeswift_slurm.cli.sim_notes import bound_warning, learn_line
+from pipeswift_slurm.cli.sim_table import print_comparison, utc_date
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.core.model import COMPLETED
 from pipeswift_slurm.core.request import MAX_GPUS
@@ -53,7 +54,9 @@ def _knobs(items: tuple[str, ...], policies: tuple[str, ...]) -> dict[str, dict[
     return out
 
 
-def _bias(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+def _bias(items: tuple[str, ...], option: str = "--truth-bias") -> tuple[tuple[str, float], ...]:
+    """NAME=RATIO items (``--truth-bias``: a job class prefix; ``--truth-partition-factor``:
+    a partition), each RATIO finite and > 0."""
     out = []
     for item in items:
         prefix, _, value = item.partition("=")
@@ -62,7 +65,8 @@ def _bias(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
         except ValueError:
             ratio = math.nan
         if not prefix or not math.isfinite(ratio) or ratio <= 0:
-            fail("--truth-bias %r: expected CLASS_PREFIX=RATIO with a finite RATIO > 0, e.g. gpt-swiglu=1.3" % item)
+            fail("%s %r: expected %s=RATIO with a finite RATIO > 0, e.g. %s=1.3"
+                 % (option, item, *(("CLASS_PREFIX", "gpt-swiglu") if option == "--truth-bias" else ("NAME", "h100"))))
         out.append((prefix, ratio))
     return tuple(out)
 
@@ -170,65 +174,6 @@ def _run(spec: Any, db: Optional[str]) -> Any:
         fail(str(exc), 1)
 
 
-# (header, metric key) of the duration columns, in table order after "vs BASE"
-DURATION_COLUMNS = (("mean JCT", "mean_jct_s"), ("median", "median_jct_s"), ("P99", "p99_jct_s"),
-                    ("P99 large", "p99_jct_s_large"), ("mean queue", "mean_queue_s"))
-
-
-def comparison_table(comp: Any) -> str:
-    """The per-policy table: one unit per duration column, named in its header."""
-    from pipeswift_slurm.core.fmt import duration_column, table
-
-    base = next((m for m in comp.metrics if m["policy"] == "slurm"), comp.metrics[0])
-    columns = {}
-    for header, key in DURATION_COLUMNS + (("max wait", "max_wait_s"),):
-        unit, cells = duration_column([m[key] for m in comp.metrics])
-        columns[header] = ("%s (%s)" % (header, unit), cells)
-    headers = ["policy", columns["mean JCT"][0], "vs " + base["policy"]]
-    headers += [columns[h][0] for h, _ in DURATION_COLUMNS[1:]]
-    headers += ["queue ratio", columns["max wait"][0], "GPU util", "resized", "restarts", "decide ms"]
-    rows = []
-    for i, m in enumerate(comp.metrics):
-        rows.append([m["policy"], columns["mean JCT"][1][i], "%.2f" % (m["mean_jct_s"] / base["mean_jct_s"])]
-                    + [columns[h][1][i] for h, _ in DURATION_COLUMNS[1:]]
-                    + ["%.2f" % (m["queue_ratio"] or 0), columns["max wait"][1][i],
-                       "%.2f" % (m["gpu_utilisation"] or 0), m["reconfigured_jobs"], m["restarts"],
-                       "%.2f" % (m["decide_ms_mean"] or 0)])
-    return table(headers, rows)
-
-
-def legend(base: str) -> str:
-    """What the columns of ``comparison_table`` mean (units are in the headers)."""
-    items = [
-        ("vs " + base, "mean JCT over %s's mean JCT (below 1 is better)" % base),
-        ("P99", "99th percentile JCT; P99 large: the same over large jobs (32 GPU-hours and more)"),
-        ("mean queue", "mean time a job spends not running (waiting, and again after a requeue)"),
-        ("queue ratio", "total time not running / total JCT, over all jobs"),
-        ("max wait", "the longest any job spent not running"),
-        ("GPU util", "busy GPU-time / (cluster GPUs x time to the last job's end)"),
-        ("resized", "jobs run on another GPU count than they asked for"),
-        ("restarts", "requeues of running jobs (a preempted job starts again from its checkpoint)"),
-        ("decide ms", "mean time the policy took per controller tick, in milliseconds"),
-    ]
-    width = max(len(name) for name, _ in items)
-    return "\n".join(["columns: JCT = job completion time, submit to end; durations in the unit of their header"]
-                     + ["  %s  %s" % (name.ljust(width), text) for name, text in items])
-
-
-def print_comparison(comp: Any) -> None:
-    from pipeswift_slurm.core.fmt import duration
-
-    w = comp.workload
-    click.echo("workload: %s, %d jobs (%d flexible) over %.1f days from %s, offered load %.2f; lower bound mean"
-               " JCT %s" % (w["source"], w["jobs"], w["flexible_jobs"], w["span_days"], _date(w["start_epoch_s"]),
-                            w["offered_load"], duration(w["lower_bound_mean_jct_s"])))
-    click.echo(comparison_table(comp))
-    if worst_users_line(comp):
-        click.echo(worst_users_line(comp))
-    base = next((m["policy"] for m in comp.metrics if m["policy"] == "slurm"), comp.metrics[0]["policy"])
-    click.echo(legend(base))
-
-
 def _start_epoch_s(text: Optional[str]) -> Optional[float]:
     """``--start YYYY-MM-DD`` as the epoch second of that UTC midnight (None when not given)."""
     if text is None:
@@ -237,12 +182,6 @@ def _start_epoch_s(text: Optional[str]) -> Optional[float]:
         return float(calendar.timegm(datetime.strptime(text, "%Y-%m-%d").timetuple()))
     except ValueError:
         fail("--start %r: expected a date YYYY-MM-DD, e.g. 2024-05-01" % text)
-
-
-def _date(epoch_s: float) -> str:
-    """'2024-05-01' (UTC) of ``epoch_s``; the time of day too when it is not midnight."""
-    stamp = datetime.fromtimestamp(epoch_s, tz=timezone.utc)
-    return stamp.strftime("%Y-%m-%d" if epoch_s % 86400 == 0 else "%Y-%m-%d %H:%M:%S")
 
 
 def comparison_json(comp: Any) -> dict[str, Any]:
@@ -255,7 +194,9 @@ def comparison_json(comp: Any) -> dict[str, Any]:
                      "wait_bound_s": spec.wait_bound_s,
                      "truth_noise": spec.noise_sigma, "truth_shape_noise": spec.shape_sigma,
                      "truth_user_favour": spec.user_favour, "slurm": spec.slurm.as_dict(),
-                     "start": _date(comp.workload["start_epoch_s"])},
+                     "partitions": [p.text() for p in spec.partitions], "partition_flex": spec.partition_flex,
+                     "truth_partition_factors": dict(spec.partition_truth),
+                     "start": utc_date(comp.workload["start_epoch_s"])},
             "workload": comp.workload, "policies": comp.metrics,
             **({"what_changed": comp.changed} if comp.changed is not None else {})}
 
@@ -301,6 +242,14 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--gpus", type=click.IntRange(min=1, max=MAX_GPUS), default=64, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), help="[default: the --config's, else 8]")
 @click.option("--gpu-type", help="[default: the --config's, else %s]" % DEFAULT_GPU_TYPE)
+@click.option("--partition", "partition_items", multiple=True, metavar="NAME=GPU_TYPE:NODESxGPUS",
+              help="A mixed cluster, one partition per option (e.g. a100=A100-80GB:4x8); replaces --gpus,"
+              " --gpus-per-node and --gpu-type. Each job is submitted to one partition it fits in.")
+@click.option("--partition-flex", type=FiniteFloatRange(0, 1), default=1.0, show_default=True,
+              help="With --partition: share of jobs that allow every partition they fit in (pipeswift may"
+              " move them; the baselines keep each job where it was submitted).")
+@click.option("--truth-partition-factor", "partition_truth", multiple=True, metavar="NAME=RATIO",
+              help="With --partition: every config really runs RATIO times the predicted iteration time there.")
 @click.option("--load", type=FiniteFloatRange(min=0.01), help="Rescale arrivals to this offered load (synthetic"
               " default 0.9; traces keep their own times unless given).")
 @click.option("--policy", "policy_text", default="fifo,slurm,sjf,tiresias,pipeswift", show_default=True,
@@ -349,7 +298,8 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
              config_path: Optional[str], start_epoch_s: Optional[float], sacct_file: Optional[str] = None,
              history_db: Optional[str] = None, slurm_config: Optional[str] = None,
-             layouts: str = "user") -> None:
+             layouts: str = "user", partition_items: tuple[str, ...] = (), partition_flex: float = 1.0,
+             partition_truth: tuple[str, ...] = ()) -> None:
     """Replay a workload on a simulated Slurm cluster under several policies."""
     from pipeswift_slurm.cli.whatif import load_history, load_slurm_settings, print_what_changed, skipped_note
     from pipeswift_slurm.sim.runner import RunSpec
@@ -382,7 +332,9 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
                    noise_sigma=truth_noise, shape_sigma=truth_shape_noise, user_favour=truth_user_favour,
                    cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn, layouts=layouts,
-                   slurm=load_slurm_settings(slurm_config),
+                   slurm=load_slurm_settings(slurm_config), partition_flex=partition_flex,
+                   partitions=_partitions(partition_items, obj),
+                   partition_truth=_bias(partition_truth, "--truth-partition-factor"),
                    history=load_history(sacct_file, history_db, load=load, vc=cluster_filter)
                    if (sacct_file or history_db) else None)
     comp = _run(spec, db)
@@ -395,6 +347,19 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
     for line in filter(None, (skipped_note(comp.workload), bound_warning(comp))):
         click.echo(line, err=True)
     _outputs(comp, json_out, plot)
+
+
+def _partitions(items: tuple[str, ...], obj: Obj) -> tuple[Any, ...]:
+    """``--partition`` values as SimPartitions (one error line each)."""
+    from pipeswift_slurm.sim.mixed import check_partitions, parse_partition
+    from pipeswift_slurm.sim.workload import WorkloadError
+
+    try:
+        parts = tuple(parse_partition(text, obj.hardware) for text in items)
+        check_partitions(parts)
+    except WorkloadError as exc:
+        fail("--partition %s" % exc)
+    return parts
 
 
 def _site(path: str) -> tuple[Any, tuple[str, dict[str, Any]]]:

@@ -62,9 +62,14 @@ class Estimator:
         and so its cache, depend on the node size); itself when that is its node size."""
         if gpus_per_node == self.gpus_per_node:
             return self
-        planner = Planner(self.cost, gpus_per_node, vary_tp=self.planner.vary_tp, max_vp=self.planner.max_vp,
+        return self.for_hardware(self.cost, gpus_per_node)
+
+    def for_hardware(self, cost: CostModel, gpus_per_node: int) -> "Estimator":
+        """A copy for another GPU type (``cost``) and node size, with the same bias map and
+        planner settings and a planner of its own (a partition of other GPUs)."""
+        planner = Planner(cost, gpus_per_node, vary_tp=self.planner.vary_tp, max_vp=self.planner.max_vp,
                           do_no_harm=self.planner.do_no_harm)
-        return Estimator(self.cost, gpus_per_node, self.bias_by_class, planner)
+        return Estimator(cost, gpus_per_node, self.bias_by_class, planner)
 
     def bias(self, job_class: str, config: Optional[ExecConfig] = None) -> float:
         """actual/predicted ratio for the class, else its model family's, else 1; times the

@@ -79,6 +79,7 @@ class PipeSwiftKnobs:
     risk_fraction: float = knob(0.75, lo=0, hi=1)
     starve_share: float = knob(0.5, lo=0, hi=1)
     borrow_share: float = knob(0.25, lo=0, hi=1)
+    move_partitions: bool = knob(True)
 
     @property
     def promote_s(self) -> float:

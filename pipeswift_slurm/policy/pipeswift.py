@@ -52,6 +52,8 @@ exceed it is held (Slurm's hold, marked in the decision token; its decision says
 long jobs have ended enough for it to fit, so short jobs always find GPUs (a long job
 bigger than that share is held until it starves); jobs past the starvation threshold are
 never held.
+Mixed clusters (``move_partitions``, on by default): a job that allows several partitions
+is moved to the one where it is predicted to finish first (``policy/partitions.py``).
 Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chosen);
 ``reconfigure=False`` also keeps the user's config (order and waiting only).
 """
@@ -133,6 +135,12 @@ class PipeSwiftPolicy:
     def preempts(self) -> bool:
         """Whether it may requeue running jobs (the simulator then keeps ticking)."""
         return self.knobs.preempt
+
+    @property
+    def moves_partitions(self) -> bool:
+        """Whether a job that allows several partitions goes where it finishes first
+        (``policy/partitions.py``)."""
+        return self.knobs.move_partitions
 
     # ------------------------------------------------------------ options and order
     def options(self, job: Job, profile: JobProfile, estimator: EstimatorProtocol,

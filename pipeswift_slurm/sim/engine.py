@@ -21,7 +21,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from pipeswift_slurm.core.calibration import OnlineCalibrator
 from pipeswift_slurm.core.costmodel import CostModel
@@ -31,6 +31,7 @@ from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
 from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings
 from pipeswift_slurm.core.model import ExecConfig
 from pipeswift_slurm.core.token import ProfileRequest, encode_profile
+from pipeswift_slurm.sim.mixed import SimPartition
 from pipeswift_slurm.sim.workload import WorkloadJob
 
 
@@ -43,6 +44,7 @@ class SimSettings:
     tick_interval_s: float = 60.0
     allow_requeue: bool = True
     slurm: SchedulingSettings = field(default_factory=SchedulingSettings)
+    partitions: tuple[SimPartition, ...] = ()  # a mixed cluster (sim/mixed.py); then num_nodes is theirs
 
 
 @dataclass
@@ -69,6 +71,7 @@ class JobRecord:
     run_started_s: float = 0.0
     run_true_s: float = 0.0
     flexible: bool = False
+    partition: str = ""  # where it last ran (a mixed cluster)
 
     @property
     def jct_s(self) -> float:
@@ -111,38 +114,50 @@ class Simulation:
         on_tick: optional callback(now, report) (progress bars).
         calibrator: optional online calibrator: the controller's calibration step then
             learns from the jobs finished so far, as cron's learns from the history.
+        truths: on a mixed cluster (``settings.partitions``), the truth of each partition's
+            GPU type (``truth`` is then only the default); the controller predicts each
+            partition with the cost model of its GPU type.
     """
 
     def __init__(self, jobs: list[WorkloadJob], policy: Any, estimator: Any, truth: CostModel,
                  settings: SimSettings, store: Any = None,
                  on_tick: Optional[Callable[[float, Any], None]] = None,
-                 calibrator: Optional[OnlineCalibrator] = None):
+                 calibrator: Optional[OnlineCalibrator] = None, truths: Optional[Mapping[str, Any]] = None):
         self.jobs = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
         self.by_id = {j.job_id: j for j in self.jobs}
         self.policy = policy
         self.truth = truth
+        self.truths = dict(truths or {})
         self.settings = settings
         self.backend = SimBackend(settings.num_nodes, settings.gpus_per_node, scheduler=policy.scheduler,
                                   settings=settings.slurm, allow_requeue=settings.allow_requeue,
-                                  gpu_type=truth.gpu.name)
+                                  gpu_type=truth.gpu.name,
+                                  partitions=[(p.name, p.gpu.name, p.num_nodes, p.gpus_per_node)
+                                              for p in settings.partitions])
         self.controller = Controller(self.backend, policy, estimator, store,
                                      ControllerSettings(allow_requeue=settings.allow_requeue,
                                                         warn_wait_bound=False),  # the run's summary says it
                                      clock=time.perf_counter,
                                      calibration=OnlineCalibration(calibrator, lambda: self.records)
-                                     if calibrator is not None else None)
+                                     if calibrator is not None else None,
+                                     partition_costs={p.name: CostModel(p.gpu) for p in settings.partitions})
         self.on_tick = on_tick
         self.records: dict[int, JobRecord] = {}
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
 
     # ------------------------------------------------------------ truth
+    def _truth_of(self, rec: JobRecord) -> Any:
+        """The truth where the job runs (its partition's GPU type on a mixed cluster)."""
+        return self.truths.get(rec.partition, self.truth)
+
     def _true_run_s(self, wjob: WorkloadJob, rec: JobRecord, config: Optional[ExecConfig]) -> float:
         if wjob.profile is None or config is None:
             return wjob.recorded_duration_s  # replayed as it ran
         remaining = max(0.0, wjob.profile.plan.iterations - rec.iters_done)
-        iter_s = self.truth.iter_time_s(wjob.profile, config)
-        return (self.truth.startup_s(wjob.profile) + remaining * iter_s) * wjob.truth_factor
+        truth = self._truth_of(rec)
+        return (truth.startup_s(wjob.profile) + remaining * truth.iter_time_s(wjob.profile, config)) \
+            * wjob.truth_factor
 
     def _config_of(self, sim: SimJob, wjob: WorkloadJob) -> Optional[ExecConfig]:
         if wjob.profile is None:
@@ -155,16 +170,18 @@ class Simulation:
         if wjob.profile is None:
             self.backend.submit(SimJob(job_id=wjob.job_id, name=wjob.name, user=wjob.user, submit_s=wjob.submit_s,
                                        comment="", num_nodes=wjob.as_ran_nodes,
-                                       gpus_per_node=wjob.as_ran_gpus_per_node, time_limit_s=wjob.time_limit_s))
+                                       gpus_per_node=wjob.as_ran_gpus_per_node, time_limit_s=wjob.time_limit_s,
+                                       partition=wjob.partition))
             self.records[wjob.job_id] = JobRecord(wjob.job_id, wjob.name, wjob.user, wjob.model, "", wjob.category,
                                                   wjob.submit_s, wjob.gpus)
             return
         req = ProfileRequest(wjob.argv, wjob.profile.gpu_range if wjob.profile.flexible else None,
-                             world_size=wjob.gpus)
+                             world_size=wjob.gpus, partitions=wjob.partitions)
         user = wjob.profile.requested
         self.backend.submit(SimJob(job_id=wjob.job_id, name=wjob.name, user=wjob.user, submit_s=wjob.submit_s,
                                    comment=encode_profile(req), num_nodes=user.num_nodes,
-                                   gpus_per_node=user.gpus_per_node, time_limit_s=wjob.time_limit_s))
+                                   gpus_per_node=user.gpus_per_node, time_limit_s=wjob.time_limit_s,
+                                   partition=wjob.partition))
         self.records[wjob.job_id] = JobRecord(wjob.job_id, wjob.name, wjob.user, wjob.model,
                                               wjob.profile.job_class, wjob.category, wjob.submit_s, wjob.gpus,
                                               flexible=wjob.profile.flexible)
@@ -173,6 +190,7 @@ class Simulation:
         """A job (re)started at ``now``; its prediction is by ``estimator``, the one in
         force when the tick decided (a refit at the tick's end applies after ``now``)."""
         wjob, rec = self.by_id[sim.job_id], self.records[sim.job_id]
+        rec.partition = self.backend.node_partition[sim.placement[0]] if sim.placement else ""
         config = self._config_of(sim, wjob)
         run_s = self._true_run_s(wjob, rec, config)
         if rec.first_start_s is None:
@@ -198,9 +216,10 @@ class Simulation:
             rec.end_s = now
             rec.iters_done = wjob.profile.plan.iterations
             return
-        startup = self.truth.startup_s(wjob.profile) * wjob.truth_factor
+        truth = self._truth_of(rec)
+        startup = truth.startup_s(wjob.profile) * wjob.truth_factor
         if rec.config is not None and ran > startup:
-            iter_true = self.truth.iter_time_s(wjob.profile, rec.config) * wjob.truth_factor
+            iter_true = truth.iter_time_s(wjob.profile, rec.config) * wjob.truth_factor
             rec.iters_done += (ran - startup) / iter_true
         # a requeued job resumes from its last checkpoint; without checkpoints it starts over
         interval = wjob.profile.plan.save_interval
@@ -245,7 +264,7 @@ class Simulation:
         Slurm could start it, the idealised scheduler of earlier releases). The controller ticks
         at every arrival and end, and every ``tick_interval_s`` while it could act."""
         wall0 = time.perf_counter()
-        result = SimResult(self.policy.name, [], total_gpus=self.settings.num_nodes * self.settings.gpus_per_node)
+        result = SimResult(self.policy.name, [], total_gpus=sum(self.backend.node_gpus))
         slurm = self.backend.settings
         backfill = slurm.scheduler == "backfill"
         nxt, now = 0, 0.0

@@ -124,6 +124,7 @@ def summarize(result: SimResult, jobs: Sequence[WorkloadJob], wait_bound_s: floa
         "relayout_jobs": sum(1 for r in recs if r.config is not None
                              and not same_layout(r.config, by_id[r.job_id].profile.requested)),
         "restarts": sum(r.restarts for r in recs),
+        "moved_partition_jobs": sum(1 for r in recs if r.partition and r.partition != by_id[r.job_id].partition),
         "scontrol_updates": result.updates,
         "ticks": result.ticks,
         "decide_ms_mean": 1000 * _mean(result.decide_s) if result.decide_s else None,

@@ -5,6 +5,7 @@ and truth model per run, the Simulation per policy, and the metrics. No formatti
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
@@ -17,6 +18,7 @@ from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings
 from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
 from pipeswift_slurm.sim.learning import learner, unseen_layout_errors
+from pipeswift_slurm.sim.mixed import SimPartition, assign_partitions, check_partitions
 from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
 from pipeswift_slurm.sim.replay import to_workload, what_changed
 from pipeswift_slurm.sim.truth import ShapeNoise, TruthModel
@@ -39,7 +41,11 @@ class RunSpec:
     factor of the truth (``sim/truth.py``, seeded by ``seed``), ``user_favour`` how much
     faster than predicted the shape each job asked for really runs. ``layouts``: the users'
     own layouts, "user" (the zoo defaults) or "expert" (the planner's fastest at each job's
-    GPU count; see sim/layouts.py).
+    GPU count; see sim/layouts.py). ``partitions`` (sim/mixed.py) make a mixed cluster:
+    ``gpus``, ``gpus_per_node`` and ``gpu`` are then theirs (the total, the smallest node,
+    the first partition's type, for making the workload's jobs), and ``partition_flex`` is
+    the share of jobs that allow every partition they fit in; ``partition_truth`` how much
+    slower than predicted each named partition's GPUs really run.
     """
 
     gpus: int = 64
@@ -77,6 +83,9 @@ class RunSpec:
     # the site's Slurm scheduling settings (``--slurm-config``); Slurm's defaults otherwise
     slurm: SchedulingSettings = field(default_factory=SchedulingSettings)
     layouts: str = "user"
+    partitions: tuple[SimPartition, ...] = ()
+    partition_flex: float = 1.0
+    partition_truth: tuple[tuple[str, float], ...] = ()  # (partition, true/predicted iteration time there)
 
 
 @dataclass
@@ -181,15 +190,29 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     """
     from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, get_gpu_type
 
+    spec = mixed_spec(spec)
     gpu = spec.gpu or get_gpu_type(DEFAULT_GPU_TYPE)
     truth = TruthModel(gpu, shape_noise(spec))
     jobs, facts = build_jobs(spec, CostModel(gpu))
+    factors = dict(spec.partition_truth)
+    unknown = sorted(set(factors) - {p.name for p in spec.partitions})
+    if unknown:
+        raise WorkloadError("--truth-partition-factor %s: no such --partition (known: %s)"
+                            % (", ".join(unknown), ", ".join(p.name for p in spec.partitions)))
+    truths = {p.name: TruthModel(p.gpu, shape_noise(spec), gpu_factor=factors.get(p.name, 1.0))
+              for p in spec.partitions}
+    if spec.partitions:
+        jobs, unfit = assign_partitions(jobs, spec.partitions, spec.partition_flex, spec.seed)
+        facts.update(jobs=len(jobs), dropped_oversized=facts["dropped_oversized"] + unfit,
+                     flexible_jobs=sum(1 for j in jobs if j.flexible),
+                     partitions=[p.text() for p in spec.partitions],
+                     multi_partition_jobs=sum(1 for j in jobs if j.partitions))
     alone = alone_s(jobs, truth)
     cost = CostModel(gpu)
     estimator = Estimator(cost, spec.gpus_per_node, planner=Planner(cost, spec.gpus_per_node,
                                                                    do_no_harm=spec.do_no_harm))
     settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s,
-                           slurm=spec.slurm)
+                           slurm=spec.slurm, partitions=spec.partitions)
     metrics, results = [], []
     for name in spec.policies:
         base = name.split(":")[0]
@@ -206,7 +229,7 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         run_settings = replace(settings, allow_requeue=False) if name in spec.no_requeue else settings
         cal = learner(estimator) if spec.learn else None
         result = Simulation(jobs, policy, estimator, truth, run_settings, store=store, on_tick=tick_cb,
-                            calibrator=cal).run()
+                            calibrator=cal, truths=truths).run()
         result.policy = name
         result.makespan_s = max(0.0, result.makespan_s - facts["start_epoch_s"])  # a duration, from time 0
         log.info("%s: %d jobs simulated in %.1f s", name, len(jobs), time.perf_counter() - t0)
@@ -222,6 +245,15 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     facts["fifo_bound_kept"] = fifo["bound_kept"] if fifo else None
     changed = what_changed(jobs, results) if spec.history is not None else None
     return Comparison(spec, facts, metrics, results, jobs, changed)
+
+
+def mixed_spec(spec: RunSpec) -> RunSpec:
+    """The spec with ``gpus``, ``gpus_per_node`` and ``gpu`` of its partitions (itself without)."""
+    if not spec.partitions:
+        return spec
+    check_partitions(spec.partitions)
+    return replace(spec, gpus=sum(p.gpus for p in spec.partitions), gpu=spec.partitions[0].gpu,
+                   gpus_per_node=math.gcd(*(p.gpus_per_node for p in spec.partitions)))
 
 
 def compare_users(metrics: list[dict[str, Any]], base: str = "slurm") -> None:

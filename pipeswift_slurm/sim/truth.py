@@ -65,12 +65,17 @@ class ShapeNoise:
 
 
 class TruthModel(CostModel):
-    """The cost model with each config's iteration time times its shape factor: what the
-    simulator's true run times (engine) and the lower bound (metrics) are computed with."""
+    """The cost model with each config's iteration time times its shape factor (and
+    ``gpu_factor``: how much slower than predicted every config runs on this GPU type, the
+    model's error for one partition of a mixed cluster, ``--truth-partition-factor``):
+    what the simulator's true run times (engine) and the lower bound (metrics) are computed
+    with."""
 
-    def __init__(self, gpu: GpuType, shape: ShapeNoise = ShapeNoise(), layer_profile: Optional[Any] = None):
+    def __init__(self, gpu: GpuType, shape: ShapeNoise = ShapeNoise(), layer_profile: Optional[Any] = None,
+                 gpu_factor: float = 1.0):
         super().__init__(gpu, layer_profile=layer_profile)
         self.shape = shape
+        self.gpu_factor = gpu_factor
 
     def iter_time_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
-        return super().iter_time_s(profile, cfg) * self.shape.factor(cfg, profile.requested)
+        return super().iter_time_s(profile, cfg) * self.shape.factor(cfg, profile.requested) * self.gpu_factor

@@ -126,6 +126,8 @@ class WorkloadJob:
     bias x per-job noise); ``time_limit_s`` is the user's limit for the user's config.
     ``profile`` None: a history job replayed as it ran (sim/replay.py: ``as_ran_nodes`` x
     ``as_ran_gpus_per_node`` GPUs for ``recorded_duration_s``); ``as_ran_jct_s``: its real JCT.
+    On a mixed cluster (sim/mixed.py), ``partition`` is the one it was submitted to and
+    ``partitions`` those it allows (empty: only that one).
     """
 
     job_id: int
@@ -142,6 +144,8 @@ class WorkloadJob:
     as_ran_nodes: int = 0
     as_ran_gpus_per_node: int = 0
     as_ran_jct_s: Optional[float] = None
+    partition: str = ""
+    partitions: tuple[str, ...] = ()
 
     @property
     def gpus(self) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import MegatronArgError
@@ -26,7 +26,7 @@ from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_contr
 from pipeswift_slurm.policy import Policy, wait_bound_of
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
 from pipeswift_slurm.slurm.calibrate import user_factor_of
-from pipeswift_slurm.slurm.decision_diff import _evolve, intent_outcome, unchanged_parts
+from pipeswift_slurm.slurm.decision_diff import evolve_decision, intent_outcome, unchanged_parts
 from pipeswift_slurm.slurm.factors import stable_factors
 from pipeswift_slurm.slurm.holds import own_holds_to_release
 from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
@@ -112,13 +112,15 @@ class Controller:
     Keeps parsed profiles between ticks (map from job_id to (comment, profile)), so a
     long-running controller or the simulator parses each job once; a cron tick starts
     empty and parses what it sees. ``calibration`` (None: none) ends every recorded tick
-    that was not a dry run, and replaces ``estimator`` for the next one. ``clock`` times
+    that was not a dry run, and replaces ``estimator`` for the next one. With
+    ``partition_costs`` (partition -> the cost model of its GPU type: a mixed cluster) each
+    of those partitions is planned on its own (``policy/partitions.py``). ``clock`` times
     the tick; ``epoch_clock`` dates a tick that failed before it could see the cluster.
     """
 
     def __init__(self, backend: Backend, policy: Policy, estimator: Estimator, store: Optional[HistoryStore] = None,
                  settings: ControllerSettings = ControllerSettings(), *, clock: Callable[[], float] = time.monotonic,
-                 calibration: Optional[Calibration] = None):
+                 calibration: Optional[Calibration] = None, partition_costs: Optional[Mapping[str, Any]] = None):
         self.backend = backend
         self.policy = policy
         self.estimator = estimator
@@ -129,6 +131,8 @@ class Controller:
         self.calibration = calibration
         self._profiles: dict[int, tuple[str, Optional[JobProfile], str]] = {}
         self._caps: dict[int, SiteCaps] = {}  # the site's limits each cached profile was clipped to
+        self.partition_costs = dict(partition_costs or {})  # partition -> CostModel of its GPUs (a mixed cluster)
+        self._partition_estimators: dict[tuple[str, int], Estimator] = {}
 
     def _planning_gpus_per_node(self, view: ClusterView) -> int:
         """This tick's GPUs per node: the cluster's own (``cluster_gpus_per_node``), capped
@@ -147,8 +151,8 @@ class Controller:
         profiles: dict[int, JobProfile] = {}
         live = set()
         for job in view.jobs:
-            if not job.opted_in or not (job.pending or job.running) or (
-                    self.settings.partitions and job.partition not in self.settings.partitions):
+            if not job.opted_in or not (job.pending or job.running) or (self.settings.partitions and not set(
+                    job.partition.split(",")) & set(self.settings.partitions)):
                 continue
             live.add(job.job_id)
             cached = self._profiles.get(job.job_id)
@@ -201,7 +205,7 @@ class Controller:
         report.over_wait_bound = over_wait_bound(view, runnable, wait_bound_of(self.policy),
                                                  self.settings.warn_wait_bound)
         t0 = self.clock()
-        decisions = self.policy.decide(view, runnable, self.estimator)
+        decisions = self._decide(view, runnable)
         report.decide_s = self.clock() - t0
         decisions = self._stable_order(decisions, by_id)
         todo_items: list[tuple[Decision, Job]] = []
@@ -237,6 +241,29 @@ class Controller:
                 lambda p, c: est.cost.iter_time_s(p, c), view.now)
             self.estimator = self.calibration.refit(view.now, self.estimator)
         return report
+
+    def _decide(self, view: ClusterView, runnable: dict[int, JobProfile]) -> list[Decision]:
+        """The policy's decisions: on the whole cluster, or partition by partition on a
+        mixed one, each with its own estimator (its GPU type, its nodes' size, this tick's
+        bias map); a partition without GPU nodes is not planned."""
+        if not self.partition_costs:
+            return self.policy.decide(view, runnable, self.estimator)
+        from pipeswift_slurm.policy.partitions import decide_by_partition
+
+        estimators: dict[str, Any] = {}
+        for name, cost in self.partition_costs.items():
+            gpn = cluster_gpus_per_node(view, (name,))
+            gpn = min(gpn, self.settings.gpus_per_node or gpn)  # the site's cap, as for one cluster
+            if not gpn:
+                log.warning("partition %s: no GPU node in it; not planned this tick", name)
+                continue
+            est = self._partition_estimators.get((name, gpn))
+            if est is None:
+                est = self._partition_estimators[name, gpn] = self.estimator.for_hardware(cost, gpn)
+            elif est.bias_by_class != self.estimator.bias_by_class:
+                est = self._partition_estimators[name, gpn] = est.with_bias(self.estimator.bias_by_class)
+            estimators[name] = est
+        return decide_by_partition(self.policy, view, runnable, estimators)
 
     def _within_time_limit(self, job: Job, cached: tuple[str, Optional[JobProfile], str]) -> JobProfile:
         """The cached profile, its user's correction applied within the job's time limit (cached)."""
@@ -284,18 +311,26 @@ class Controller:
 
     def _stable_order(self, decisions: list[Decision], by_id: dict[int, Job]) -> list[Decision]:
         """Keep the order the policy's SiteFactors express, with as few changes to the
-        pending jobs' current factors as possible (each change is an update in Slurm)."""
+        pending jobs' current factors as possible (each change is an update in Slurm). On a
+        mixed cluster, per partition (where each job goes): Slurm never weighs a job of one
+        partition against one of another, so their relative order would only cost updates."""
         ranked = [(i, d) for i, d in enumerate(decisions) if d.site_factor is not None and not d.requeue
                   and d.job_id in by_id and by_id[d.job_id].pending]
         if not ranked:
             return decisions
-        order = [d.job_id for _, d in sorted(ranked, key=lambda x: (-(x[1].site_factor or 0), x[0]))]
-        current = {j: by_id[j].site_factor for j in order if by_id[j].site_factor > 0}
         top = self.policy.site_factor_max or max(d.site_factor or 0 for _, d in ranked)
-        factors = stable_factors(order, current, top)
+        groups: dict[str, list[tuple[int, Decision]]] = {}
+        for item in ranked:
+            where = item[1].partition or by_id[item[1].job_id].partition if self.partition_costs else ""
+            groups.setdefault(where, []).append(item)
+        factors: dict[int, int] = {}
+        for group in groups.values():
+            order = [d.job_id for _, d in sorted(group, key=lambda x: (-(x[1].site_factor or 0), x[0]))]
+            current = {j: by_id[j].site_factor for j in order if by_id[j].site_factor > 0}
+            factors.update(stable_factors(order, current, top))
         out = list(decisions)
         for i, d in ranked:
-            out[i] = _evolve(d, site_factor=factors[d.job_id])
+            out[i] = evolve_decision(d, site_factor=factors[d.job_id])
         return out
 
     def _act(self, items: list[tuple[Decision, Job]], report: TickReport) -> None:

@@ -11,18 +11,18 @@ from pipeswift_slurm.core.model import Decision, Job
 from pipeswift_slurm.core.token import held_by_controller
 
 
-def _evolve(decision: Decision, **changes: Any) -> Decision:
+def evolve_decision(decision: Decision, **changes: Any) -> Decision:
     """``replace(decision, **changes)`` at a fifth of its cost: a copy of the frozen
     instance's fields (Decision has no ``__post_init__`` and no slots). Every tick re-ranks
     and compares every pending job's decision, which made ``replace`` a tenth of a
     simulation's time."""
-    assert changes.keys() <= _DECISION_FIELDS, changes.keys() - _DECISION_FIELDS
+    assert changes.keys() <= DECISION_FIELDS, changes.keys() - DECISION_FIELDS
     copy = object.__new__(Decision)
     copy.__dict__.update(decision.__dict__, **changes)
     return copy
 
 
-_DECISION_FIELDS = frozenset(f.name for f in fields(Decision))
+DECISION_FIELDS = frozenset(f.name for f in fields(Decision))
 
 
 def unchanged_parts(decision: Decision, job: Job) -> Decision:
@@ -39,7 +39,7 @@ def unchanged_parts(decision: Decision, job: Job) -> Decision:
         site_factor = None  # Slurm reports no SiteFactor for a held job: set it when releasing
     limit = decision.time_limit_s if decision.time_limit_s != job.time_limit_s else None
     partition = decision.partition if decision.partition != job.partition else None
-    return _evolve(decision, config=config, site_factor=site_factor, time_limit_s=limit, hold=hold,
+    return evolve_decision(decision, config=config, site_factor=site_factor, time_limit_s=limit, hold=hold,
                    partition=partition)
 
 

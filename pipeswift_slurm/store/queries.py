@@ -156,7 +156,7 @@ def decision_of(row: DecisionRow) -> Decision:
     return Decision(job_id=row.job_id, config=config, site_factor=row.site_factor,
                     time_limit_s=row.time_limit_s, requeue=bool(row.requeue),
                     hold=None if row.hold is None else bool(row.hold), reason=row.reason or "", predicted_start_s=row.predicted_start_s,
-                    predicted_end_s=row.predicted_end_s)
+                    predicted_end_s=row.predicted_end_s, partition=row.partition)
 
 
 def _last_applied_for(s: Session, job_ids: Iterable[int]) -> dict[int, Decision]:

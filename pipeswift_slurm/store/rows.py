@@ -129,7 +129,7 @@ def decision_kind(d: Decision) -> str:
                                    ("site_factor", d.site_factor is not None),
                                    ("time_limit", d.time_limit_s is not None),
                                    ("requeue", d.requeue), ("hold", d.hold is True),
-                                   ("release", d.hold is False)) if on]
+                                   ("release", d.hold is False), ("move", d.partition is not None)) if on]
     return "+".join(parts) or "none"
 
 
@@ -144,7 +144,7 @@ def decision_values(d: Decision, tick_id: int, at: float, applied: Optional[bool
         reason=d.reason, predicted_start_s=d.predicted_start_s,
         predicted_end_s=d.predicted_end_s, intended=d.changes_anything,
         applied=False if (error and applied is None) else applied, error=error,
-        hold=d.hold, awaiting_outcome=awaiting_outcome)
+        hold=d.hold, partition=d.partition, awaiting_outcome=awaiting_outcome)
     return values
 
 

@@ -222,6 +222,7 @@ class DecisionRow(Base):
     time_limit_s: Mapped[Optional[int]]
     requeue: Mapped[bool]
     hold: Mapped[Optional[bool]]
+    partition: Mapped[Optional[str]]
     reason: Mapped[Optional[str]]
     predicted_start_s: Mapped[Optional[float]]
     predicted_end_s: Mapped[Optional[float]]

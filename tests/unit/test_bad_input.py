@@ -92,6 +92,16 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
                                                            '[policy.knobs]\naging = nan\n')],
     "config wait_bound_s='long'": lambda t: [*SIM, "--config", config(t, '[policy]\nname = "pipeswift"\n'
                                                                     '[policy.knobs]\nwait_bound_s = "long"\n')],
+    "simulate --partition without a shape": lambda t: [*SIM, "--partition", "a100=A100-80GB"],
+    "simulate --partition unknown GPU type": lambda t: [*SIM, "--partition", "a=B300:2x8"],
+    "simulate --partition twice the same name": lambda t: [*SIM, "--partition", "a=A100-80GB:1x8",
+                                                           "--partition", "a=H100-80GB:1x8"],
+    "simulate --truth-partition-factor unknown partition": lambda t: [
+        *SIM, "--partition", "a=A100-80GB:2x8", "--truth-partition-factor", "b=1.2"],
+    "simulate --truth-partition-factor a=nan": lambda t: [
+        *SIM, "--partition", "a=A100-80GB:2x8", "--truth-partition-factor", "a=nan"],
+    "config partition GPU type unknown": lambda t: [*SIM, "--config", config(
+        t, '[slurm.partition_gpu_types]\nh100 = "H900"\n')],
     "controller tick with wait_bound_s='long'": lambda t: [
         "controller", "tick", "--config", config(t, '[store]\nurl = "%s"\n[policy]\nname = "pipeswift"\n'
                                                  '[policy.knobs]\nwait_bound_s = "long"\n' % (t / "h.sqlite"))],

@@ -778,7 +778,7 @@ def test_knob_defaults_are_the_dataclass_fields() -> None:
 
     assert knob_class("pipeswift") is PipeSwiftKnobs
     assert knob_defaults("pipeswift") == {f.name: f.default for f in fields(PipeSwiftKnobs)}
-    assert len(knob_defaults("pipeswift")) == 25 and knob_defaults("fifo") == {}
+    assert len(knob_defaults("pipeswift")) == 26 and knob_defaults("fifo") == {}
     assert get_policy("pipeswift").knobs == PipeSwiftKnobs()
 
 

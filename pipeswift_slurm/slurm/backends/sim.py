@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Optional, Sequence
 
 from pipeswift_slurm.core.model import PENDING, RUNNING, ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
 from pipeswift_slurm.core.token import carries_profile
@@ -52,6 +52,7 @@ class SimJob:
     version: int = 0
     seen_version: int = -1
     held: bool = False
+    partition: str = ""  # Slurm's text: one partition, or "a,b" for a job that may run in either
     view: Optional[Job] = field(default=None, repr=False)
 
     @property
@@ -72,11 +73,12 @@ def _add_run(job: SimJob, now: float) -> None:
 
 
 class SimBackend:
-    """A cluster of ``num_nodes`` x ``gpus_per_node`` GPUs driven by the simulator.
+    """A cluster of ``num_nodes`` x ``gpus_per_node`` GPUs driven by the simulator, or of
+    ``partitions`` (a mixed cluster: each its own nodes, GPU type and node size).
 
     Args:
-        num_nodes: nodes in the cluster.
-        gpus_per_node: GPUs per node (one GPU type per run).
+        num_nodes: nodes in the cluster (without ``partitions``).
+        gpus_per_node: GPUs per node (without ``partitions``).
         scheduler: the policy's: "backfill" (the site's settings decide) or "builtin"
             (never backfill, whatever the settings say).
         settings: the site's scheduling settings (default: Slurm's defaults).
@@ -85,6 +87,9 @@ class SimBackend:
         cpus_per_node: CPUs per node (the job size factor's CPU share).
         age_weight, max_age_s: shortcuts that replace ``settings.weight_age`` and
             ``settings.max_age_s`` (tests).
+        partitions: (name, GPU type, nodes, GPUs per node) of each partition; a job then
+            starts only on nodes of a partition it is in (Slurm's main scheduler stops at
+            the first job that does not fit only for that job's partitions).
     """
 
     name = "sim"
@@ -93,7 +98,7 @@ class SimBackend:
     def __init__(self, num_nodes: int, gpus_per_node: int, scheduler: str = "backfill",
                  settings: Optional[SchedulingSettings] = None, allow_requeue: bool = True,
                  gpu_type: str = "", cpus_per_node: int = 64, age_weight: Optional[int] = None,
-                 max_age_s: Optional[float] = None):
+                 max_age_s: Optional[float] = None, partitions: Sequence[tuple[str, str, int, int]] = ()):
         if scheduler not in ("backfill", "builtin"):
             raise ValueError("scheduler must be 'backfill' or 'builtin'")
         settings = settings or SchedulingSettings()
@@ -104,13 +109,19 @@ class SimBackend:
         if max_age_s is not None:
             settings = replace(settings, max_age_s=max_age_s)
         self.settings = settings
-        self.num_nodes = num_nodes
+        layout = [(name, kind, gpn) for name, kind, nodes, gpn in partitions for _ in range(nodes)] \
+            or [("", gpu_type, gpus_per_node)] * num_nodes
+        self.node_partition = [p for p, _, _ in layout]
+        self.node_gpu_type = [k for _, k, _ in layout]
+        self.node_gpus = [g for _, _, g in layout]
+        self.num_nodes = len(layout)
         self.cpus_per_node = cpus_per_node
-        self.gpus_per_node = gpus_per_node
+        self.gpus_per_node = max(self.node_gpus, default=gpus_per_node)
         self.scheduler = settings.scheduler
         self.allow_requeue = allow_requeue
         self.gpu_type = gpu_type
-        self.free = [gpus_per_node] * num_nodes
+        self.free = list(self.node_gpus)
+        self._nodes_of: dict[str, Optional[frozenset[int]]] = {}
         self.jobs: dict[int, SimJob] = {}
         self.pending: dict[int, SimJob] = {}
         self.running: dict[int, SimJob] = {}
@@ -154,15 +165,17 @@ class SimBackend:
         only a few nodes)."""
         node = self._node_cache.get((index, free))
         if node is None:
+            gpus, part = self.node_gpus[index], self.node_partition[index]
             node = self._node_cache[index, free] = Node(
-                "node%d" % (index + 1), self.gpus_per_node, self.gpus_per_node - free,
-                "IDLE" if free == self.gpus_per_node else "MIXED", self.gpu_type)
+                "node%d" % (index + 1), gpus, gpus - free, "IDLE" if free == gpus else "MIXED",
+                self.node_gpu_type[index], (part,) if part else ())
         return node
 
     def _view(self, job: SimJob) -> Job:
         if job.view is None or job.seen_version != job.version:
             job.view = Job(job_id=job.job_id, state=job.state, submit_time=job.submit_s, num_nodes=job.num_nodes,
                            gpus=job.gpus, priority=job.site_factor, user=job.user, name=job.name,
+                           partition=job.partition,
                            state_reason="JobHeldAdmin" if job.held else "",
                            start_time=job.start_s if job.state != PENDING else None, end_time=job.end_s,
                            time_limit_s=job.time_limit_s,
@@ -196,6 +209,8 @@ class SimBackend:
     def _update_pending(self, sim: SimJob, decision: Decision) -> None:
         if decision.hold is not None:
             sim.held = decision.hold
+        if decision.partition is not None:
+            sim.partition = decision.partition
         if decision.config is not None:
             from pipeswift_slurm.core.token import encode_decision
 
@@ -231,8 +246,17 @@ class SimBackend:
         return sorted((j for j in self.pending.values() if not j.held),
                       key=lambda j: (-self.priority(j, now), j.submit_s, j.job_id))
 
-    def _place(self, free: list[int], nodes: int, per_node: int) -> Optional[tuple[int, ...]]:
-        fitting = [i for i, f in enumerate(free) if f >= per_node]
+    def nodes_of(self, partition: str) -> Optional[frozenset[int]]:
+        """The node indices a job in ``partition`` (Slurm's text) may start on; None: any."""
+        if partition not in self._nodes_of:
+            names = set(partition.split(","))
+            self._nodes_of[partition] = None if not partition or not any(self.node_partition) else frozenset(
+                i for i, p in enumerate(self.node_partition) if p in names)
+        return self._nodes_of[partition]
+
+    def _place(self, free: list[int], nodes: int, per_node: int,
+               allowed: Optional[frozenset[int]] = None) -> Optional[tuple[int, ...]]:
+        fitting = [i for i, f in enumerate(free) if f >= per_node and (allowed is None or i in allowed)]
         if len(fitting) < nodes:
             return None
         fitting.sort(key=lambda i: (free[i], i))
@@ -260,10 +284,17 @@ class SimBackend:
         pending, so that none takes its resources)."""
         self.now = now
         started: list[SimJob] = []
+        blocked: set[str] = set()
         for job in self._order(now):
-            placement = self._place(self.free, job.num_nodes, job.gpus_per_node)
+            parts = job.partition.split(",")
+            if blocked.issuperset(parts):
+                continue
+            placement = self._place(self.free, job.num_nodes, job.gpus_per_node, self.nodes_of(job.partition))
             if placement is None:
-                break
+                if not any(self.node_partition):
+                    break  # one partition: nothing after it may start
+                blocked.update(parts)
+                continue
             self._start(job, placement, now)
             started.append(job)
         return started
@@ -283,7 +314,7 @@ class SimBackend:
         for job in self._order(now)[:settings.bf_max_job_test]:
             limit = float(job.time_limit_s)
             free = self._unreserved(list(self.free), reserved, now, now + limit)
-            placement = self._place(free, job.num_nodes, job.gpus_per_node)
+            placement = self._place(free, job.num_nodes, job.gpus_per_node, self.nodes_of(job.partition))
             if placement is not None:
                 self._start(job, placement, now)
                 started.append(job)
@@ -339,7 +370,7 @@ class SimBackend:
                 k += 1
             window = self._rounded(t, t + job.time_limit_s)  # Slurm tests the rounded plan
             placement = self._place(self._unreserved(list(free), reserved, *window, ends_inside=False),
-                                    job.num_nodes, job.gpus_per_node)
+                                    job.num_nodes, job.gpus_per_node, self.nodes_of(job.partition))
             if placement is not None:
                 return t, placement
         return float("inf"), None
