@@ -25,7 +25,7 @@ class EstimatorProtocol(Protocol):
     """What a policy asks of an estimator (``Estimator`` is the one implementation; tests
     and benches may pass others): predicted run times, and the config to run per GPU count
     (``best``: the planner's ``choose``, the fastest unless the user's layout is within
-    the error band)."""
+    the error band), and the GPU counts a policy may choose (``option``: ``Planner.offer``)."""
 
     def startup_s(self, profile: JobProfile) -> float: ...
 
@@ -34,6 +34,8 @@ class EstimatorProtocol(Protocol):
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]: ...
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
+
+    def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
 
 
 class Estimator:
@@ -99,7 +101,14 @@ class Estimator:
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
         """(config, predicted run time) of the config to run on ``gpus`` GPUs (``best``)."""
-        est = self.planner.choose(profile, gpus)
+        return self._with_run_time_s(profile, self.planner.choose(profile, gpus))
+
+    def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
+        """``best_run_time_s`` on a GPU count a policy may choose for the job, None on one
+        that enters only through a layout change the band does not back (``Planner.offer``)."""
+        return self._with_run_time_s(profile, self.planner.offer(profile, gpus))
+
+    def _with_run_time_s(self, profile: JobProfile, est: Optional[Estimate]) -> Optional[tuple[ExecConfig, float]]:
         if est is None:
             return None
         iters = profile.plan.iterations

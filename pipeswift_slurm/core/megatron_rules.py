@@ -324,6 +324,16 @@ def user_layout_at(profile: JobProfile, gpus: int, gpus_per_node: int) -> Option
     return None if check_config(profile, cfg, gpus_per_node) else cfg
 
 
+def user_layout_at_most(profile: JobProfile, gpus: int, gpus_per_node: int) -> Optional[ExecConfig]:
+    """The user's layout on ``gpus`` GPUs (:func:`user_layout_at`), else on the largest
+    smaller count where it is valid; None when no count up to ``gpus`` has it."""
+    for count in range(gpus, 0, -1):
+        mine = user_layout_at(profile, count, gpus_per_node)
+        if mine is not None:
+            return mine
+    return None
+
+
 def same_layout(a: ExecConfig, b: ExecConfig) -> bool:
     """Whether ``a`` and ``b`` are one layout, whatever their data-parallel size, number of
     micro-batches and node shape (what a GPU count changes): the same tp, pp, cp,

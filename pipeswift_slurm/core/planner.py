@@ -4,7 +4,8 @@ iteration time, with the reason each excluded config was excluded on request.
 Uses megatron_rules.enumerate_configs for Megatron's rules and CostModel for time and memory.
 ``Planner.choose`` is the config to run on a GPU count, for the policies and the launcher
 alike: the fastest, unless the user's own layout is as fast within the error band
-(:func:`keep_user_layout`, "do no harm").
+(:func:`keep_user_layout`, "do no harm"); ``Planner.offer`` is the
+same rule across GPU counts, for the policies, which choose the count.
 Results per (job shape and plan, GPU count) are memoised on the Planner instance, so a
 controller or simulator that keeps one Planner pays for each shape once. Pure: no I/O.
 """
@@ -16,7 +17,13 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate, per_profile
-from pipeswift_slurm.core.megatron_rules import Problem, check_config, enumerate_configs, user_layout_at
+from pipeswift_slurm.core.megatron_rules import (
+    Problem,
+    check_config,
+    enumerate_configs,
+    user_layout_at,
+    user_layout_at_most,
+)
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
 
@@ -116,6 +123,27 @@ class Planner:
         if key not in self._chosen:
             mine = user_layout_at(profile, gpus, self.gpus_per_node)
             self._chosen[key] = keep_user_layout(None if mine is None else self.cost.estimate(profile, mine), best)
+        return self._chosen[key]
+
+    def offer(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+        """What a policy may run on ``gpus`` GPUs: ``choose``, or None where the count enters
+        only through a layout change that the band does not back. On a count where the user's
+        layout is not valid (another tp x pp x cp does not divide it), any config is another
+        layout, which ``choose`` cannot weigh against the user's there; it is offered only
+        when it beats the user's layout on the largest smaller count where that is valid
+        (``user_layout_at_most``, fewer GPUs) by more than the band (:func:`keep_user_layout`),
+        else that smaller count serves the job with fewer GPUs and no bet. A count with no
+        user's layout at or below it (a shrink below the user's smallest) is offered as is."""
+        if not self.do_no_harm:
+            return self.best(profile, gpus)
+        user = profile.requested
+        key = (self._key(profile), user.micro_batch_size, user.vp, gpus, "offer")
+        if key not in self._chosen:
+            chosen = self.choose(profile, gpus)
+            mine = user_layout_at_most(profile, gpus, self.gpus_per_node) if chosen is not None else None
+            kept = chosen if mine is None or mine.gpus == gpus else \
+                keep_user_layout(self.cost.estimate(profile, mine), chosen)
+            self._chosen[key] = chosen if kept is chosen else None
         return self._chosen[key]
 
     def _estimates(self, profile: JobProfile, gpus: int) -> list[Estimate]:

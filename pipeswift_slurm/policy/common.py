@@ -33,12 +33,12 @@ class Option:
 def job_options(profile: JobProfile, estimator: EstimatorProtocol, max_gpus: int, max_nodes: int,
                 iterations: Optional[int] = None) -> tuple[Option, ...]:
     """Best config and predicted run time for every GPU count the job allows that the
-    cluster can hold (<= max_gpus GPUs on <= max_nodes nodes); with ``iterations``, the
+    cluster can hold and the do-no-harm rule offers (``Estimator.option``) (<= max_gpus GPUs on <= max_nodes nodes); with ``iterations``, the
     run time of that many iterations (what a requeued job has left) in that config."""
     lo, hi = profile.gpu_range
     out = []
     for gpus in range(lo, min(hi, max_gpus) + 1):
-        best = estimator.best_run_time_s(profile, gpus)
+        best = estimator.option(profile, gpus)
         if best is not None and best[0].num_nodes <= max_nodes:
             if iterations is None:
                 out.append(Option(gpus, best[0], best[1]))

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pipeswift_slurm.core.estimator import EstimatorProtocol
-from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
+from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile, Node
 from pipeswift_slurm.policy.common import Timeline, job_options, predicted_end_s, priority_order
 
 MOVE_GAIN = 0.1  # a job moves between partitions only to cut its predicted time to finish by more than this share
@@ -40,14 +40,33 @@ MAX_PLACED = 200  # jobs placed on the partitions' timelines per tick, in priori
 _UNKNOWN_RUN_S = 365 * 86400.0  # a job with neither a profile nor a time limit: "very long"
 
 
-def job_partitions(job: Job, profile: Optional[JobProfile], planned: Sequence[str]) -> tuple[str, ...]:
+def job_partitions(job: Job, profile: Optional[JobProfile], planned: Sequence[str],
+                   gres_types: Optional[Mapping[str, str]] = None) -> tuple[str, ...]:
     """The planned partitions a job may run in, in ``planned``'s order: those Slurm shows
-    for it (``a,b`` for a job pending in several) and those its profile request allows.
-    Empty when none of them is planned here."""
+    for it (``a,b`` for a job pending in several) and those its profile request allows;
+    for a job that asks for a GPU type (``gpu:a100:4``), only those whose nodes report that
+    type (``gres_types``, ``partition_gres_types``: the user asked for that hardware, and
+    Slurm leaves a retyped pending job never runnable) besides the one it is in. Empty when
+    none of them is planned here."""
     wanted = set(p for p in job.partition.split(",") if p)
     if profile is not None:
         wanted.update(profile.partitions)
+    asked = job.gpu_request.gpu_type
+    if asked and gres_types is not None:
+        wanted = {p for p in wanted if gres_types.get(p) == asked or p == job.partition}
     return tuple(p for p in planned if p in wanted)
+
+
+def partition_gres_types(nodes: Iterable[Node]) -> dict[str, str]:
+    """Map from partition name to the GRES type its nodes report, for the partitions whose
+    typed GPU nodes all report one type (a partition with none, or with several, is left
+    out: a typed request cannot be moved there by type)."""
+    types: dict[str, set[str]] = {}
+    for node in nodes:
+        if node.gpu_type:
+            for partition in node.partitions:
+                types.setdefault(partition, set()).add(node.gpu_type)
+    return {partition: next(iter(names)) for partition, names in types.items() if len(names) == 1}
 
 
 def node_owners(view: ClusterView, planned: Sequence[str]) -> dict[str, str]:
@@ -120,8 +139,9 @@ def choose_partitions(view: ClusterView, profiles: Mapping[int, JobProfile],
     planned = list(estimators)
     where = {j.job_id: p for j in view.pending
              if (p := _pending_partition(j, profiles.get(j.job_id), planned)) is not None}
+    gres_types = partition_gres_types(view.nodes)
     choosers = [j for j in view.pending if j.job_id in profiles
-                and len(job_partitions(j, profiles[j.job_id], planned)) > 1]
+                and len(job_partitions(j, profiles[j.job_id], planned, gres_types)) > 1]
     if not moves or not choosers:
         return where
     owners = node_owners(view, planned)
@@ -134,7 +154,7 @@ def choose_partitions(view: ClusterView, profiles: Mapping[int, JobProfile],
                            estimators[p]) for p in planned}
     for job in priority_order(view, [j for j in view.pending if j.job_id in where])[:MAX_PLACED]:
         profile = profiles.get(job.job_id)
-        allowed = job_partitions(job, profile, planned)
+        allowed = job_partitions(job, profile, planned, gres_types)
         if profile is None or len(allowed) < 2:
             home = parts[where[job.job_id]]
             home.take(job.gpus, home.run_s(job, profile))

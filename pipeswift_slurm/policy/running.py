@@ -143,13 +143,13 @@ def reshapes(knobs: PipeSwiftKnobs, view: ClusterView, profiles: Mapping[int, Jo
                 trial[index[name]] += job.gpus // len(job.node_list)
         best: Optional[tuple[float, Any, list[int]]] = None
         for gpus in range(min(profile.gpu_range[1], job.gpus + idle_gpus), job.gpus, -1):
-            est = estimator.best(profile, gpus)
-            nodes = fits_now(trial, est.config) if est is not None else None
-            if est is None or nodes is None:
+            offered = estimator.option(profile, gpus)
+            nodes = fits_now(trial, offered[0]) if offered is not None else None
+            if offered is None or nodes is None:
                 continue
-            new_s = float(estimator.run_time_s(profile, est.config, min(redo, profile.plan.iterations)))
+            new_s = float(estimator.run_time_s(profile, offered[0], min(redo, profile.plan.iterations)))
             if best is None or new_s < best[0]:
-                best = (new_s, est.config, nodes)
+                best = (new_s, offered[0], nodes)
         if best is None or best[0] * (1 + knobs.reshape_margin) >= left_s or best[0] >= shorter_than_s:
             continue
         new_s, new_config, nodes = best

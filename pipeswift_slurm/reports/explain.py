@@ -130,14 +130,14 @@ def _chosen(decisions: list[Any]) -> tuple[Optional[ExecConfig], Optional[bool],
 def _candidates(
     profile: JobProfile, estimator: Any, chosen: Optional[ExecConfig], top: int, free_gpus: Optional[int]
 ) -> list[Candidate]:
-    """The config the policy runs per allowed GPU count (``Estimator.best``: the fastest,
-    unless the user's layout is within the error band), by predicted run time; chosen and
-    requested kept."""
+    """The config the policy runs per GPU count it may choose (``Estimator.best``: the
+    fastest, unless the user's layout is within the error band; counts ``Estimator.option``
+    does not offer left out), by predicted run time; chosen and requested kept."""
     lo, hi = profile.gpu_range
     best: dict[int, Any] = {}
     for gpus in range(lo, hi + 1):
         est = estimator.best(profile, gpus)
-        if est is not None:
+        if est is not None and estimator.option(profile, gpus) is not None:
             best[gpus] = est
     extra = [cfg for cfg in (chosen, profile.requested) if cfg is not None]
     out = []

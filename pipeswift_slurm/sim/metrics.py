@@ -38,6 +38,13 @@ def _mean(values: Iterable[float]) -> Optional[float]:
     return statistics.fmean(vals) if vals else None
 
 
+def true_run_s(job: WorkloadJob, truth: Any, config: Any) -> float:
+    """The whole job's true run time in ``config`` from a fresh start: the truth's startup
+    plus iterations x iteration time (its shape factor included), times the job's own
+    factor (class bias x noise), as the engine runs it."""
+    return truth.job_time_s(job.profile, config) * job.truth_factor
+
+
 def lower_bound_s(jobs: Sequence[WorkloadJob], estimator: Any, truth: Any, cluster_gpus: int) -> float:
     """Mean over jobs of the best isolated true run time: no queue, the fastest predicted
     config on any GPU count the job allows (within the cluster), at its true run time (shape
@@ -54,7 +61,7 @@ def lower_bound_s(jobs: Sequence[WorkloadJob], estimator: Any, truth: Any, clust
             if est is not None and (best is None or est.iter_time_s < best.iter_time_s):
                 best = est
         config = best.config if best is not None else job.profile.requested
-        total += truth.job_time_s(job.profile, config) * job.truth_factor
+        total += true_run_s(job, truth, config)
     return total / len(jobs) if jobs else 0.0
 
 
@@ -62,7 +69,7 @@ def alone_s(jobs: Sequence[WorkloadJob], truth: Any) -> dict[int, float]:
     """Map from job_id to the job's true run time alone in the config and on the GPUs it
     asked for (a job replayed as it ran: its recorded run time)."""
     return {j.job_id: j.recorded_duration_s if j.profile is None
-            else truth.job_time_s(j.profile, j.profile.requested) * j.truth_factor for j in jobs}
+            else true_run_s(j, truth, j.profile.requested) for j in jobs}
 
 
 def user_metrics(result: SimResult, alone: Mapping[int, float]) -> dict[str, dict[str, Any]]:

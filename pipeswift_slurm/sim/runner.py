@@ -17,6 +17,7 @@ from pipeswift_slurm.core.planner import Planner
 from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings
 from pipeswift_slurm.policy import PRESETS, get_policy, knob_defaults
 from pipeswift_slurm.sim.engine import SimResult, SimSettings, Simulation
+from pipeswift_slurm.sim.harm import layout_harm, resized_jct
 from pipeswift_slurm.sim.learning import learner, unseen_layout_errors
 from pipeswift_slurm.sim.mixed import SimPartition, assign_partitions, check_partitions
 from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
@@ -236,11 +237,13 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         results.append(result)
         metrics.append(summarize(result, jobs, knobs.get("wait_bound_s", spec.wait_bound_s), alone))
         metrics[-1]["keeps_wait_bound"] = keeps_bound
+        metrics[-1]["do_no_harm"] = layout_harm(result.records, jobs, truth, spec.gpus_per_node)
         if cal is not None:
             metrics[-1]["unseen_layouts"] = unseen_layout_errors(result.records, cal)
             metrics[-1]["seen_layouts"] = unseen_layout_errors(result.records, cal, seen=True)
     facts["lower_bound_mean_jct_s"] = lower_bound_s(jobs, estimator, truth, spec.gpus)
     compare_users(metrics)
+    compare_resized(metrics, results)
     fifo = next((m for m in metrics if m["policy"] == "fifo"), None)
     facts["fifo_bound_kept"] = fifo["bound_kept"] if fifo else None
     changed = what_changed(jobs, results) if spec.history is not None else None
@@ -262,6 +265,15 @@ def compare_users(metrics: list[dict[str, Any]], base: str = "slurm") -> None:
     ref = next((m for m in metrics if m["policy"] == base), None)
     for m in metrics:
         m["worst_user_vs_slurm"] = worst_user(m, ref) if ref is not None else None
+
+
+def compare_resized(metrics: list[dict[str, Any]], results: list[SimResult], base: str = "slurm") -> None:
+    """Set each policy's ``do_no_harm.resized_jct_vs_slurm`` (``harm.resized_jct``: its
+    resized jobs' JCT over the same jobs' under ``base``; None when ``base`` did not run)."""
+    ref = next((r for r in results if r.policy == base), None)
+    by_id = {r.job_id: r for r in ref.records} if ref is not None else {}
+    for m, result in zip(metrics, results):
+        m["do_no_harm"]["resized_jct_vs_slurm"] = resized_jct(result.records, by_id)
 
 
 def with_policies(spec: RunSpec, policies: Sequence[str]) -> RunSpec:

@@ -245,13 +245,20 @@ class Controller:
     def _decide(self, view: ClusterView, runnable: dict[int, JobProfile]) -> list[Decision]:
         """The policy's decisions: on the whole cluster, or partition by partition on a
         mixed one, each with its own estimator (its GPU type, its nodes' size, this tick's
-        bias map); a partition without GPU nodes is not planned."""
+        bias map); a partition without GPU nodes, or whose nodes report another GRES type
+        than the config's GPU type (``partition_check``: one WARNING each), is not planned."""
         if not self.partition_costs:
             return self.policy.decide(view, runnable, self.estimator)
         from pipeswift_slurm.policy.partitions import decide_by_partition
+        from pipeswift_slurm.slurm.partition_check import gres_mismatches
 
+        wrong = gres_mismatches(view, {name: cost.gpu.name for name, cost in self.partition_costs.items()})
+        for why in wrong.values():
+            log.warning("%s", why)
         estimators: dict[str, Any] = {}
         for name, cost in self.partition_costs.items():
+            if name in wrong:
+                continue
             gpn = cluster_gpus_per_node(view, (name,))
             gpn = min(gpn, self.settings.gpus_per_node or gpn)  # the site's cap, as for one cluster
             if not gpn:

@@ -5,7 +5,9 @@ submission (``plan.plan_job``: finding the training command, validating it with 
 core, the Comment token, the rewritten line) and, for a job that would be opted in, the
 planner on the GPU counts the job allows, so the researcher sees which layouts and run
 times the controller will choose from. Prints on stdout; exit 0 when the job would be
-opted in, 1 when it would go to ``sbatch`` unchanged (the reason is printed). Nothing is
+opted in, 1 when it would go to ``sbatch`` unchanged (the reason is printed), 2 when a
+submission would be refused (a bad ``--pipeswift-partitions``: the error line on stderr, as
+a submission prints it). Nothing is
 submitted and ``sbatch`` is not run: ``--test-only`` asks Slurm's own questions.
 
 Predictions use ``PIPESWIFT_GPU_TYPE`` (default: the hardware table's default) and
@@ -18,13 +20,15 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from pipeswift_slurm.submit.jobscript import read_header
 from pipeswift_slurm.submit.training import LAUNCHER
 from pipeswift_slurm.core.model import JobProfile
 from pipeswift_slurm.submit.plan import CHECK, Source, describe, plan_job
-from pipeswift_slurm.submit.sbatch_args import effective_options, own_options, scan_argv, strip_own_options
+from pipeswift_slurm.submit.sbatch_args import PsbatchUsageError, effective_options, own_options, scan_argv
+from pipeswift_slurm.submit.sbatch_args import strip_own_options
 from pipeswift_slurm.submit.sbatch_args import time_limit_s
 
 _OPTED_OUT = "not opted in to PipeSwift: opted out (--pipeswift=off or #PSWIFT off)"
@@ -38,7 +42,8 @@ _SHOWN_CHARS = 110  # a command line longer than this is shortened in the report
 def report(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[str]], Source],
            out: TextIO) -> int:
     """Print what psbatch would do with ``raw`` (psbatch's argv, with ``--pipeswift=check``);
-    0 when the job would be opted in, 1 when it would be submitted unchanged."""
+    0 when the job would be opted in, 1 when it would be submitted unchanged, 2 when the
+    submission would be refused."""
     try:
         argv, pairs = strip_own_options(raw)
         pairs = [pair for pair in pairs if pair != CHECK]
@@ -50,6 +55,9 @@ def report(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
         if plan is None:
             own = own_options(list(read_header(source.text.split("\n")).own) + pairs)
             return _unchanged(out, _OPTED_OUT if own.off else _NOT_MEGATRON)
+    except PsbatchUsageError as exc:  # a submission prints the same line and submits nothing
+        sys.stderr.write("psbatch: error: %s; nothing submitted\n" % exc)
+        return 2
     except Exception as exc:  # what a submission would turn into its warning line
         return _unchanged(out, describe(exc))
     profile, cmd = plan.profile, plan.command
@@ -118,7 +126,10 @@ def _freedom(profile: JobProfile) -> str:
     parts.append("micro-batch >= %d" % profile.min_micro_batch_size)
     if profile.allowed_pp:
         parts.append("pp in %s" % ",".join(str(p) for p in profile.allowed_pp))
-    return "; ".join(parts) + "; any layout Megatron accepts"
+    parts.append("any layout Megatron accepts")
+    if profile.partitions:
+        parts.append("partitions %s (where it is predicted to finish first)" % ",".join(profile.partitions))
+    return "; ".join(parts)
 
 
 def gpu_counts(lo: int, hi: int, requested: int, per_node: int, limit: int = MAX_ROWS) -> list[int]:

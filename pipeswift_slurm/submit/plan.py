@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
 from pipeswift_slurm.submit.jobscript import Command, read_header
 from pipeswift_slurm.submit.sbatch_args import NO_STDIN, OwnOptions, PsbatchError, Scan, effective_options
-from pipeswift_slurm.submit.sbatch_args import gpu_count, own_options, requested_world, scan_argv
+from pipeswift_slurm.submit.sbatch_args import gpu_count, job_partitions, own_options, requested_world, scan_argv
 from pipeswift_slurm.submit.training import find_training_command, megatron_words, rewrite_lines, routed
 
 if TYPE_CHECKING:
@@ -29,18 +29,21 @@ def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: O
 
     Raises:
         megatron.MegatronArgError: the Megatron arguments are invalid for this job.
+        PsbatchUsageError: the partitions it names cannot be recorded (``job_partitions``).
     """
     from pipeswift_slurm.core.request import request_profile
     from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 
     world, per_node = requested_world(values)
-    asked = ProfileRequest(tuple(words), own.gpus, own.min_micro_batch_size, own.allowed_pp, own.job_class)
+    parts = job_partitions(values, own)
+    asked = ProfileRequest(tuple(words), own.gpus, own.min_micro_batch_size, own.allowed_pp, own.job_class,
+                           partitions=parts)
     profile = request_profile(asked, world_size=world,
                               gpus_per_node=per_node or gpu_count(environ.get("PIPESWIFT_GPUS_PER_NODE")) or 8)
     # The token records the size the job was submitted with: the controller re-validates
     # the user's arguments at that size on every tick, also after it resized the job.
     request = ProfileRequest(tuple(megatron_words(words)), own.gpus, own.min_micro_batch_size, own.allowed_pp,
-                             own.job_class, profile.requested.gpus)
+                             own.job_class, profile.requested.gpus, parts)
     return encode_profile(request), profile
 
 

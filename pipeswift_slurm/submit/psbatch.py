@@ -21,7 +21,7 @@ import sys
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 from pipeswift_slurm.submit.plan import CHECK, Source, describe, plan_job, read_source
-from pipeswift_slurm.submit.sbatch_args import scan_argv, strip_own_options
+from pipeswift_slurm.submit.sbatch_args import PsbatchUsageError, scan_argv, strip_own_options
 
 NO_SBATCH = "sbatch not found (set PIPESWIFT_SBATCH or PATH)"
 
@@ -105,13 +105,16 @@ class Action(NamedTuple):
     """What psbatch does, decided before anything runs: sbatch's argv (no argv[0]), the
     bytes to give it on stdin (None: stdin as it is), the script to write to a temporary
     file (argv index, file name, text) and a warning for stderr (``warning_line``).
-    ``check``: no submission, but ``--pipeswift=check``'s report (``submit.check``)."""
+    ``check``: no submission, but ``--pipeswift=check``'s report (``submit.check``).
+    ``error``: no submission, this line on stderr and exit 2 (a bad own option that must
+    not be guessed at: ``PsbatchUsageError``)."""
 
     argv: list[str]
     stdin: Optional[bytes]
     script: Optional[tuple[int, str, str]]
     warning: Optional[str]
     check: bool = False
+    error: Optional[str] = None
 
 
 def decide(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[str]], Source]) -> Action:
@@ -129,6 +132,8 @@ def decide(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
             plan = plan_job(argv, pairs, source.text, environ)
         elif pairs:
             warning = "cannot read the job script"
+    except PsbatchUsageError as exc:
+        return Action(argv, None, None, None, error=str(exc))
     except Exception as exc:  # a submission is never lost to psbatch's own bugs
         if environ.get("PIPESWIFT_DEBUG"):
             import traceback
@@ -155,6 +160,9 @@ def submit(raw: Sequence[str], environ: Mapping[str, str], stdin: object = None)
         from pipeswift_slurm.submit.check import report
 
         return report(raw, environ, lambda argv: read_source(argv, stdin), sys.stdout)
+    if action.error:
+        sys.stderr.write("psbatch: error: %s; nothing submitted\n" % action.error)
+        return 2
     sbatch = find_sbatch(environ)
     if sbatch is None:
         sys.stderr.write("psbatch: error: %s\n" % NO_SBATCH)

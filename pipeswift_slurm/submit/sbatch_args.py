@@ -51,6 +51,11 @@ class PsbatchError(Exception):
     """psbatch's own logic cannot enrich this job; it is submitted unchanged."""
 
 
+class PsbatchUsageError(PsbatchError):
+    """An own option whose value must not be guessed at (a partition name): nothing is
+    submitted, psbatch says why in one line and exits 2."""
+
+
 class Opt(NamedTuple):
     """One sbatch option as found in an argv: canonical long name, value, argv span."""
 
@@ -155,6 +160,7 @@ class OwnOptions(NamedTuple):
     allowed_pp: Optional[tuple[int, ...]] = None
     job_class: str = ""
     declared: bool = False  # a #PSWIFT line or --pipeswift option says "this is a Megatron job"
+    partitions: tuple[str, ...] = ()  # partitions the job may be moved to beside its own
 
 
 def strip_own_options(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -182,6 +188,7 @@ def own_options(pairs: Sequence[tuple[str, str]]) -> OwnOptions:
 
     Raises:
         PsbatchError: unknown key or a malformed value.
+        PsbatchUsageError: a malformed ``partitions`` list.
     """
     values: dict[str, object] = {"declared": bool(pairs)}
     for key, value in pairs:
@@ -202,12 +209,47 @@ def own_options(pairs: Sequence[tuple[str, str]]) -> OwnOptions:
                 values["allowed_pp"] = tuple(int(p) for p in value.split(","))
             elif key == "class":
                 values["job_class"] = value
+            elif key == "partitions":
+                values["partitions"] = checked_partitions(value, "--pipeswift-partitions")
             else:
                 raise PsbatchError("unknown option --pipeswift-%s (known: gpus, min-micro-batch, pp, class,"
-                                   " --pipeswift=off, --pipeswift=check)" % key)
+                                   " partitions, --pipeswift=off, --pipeswift=check)" % key)
         except ValueError:
             raise PsbatchError("bad value %r for --pipeswift-%s" % (value, key)) from None
     return OwnOptions(**values)  # type: ignore[arg-type]
+
+
+def checked_partitions(text: str, what: str) -> tuple[str, ...]:
+    """The partition names of a comma-separated list, checked as the controller checks the
+    profile token's ``parts=`` (``token.partition_names``).
+
+    Raises:
+        PsbatchUsageError: an empty or odd name, or too many.
+    """
+    from pipeswift_slurm.core.token import TokenError, partition_names
+
+    try:
+        return partition_names(text, what)
+    except TokenError as exc:
+        raise PsbatchUsageError(str(exc)) from None
+
+
+def job_partitions(values: Mapping[str, Optional[str]], own: OwnOptions) -> tuple[str, ...]:
+    """The partitions the profile request records (``parts=``): those of ``-p a,b`` when it
+    names several, and with ``--pipeswift-partitions`` those of ``-p`` (if given) and the
+    option's; () for a job that may run only in the partition it asked for. A ``-p`` list
+    the token cannot carry is left out (sbatch judges it; the job is not moved).
+
+    Raises:
+        PsbatchUsageError: together they name more partitions than a token carries.
+    """
+    try:
+        asked = checked_partitions(values.get("partition") or "", "-p")
+    except PsbatchUsageError:
+        asked = ()
+    if not own.partitions:
+        return asked if len(asked) > 1 else ()
+    return checked_partitions(",".join(asked + own.partitions), "-p and --pipeswift-partitions")
 
 
 def gpu_count(text: Optional[str]) -> Optional[int]:
@@ -268,11 +310,12 @@ def time_limit_s(text: Optional[str]) -> Optional[int]:
     return (first or 0) * 60 + (second or 0)  # M or M:S
 
 
-# sbatch's input variables that bear on the GPUs a job asks for (its man page, INPUT
-# ENVIRONMENT VARIABLES). There is no SBATCH_COMMENT: sbatch ignores it (seen on 22.05;
-# not in 24.11's list either), so a Comment comes from the script or the command line only.
+# sbatch's input variables that bear on the GPUs a job asks for and the partitions it may
+# run in (its man page, INPUT ENVIRONMENT VARIABLES). There is no SBATCH_COMMENT: sbatch
+# ignores it (seen on 22.05; not in 24.11's list either), so a Comment comes from the
+# script or the command line only.
 _ENV_OPTIONS = {"SBATCH_GPUS": "gpus", "SBATCH_GPUS_PER_NODE": "gpus-per-node",
-                "SBATCH_GPUS_PER_TASK": "gpus-per-task", "SBATCH_GRES": "gres"}
+                "SBATCH_GPUS_PER_TASK": "gpus-per-task", "SBATCH_GRES": "gres", "SBATCH_PARTITION": "partition"}
 
 
 def effective_options(cmdline: Sequence[Opt], header: Sequence[str],

@@ -15,6 +15,11 @@
 #   SLURM_TESTBED_DIR=/tmp/pipeswift-testbed   config + state + logs
 #   NODES=4 GPUS=8 CPUS=64 MEM_MB=512000       per virtual node (may exceed the real host)
 #   GPU_TYPE=                                  e.g. a100 -> typed GRES gpu:a100:8
+#   GPU_PARTITIONS=                            e.g. "a100:2 h100:2:4": a mixed cluster, one partition
+#                                              per item (TYPE:NODES[:GPUS]) named after its GPU
+#                                              type, its nodes with typed GRES gpu:TYPE:GPUS (GPUS
+#                                              default $GPUS); replaces NODES, GPU_TYPE and the
+#                                              'gpu' partition; the first is the default partition
 #   CTLD_PORT=6817 SLURMD_PORT_BASE=17001      pick others to run a second, isolated cluster
 #   DEFAULT_TIME_MIN=60                        partition DefaultTime (sane StartTime estimates)
 #   ACCOUNTING=none|dbd                        dbd: MariaDB + slurmdbd so that sacct works
@@ -137,9 +142,25 @@ if [ "${FRESH:-0}" = 1 ]; then stop_all; rm -rf "$DIR"/state/* "$DIR"/spool-*; f
 
 VERSION=$("$SBIN/slurmctld" -V | awk '{print $2}')
 MAJOR=${VERSION%%.*}
-if [ -n "$GPU_TYPE" ]; then GRES="gpu:$GPU_TYPE:$GPUS"; TYPEKV="Type=$GPU_TYPE"; else GRES="gpu:$GPUS"; TYPEKV=""; fi
+# One group of nodes per partition: name, GPU type ("": untyped), node count, GPUs per node.
+PART_NAMES=(); PART_TYPES=(); PART_NODES=(); PART_GPUS=()
+if [ -n "${GPU_PARTITIONS:-}" ]; then
+  for item in $GPU_PARTITIONS; do
+    IFS=: read -r ptype pnodes pgpus extra <<<"$item"
+    if ! [[ "$ptype" =~ ^[a-z][a-z0-9_]*$ && "$pnodes" =~ ^[1-9][0-9]*$ && "${pgpus:-$GPUS}" =~ ^[1-9][0-9]*$ \
+          && -z "$extra" ]]; then
+      echo "GPU_PARTITIONS: bad item '$item' (TYPE:NODES[:GPUS], e.g. a100:2 or h100:2:4)" >&2; exit 2
+    fi
+    PART_NAMES+=("$ptype"); PART_TYPES+=("$ptype"); PART_NODES+=("$pnodes"); PART_GPUS+=("${pgpus:-$GPUS}")
+  done
+  NODES=0; for n in "${PART_NODES[@]}"; do NODES=$((NODES + n)); done
+else
+  PART_NAMES=(gpu); PART_TYPES=("$GPU_TYPE"); PART_NODES=("$NODES"); PART_GPUS=("$GPUS")
+fi
+gres_of() {  # gres_of TYPE GPUS
+  if [ -n "$1" ]; then echo "gpu:$1:$2"; else echo "gpu:$2"; fi
+}
 SOCKETS=2; CORES=$((CPUS / SOCKETS))
-PORT_LAST=$((SLURMD_PORT_BASE + NODES - 1))
 
 write_conf() {
 cat <<EOF
@@ -198,20 +219,32 @@ fi
 #  machine's name, and slurmctld then waits on slurmdbd for ever. Without dbd: no
 #  AccountingStorageType line; 'none' is the default in every version and
 #  gres/gpu TRES without slurmdbd is fatal in 22.05)
-cat <<EOF
-NodeName=node[1-$NODES] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$SLURMD_PORT_BASE-$PORT_LAST] CPUs=$CPUS Boards=1 SocketsPerBoard=$SOCKETS CoresPerSocket=$CORES ThreadsPerCore=1 RealMemory=$MEM_MB Gres=$GRES State=UNKNOWN
-PartitionName=gpu Nodes=ALL Default=YES DefaultTime=$DEFAULT_TIME_MIN MaxTime=INFINITE State=UP
-EOF
+local g first last=0 default=YES members
+for g in "${!PART_NAMES[@]}"; do
+  first=$((last + 1)); last=$((last + PART_NODES[g]))
+  echo "NodeName=node[$first-$last] NodeHostname=$HOST NodeAddr=127.0.0.1" \
+    "Port=[$((SLURMD_PORT_BASE + first - 1))-$((SLURMD_PORT_BASE + last - 1))] CPUs=$CPUS Boards=1" \
+    "SocketsPerBoard=$SOCKETS CoresPerSocket=$CORES ThreadsPerCore=1 RealMemory=$MEM_MB" \
+    "Gres=$(gres_of "${PART_TYPES[g]}" "${PART_GPUS[g]}") State=UNKNOWN"
+  [ ${#PART_NAMES[@]} = 1 ] && members=ALL || members="node[$first-$last]"
+  echo "PartitionName=${PART_NAMES[g]} Nodes=$members Default=$default" \
+    "DefaultTime=$DEFAULT_TIME_MIN MaxTime=INFINITE State=UP"
+  default=NO
+done
 }
 
 write_gres() {
   # 22.05 drops GPUs without File= ("Removing file-less GPU"); File= must be a char/block
   # device, and /dev/null symlinks are accepted without a warning.
-  local n i
+  local n=0 i g k gpus typekv
   echo "AutoDetect=off"
-  for n in $(seq 1 "$NODES"); do
-    for i in $(seq 0 $((GPUS - 1))); do ln -sfn /dev/null "$DIR/fakedev/node$n-gpu$i"; done
-    echo "NodeName=node$n Name=gpu $TYPEKV File=$DIR/fakedev/node$n-gpu[0-$((GPUS - 1))]"
+  for g in "${!PART_NAMES[@]}"; do
+    gpus=${PART_GPUS[g]}; typekv=${PART_TYPES[g]:+Type=${PART_TYPES[g]}}
+    for k in $(seq 1 "${PART_NODES[g]}"); do
+      n=$((n + 1))
+      for i in $(seq 0 $((gpus - 1))); do ln -sfn /dev/null "$DIR/fakedev/node$n-gpu$i"; done
+      echo "NodeName=node$n Name=gpu $typekv File=$DIR/fakedev/node$n-gpu[0-$((gpus - 1))]"
+    done
   done
 }
 
@@ -322,4 +355,7 @@ done
 if [ $ok != 1 ]; then
   echo "cluster did not become ready: $states" >&2; tail -20 "$DIR/log/slurmctld.log" >&2; exit 1
 fi
-say "Slurm $VERSION ready: $NODES nodes x ($CPUS cpus, $MEM_MB MB, $GRES); source $DIR/env.sh"
+READY=$(for g in "${!PART_NAMES[@]}"; do
+  printf '%s: %s x %s, ' "${PART_NAMES[g]}" "${PART_NODES[g]}" "$(gres_of "${PART_TYPES[g]}" "${PART_GPUS[g]}")"
+done)
+say "Slurm $VERSION ready: $NODES nodes x ($CPUS cpus, $MEM_MB MB; ${READY%, }); source $DIR/env.sh"

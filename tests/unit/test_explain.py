@@ -159,12 +159,15 @@ def test_candidates_are_the_planners_best_per_gpu_count(history):
     path, chosen = history
     e = explain(path, 1, top=20)
     profile, est = _profile(), _estimator()
-    best = {}
+    best, dropped = {}, set()
     for gpus in range(4, 17):
-        found = est.best_run_time_s(profile, gpus)
+        found = est.option(profile, gpus)  # the counts the policy may choose (do no harm across counts)
         if found is not None:
             best[found[0].short()] = (gpus, found[1])
+        elif est.best(profile, gpus) is not None:
+            dropped.add(est.best(profile, gpus).config.short())
     listed = {c.config: c for c in e.candidates}
+    assert not dropped & set(listed) - {chosen.short(), profile.requested.short()}
     for config, (gpus, run_s) in best.items():
         assert listed[config].gpus == gpus and listed[config].run_s == pytest.approx(run_s, rel=1e-12)
     assert [c.run_s for c in e.candidates] == sorted(c.run_s for c in e.candidates)

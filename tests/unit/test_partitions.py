@@ -66,6 +66,18 @@ def test_a_job_that_allows_both_goes_where_it_finishes_first_and_others_stay() -
     assert job_partitions(view.jobs[1], profiles[1], ["h100"]) == ("h100",)  # only planned ones
 
 
+def test_a_job_that_asks_for_a_gpu_type_stays_on_that_type() -> None:
+    """A job asking gpu:a100 is never planned into the h100 partition (its nodes report
+    h100), though its request names both; an untyped one is."""
+    from pipeswift_slurm.core.model import GpuRequest
+
+    typed = replace(_pending(1, "a100"), gpu_request=GpuRequest("tres_per_node", 8, "a100"))
+    view = _busy_a100_view(typed, _pending(2, "a100"))
+    view = replace(view, nodes=tuple(replace(n, gpu_type=n.partitions[0]) for n in view.nodes))
+    profiles = {1: _profile(8, 2000, ("a100", "h100")), 2: _profile(8, 2000, ("a100", "h100"))}
+    assert choose_partitions(view, profiles, _estimators(), moves=True) == {1: "a100", 2: "h100"}
+
+
 def test_a_move_must_gain_more_than_the_margin() -> None:
     """Two partitions of the same GPUs; partition a100 frees its node after a share of the
     job's run time T, h100 is idle: the job in a100 moves only when waiting there costs more

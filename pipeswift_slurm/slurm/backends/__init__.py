@@ -35,21 +35,25 @@ def releases_own_hold(decision: Decision) -> bool:
     """A decision that only releases the controller's own hold: allowed whatever the job's
     opt-in says now (a hold the controller set is always its own to release)."""
     return decision.hold is False and decision.config is None and decision.site_factor is None \
-        and decision.time_limit_s is None and not decision.requeue
+        and decision.time_limit_s is None and not decision.requeue and decision.partition is None
 
 
 def applicable(decision: Decision, job: Job) -> bool:
     """The guard every real backend runs before changing a job: a job that is not opted in
-    is never changed (False, logged); resizing a job that is no longer PENDING raises.
+    is never changed (False, logged); resizing or moving a job that is no longer PENDING
+    raises.
 
     Raises:
-        JobGone: a resize for a job that started or finished since the snapshot.
+        JobGone: a resize or a partition move for a job that started or finished since
+            the snapshot.
     """
     if not job.opted_in and not releases_own_hold(decision):
         log.warning("job %d is not opted in to pipeswift; not changing it", job.job_id)
         return False
-    if decision.config is not None and not job.pending and not decision.requeue:
-        raise JobGone("job %d is %s, not PENDING: not resized" % (job.job_id, job.state))
+    if (decision.config is not None or decision.partition is not None) and not job.pending \
+            and not decision.requeue:
+        raise JobGone("job %d is %s, not PENDING: not %s" % (job.job_id, job.state,
+                                                               "resized" if decision.config else "moved"))
     return True
 
 

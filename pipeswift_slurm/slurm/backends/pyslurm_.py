@@ -11,6 +11,9 @@ in the log (the table in docs/slurm-backends.md):
 - node counts: pyslurm's modify sets them only at submit (silently does nothing), so the
   resize (``NumNodes=a-a`` plus the GPU request, one RPC so the job never starts
   half-resized) is the CLI backend's ``scontrol update`` argv, run with the same runner;
+  a move to another partition goes in that same update (``Partition=``; a job asking a GPU
+  type is moved only where the nodes have it), so the size is checked against the
+  partition it moves to;
 - ``--gpus`` (per-job) requests and a node's used GPUs (``Job`` has only ``gres_per_node``;
   ``Node.allocated_gres`` is empty unless GPUs are tracked as TRES): read with pyslurm's own
   older API (``pyslurm.job().get()``, ``pyslurm.node().get()``: the same load RPCs);
@@ -32,9 +35,12 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from pipeswift_slurm.core import token
 from pipeswift_slurm.core.model import ClusterView, Decision, GpuRequest, Job, Node
 from pipeswift_slurm.slurm.backends import BackendError, applicable
-from pipeswift_slurm.slurm.backends.slurm_cli import Runner, classify_error, read_site_factors, subprocess_runner
+from pipeswift_slurm.slurm.backends.slurm_cli import Runner, classify_error, in_partitions
+from pipeswift_slurm.slurm.backends.slurm_cli import read_site_factors, run_update, subprocess_runner
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_gres, parse_squeue_json
-from pipeswift_slurm.slurm.backends.scontrol_argv import admin_comment_value, resize_fields, without_hold_mark
+from pipeswift_slurm.slurm.backends.scontrol_argv import admin_comment_value, check_move, size_fields
+from pipeswift_slurm.slurm.backends.scontrol_argv import without_hold_mark
+from pipeswift_slurm.slurm.partition_check import partition_gres_types
 from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
 
 log = logging.getLogger(__name__)
@@ -42,7 +48,8 @@ log = logging.getLogger(__name__)
 # what pyslurm cannot do, and what is used instead (each said once per process)
 FALLBACKS = {
     "resize": "pyslurm cannot change a job's node count (it sets nodes only at submit): "
-              "resizing with scontrol update NumNodes=a-a and the GPU request",
+              "resizing with scontrol update NumNodes=a-a and the GPU request (a move to another "
+              "partition, Partition=, in the same RPC)",
     "site_factor": "pyslurm cannot read a job's site factor: reading it with sprio",
     "older_api": "pyslurm.Job has no per-job GPU request (--gpus) and Node.allocated_gres is empty "
                  "unless GPUs are TRES: reading both with pyslurm's older job()/node() API",
@@ -152,6 +159,7 @@ class PyslurmBackend:
         self._clock = clock
         self._read_site_factors = read_site_factors
         self._limits = LimitsReader(run) if read_limits else None
+        self._gres_types: dict[str, str] = {}  # partition -> its GRES type, from the last snapshot
 
     @property
     def _ps(self) -> Any:
@@ -179,12 +187,12 @@ class PyslurmBackend:
         nodes = [node_from_pyslurm(pn, (older_nodes.get(pn.name) or {}).get("gres_used"))
                  for pn in self._call("Nodes.load", self._ps.Nodes.load).values()]
         factors = self._site_factors()
-        wanted = self._partitions
         jobs = [replace(j, site_factor=factors.get(j.job_id, 0)) for j in jobs
-                if wanted is None or wanted.intersection(j.partition.split(","))]
+                if in_partitions(j.partition.split(","), self._partitions)]
         if self._limits is not None:
             jobs = with_caps(jobs, self._limits.read())
-        nodes = [n for n in nodes if wanted is None or wanted.intersection(n.partitions)]
+        self._gres_types = partition_gres_types(nodes)
+        nodes = [n for n in nodes if in_partitions(n.partitions, self._partitions)]
         return ClusterView(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
 
     def _older(self, kind: str) -> dict[Any, Mapping[str, Any]]:
@@ -215,13 +223,14 @@ class PyslurmBackend:
         """
         if not applicable(decision, job):
             return
+        check_move(decision, job, self._gres_types)
         try:
             self._apply(decision, job)
         except BackendError as exc:
             raise classify_error(exc, job.job_id) from exc
 
     def _apply(self, decision: Decision, job: Job) -> None:
-        """Requeue, resize (``scontrol update``), then the rest through ``modify``. Holds as
+        """Requeue, move and resize (``scontrol update``), then the rest through ``modify``. Holds as
         the CLI backend: the mark (``hold=1`` in the token) goes on before ``hold()``, and
         comes off only after ``release()``, so a job the controller held always says so
         and is always released by it. Only the admin ``hold()`` is called (a user-mode hold
@@ -230,10 +239,10 @@ class PyslurmBackend:
         now = self._clock()
         if decision.requeue:
             self._call("requeue", lambda: ps.Job(job.job_id).requeue())
-        if decision.config is not None:
-            fields = resize_fields(decision.config, job)
+        if decision.config is not None or decision.partition is not None:
+            fields = size_fields(decision, job)
             say_fallback("resize")
-            self._run(["scontrol", "update", "JobId=%d" % job.job_id, *fields])
+            run_update(self._run, ["scontrol", "update", "JobId=%d" % job.job_id, *fields])
         if decision.hold is False:
             before = modify_kwargs(replace(decision, site_factor=None), now, job, held=True)
             self._modify(job.job_id, before)

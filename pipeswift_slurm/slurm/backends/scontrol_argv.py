@@ -1,6 +1,6 @@
-"""What a Decision becomes as ``scontrol`` commands: the resize fields in the job's own GRES
-spelling, the update with its decision token, requeue, hold and release in a safe order, and
-the stdin text of a batch of them. Pure: builds argv lists, runs nothing; every value is one
+"""What a Decision becomes as ``scontrol`` commands: the move to another partition and the
+resize fields in the job's own GRES spelling (one RPC), the update with its decision token,
+requeue, hold and release in a safe order, and the stdin text of a batch of them. Pure: builds argv lists, runs nothing; every value is one
 argv word (whitespace is refused), so no user text ever reaches a shell.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from pipeswift_slurm.core import token
 from pipeswift_slurm.core.model import Decision, ExecConfig, GpuRequest, Job
@@ -50,6 +50,46 @@ def resize_fields(config: ExecConfig, job: Job) -> list[str]:
         raise BackendError("job %d asks GPUs via %s; only per-node or per-job requests are resized"
                            % (job.job_id, req.field))
     return ["NumNodes=%d-%d" % (nodes, nodes), gpu_field]
+
+
+def check_move(decision: Decision, job: Job, gres_types: Mapping[str, str]) -> None:
+    """Refuse to move (``decision.partition``) a job that asked for a GPU type
+    (``gpu:a100:4``) to a partition whose nodes report another one (``gres_types``: map from
+    partition to its one GRES type, ``partition_check.partition_gres_types``; a partition
+    missing there has none or several). The user asked for that hardware; and Slurm 22.05
+    leaves a pending job whose GRES type was changed never runnable (BadConstraints, seen
+    live), so a request is never retyped.
+
+    Raises:
+        BackendError: the job asks for typed GPUs that ``partition`` does not have.
+    """
+    asked, partition = job.gpu_request.gpu_type, decision.partition
+    if partition is not None and asked and gres_types.get(partition) != asked:
+        raise BackendError("job %d asks for gpu:%s GPUs and partition %s's nodes report %s; not moved"
+                           % (job.job_id, asked, partition, gres_types.get(partition) or "no one GPU type"))
+
+
+def size_fields(decision: Decision, job: Job) -> list[str]:
+    """The fields of one ``scontrol update`` that set where and on how much the job runs:
+    ``Partition=P`` for a move, then the resize (``resize_fields``). Slurm 22.05 and 24.11
+    apply the partition before the size in one update (a size valid only in the new
+    partition is taken; seen live on both).
+
+    Raises:
+        BackendError: an odd partition name, or as ``resize_fields``.
+    """
+    fields = []
+    if decision.partition is not None:
+        try:
+            names = token.partition_names(decision.partition, "partition")
+        except token.TokenError as exc:
+            raise BackendError("job %d: %s; not moved" % (job.job_id, exc)) from None
+        if len(names) != 1:
+            raise BackendError("job %d: a job is moved to one partition, not %r" % (job.job_id, decision.partition))
+        fields.append("Partition=" + names[0])
+    if decision.config is not None:
+        fields += resize_fields(decision.config, job)
+    return fields
 
 
 def _argv_value(name: str, value: str) -> str:
@@ -106,9 +146,7 @@ def update_argv(decision: Decision, job: Job, now: float, held: Optional[bool] =
     is the hold mark the token carries (default: whether the decision holds the job);
     ``site_factor`` False leaves the SiteFactor to a later command. The token replaces only
     our own word of the job's AdminComment (``admin_comment_value``)."""
-    fields: list[str] = []
-    if decision.config is not None:
-        fields += resize_fields(decision.config, job)
+    fields = size_fields(decision, job)
     if decision.time_limit_s is not None:
         fields.append("TimeLimit=%d" % max(1, -(-int(decision.time_limit_s) // 60)))
     if decision.site_factor is not None and site_factor:
@@ -146,7 +184,7 @@ def apply_argvs(decision: Decision, job: Job, now: float) -> list[list[str]]:
         assert update is not None
         return argvs + [update + ["Priority=0"]]
     if decision.hold is False:
-        first = update_argv(_without_site_factor(decision), job, now, held=True) if decision.config else None
+        first = update_argv(_without_site_factor(decision), job, now, held=True)
         argvs += [first] if first else []
         argvs.append(["scontrol", "release", str(int(job.job_id))])
         last = update_argv(_only_mark(decision), job, now, held=False)

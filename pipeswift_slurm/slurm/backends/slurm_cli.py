@@ -25,11 +25,12 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 from pipeswift_slurm.core.model import ClusterView, Decision, Job
 from pipeswift_slurm.slurm.backends import BackendError, JobGone, OutcomeUnknown, applicable
 from pipeswift_slurm.slurm.backends.scontrol_argv import BATCH_MAX_LINES, BATCH_PROCESSES, SCONTROL_BATCH_ARGV
-from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, batch_text, batchable, update_argv
+from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, batch_text, batchable, check_move, update_argv
 from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
 from pipeswift_slurm.slurm.backends.slurm_parse import JSON_REPORTED, parse_batch_errors
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_scontrol_nodes
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_sprio, parse_squeue_json
+from pipeswift_slurm.slurm.partition_check import partition_gres_types
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,30 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else "no output"
 
 
+# Slurm 24.11 refuses about a third of partition changes of a pending job at random with
+# "Resource temporarily unavailable" (EAGAIN; measured on 24.11.5: of 25 moves, 11 needed 1 to
+# 4 retries; TimeLimit updates of the same jobs never failed; 22.05 never refused one). An
+# update sets absolute values, so it is simply sent again.
+TRANSIENT = "resource temporarily unavailable"
+TRANSIENT_TRIES = 8
+
+
+def run_update(run: Runner, argv: list[str]) -> str:
+    """``run(argv)``, sent again (up to TRANSIENT_TRIES in all) while Slurm answers TRANSIENT.
+
+    Raises:
+        BackendError: as ``run`` (the last answer, when every try was refused).
+    """
+    for attempt in range(1, TRANSIENT_TRIES + 1):
+        try:
+            return run(argv)
+        except BackendError as exc:
+            if TRANSIENT not in str(exc).lower() or attempt == TRANSIENT_TRIES:
+                raise
+            log.debug("%s: %s; sending it again", " ".join(argv[1:3]), exc)
+    raise AssertionError("unreachable")
+
+
 def classify_error(exc: BackendError, job_id: int) -> BackendError:
     """Map a failed scontrol call on one job to JobGone (job no longer changeable) or keep it."""
     text = str(exc).lower()
@@ -135,7 +160,10 @@ class _Update:
 
 
 # ------------------------------------------------------------------------------------ backend
-def _in_partitions(names: Sequence[str], wanted: Optional[frozenset[str]]) -> bool:
+def in_partitions(names: Iterable[str], wanted: Optional[frozenset[str]]) -> bool:
+    """Whether a job or node in the partitions ``names`` is managed: ``wanted`` is None
+    (all) or names one of them. A job pending in several shows them as ``a,b``: pass
+    ``job.partition.split(",")``, so it is managed when any of them is."""
     return wanted is None or bool(wanted.intersection(names))
 
 
@@ -191,6 +219,7 @@ class SlurmCliBackend:
         self._feed: Optional[InputRunner] = feed if feed is not None else getattr(run, "feed", None)
         self._batch_processes = max(1, batch_processes)
         self._limits = LimitsReader(run) if read_limits else None
+        self._gres_types: dict[str, str] = {}  # partition -> its GRES type, from the last snapshot
 
     def snapshot(self) -> ClusterView:
         """Read jobs, nodes and site factors with one command each, and the site's limits
@@ -204,10 +233,11 @@ class SlurmCliBackend:
         nodes = parse_scontrol_nodes(self._run(list(NODES_ARGV)))
         factors = self._site_factors()
         jobs = [replace(j, site_factor=factors.get(j.job_id, 0)) for j in jobs
-                if _in_partitions(j.partition.split(","), self._partitions)]
+                if in_partitions(j.partition.split(","), self._partitions)]
         if self._limits is not None:
             jobs = with_caps(jobs, self._limits.read())
-        nodes = [n for n in nodes if _in_partitions(n.partitions, self._partitions)]
+        self._gres_types = partition_gres_types(nodes)
+        nodes = [n for n in nodes if in_partitions(n.partitions, self._partitions)]
         log.debug("snapshot: %d jobs, %d nodes", len(jobs), len(nodes))
         return ClusterView(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
 
@@ -255,10 +285,11 @@ class SlurmCliBackend:
         """
         if not applicable(decision, job):
             return
+        check_move(decision, job, self._gres_types)
         for argv in apply_argvs(decision, job, self._clock()):
             log.info("job %d: %s", job.job_id, " ".join(argv[1:]))
             try:
-                self._run(argv)
+                run_update(self._run, argv)
             except BackendError as exc:
                 raise classify_error(exc, job.job_id) from exc
 
@@ -286,10 +317,9 @@ class SlurmCliBackend:
             if self._feed is None or decision.requeue or decision.hold is not None or not job.opted_in:
                 results[i] = self._apply_one(decision, job)
                 continue
-            if decision.config is not None and not job.pending:
-                results[i] = JobGone("job %d is %s, not PENDING: not resized" % (job.job_id, job.state))
-                continue
             try:
+                applicable(decision, job)  # (opted in: raises JobGone for a job no longer PENDING)
+                check_move(decision, job, self._gres_types)
                 argv = update_argv(decision, job, now)
             except BackendError as exc:
                 results[i] = exc
@@ -315,8 +345,10 @@ class SlurmCliBackend:
             return exc
         return None
 
-    def _run_batch(self, batch: list[_Update], results: list[Optional[BackendError]]) -> None:
-        """Run ``batch`` in one scontrol and store each job's outcome in ``results``."""
+    def _run_batch(self, batch: list[_Update], results: list[Optional[BackendError]],
+                   tries_left: int = TRANSIENT_TRIES - 1) -> None:
+        """Run ``batch`` in one scontrol and store each job's outcome in ``results``; the
+        updates Slurm refused as TRANSIENT run again in a batch of their own."""
         if not batch:
             return
         assert self._feed is not None
@@ -329,8 +361,13 @@ class SlurmCliBackend:
         if done.returncode == 0 and not done.stderr.strip():
             return
         by_job, loose = parse_batch_errors(done.stderr)
+        again = [u for u in batch if TRANSIENT in by_job.get(u.job_id, "").lower()] if tries_left > 0 else []
+        if again:
+            log.debug("batch of %d: %d update(s) refused as %s; sending them again", len(batch), len(again),
+                      TRANSIENT)
+            self._run_batch(again, results, tries_left - 1)
         for u in batch:
-            if u.job_id in by_job:
+            if u.job_id in by_job and u not in again:
                 results[u.index] = classify_error(BackendError("scontrol update: " + by_job[u.job_id]), u.job_id)
         if done.returncode == 0 or (by_job and not loose):
             return  # exit 0: lines naming no job were warnings

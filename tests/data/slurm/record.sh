@@ -3,6 +3,7 @@
 #   tests/slurm/testbed.sh up && source $SLURM_TESTBED_DIR/env.sh && tests/data/slurm/record.sh
 # Needs an empty queue; leaves the cluster with no jobs of its own.
 #   tests/data/slurm/record.sh typed   (on a cluster started with GPU_TYPE=a100)
+#   tests/data/slurm/record.sh partitions   (on a cluster started with GPU_PARTITIONS="a100:2 h100:2:4")
 #   tests/data/slurm/record.sh sacct   (on a fresh cluster started with ACCOUNTING=dbd NODES=2:
 #                                       sacct-$V-live.json, the jobs of sacct-22.05.json)
 set -euo pipefail
@@ -21,6 +22,26 @@ if [ "${1:-}" = typed ]; then
   { scontrol update JobId="$T1" TresPerNode=gres:gpu:2 2>&1 || true; } > "$OUT/err-typed-untyped-$V.txt"
   scancel "$R" "$T1" "$T2"
   echo "recorded typed Slurm $V into $OUT"; exit 0
+fi
+if [ "${1:-}" = partitions ]; then
+  B=$(sb -J blocker -p a100 -N2 --exclusive --gpus-per-node=8 --wrap 'sleep 60')
+  for _ in $(seq 1 50); do [ "$(squeue -h -j "$B" -o %T)" = RUNNING ] && break; sleep 0.2; done
+  M=$(sb -J multi -H -p a100,h100 -N1 --gpus-per-node=2 --wrap 'sleep 20')
+  T=$(sb -J typed -H -p a100 -N1 --gpus-per-node=a100:1 --wrap 'sleep 20')
+  U=$(sb -J untyped -H -p a100 --gpus=8 --wrap 'sleep 20')
+  sleep 2
+  squeue --json --states=all > "$OUT/squeue-$V-partitions.json"
+  scontrol -d -o show node > "$OUT/scontrol-nodes-$V-partitions.txt"
+  # the moves as the backends send them: partition and size in one update (24.11 refuses
+  # some partition changes at random, "Resource temporarily unavailable": sent again)
+  upd() { for _ in 1 2 3 4 5 6 7 8; do scontrol update "$@" 2>/dev/null && return; done; scontrol update "$@"; }
+  G=$(squeue -h -j "$M" -o %b | sed 's/:[0-9]*$//')   # gres:gpu or gres/gpu, as this Slurm spells it
+  upd JobId="$M" Partition=h100 NumNodes=2-2 TresPerNode="$G:4"
+  upd JobId="$U" Partition=h100 NumNodes=2-2 TresPerJob="$G:8"
+  sleep 1
+  squeue --json --states=all > "$OUT/squeue-$V-partitions-moved.json"
+  scancel "$B" "$M" "$T" "$U"
+  echo "recorded partitions Slurm $V into $OUT"; exit 0
 fi
 if [ "${1:-}" = sacct ]; then
   # a psbatch profile (GPU range 2-8), two plain GPU jobs, a CPU-only one, one that fails,
