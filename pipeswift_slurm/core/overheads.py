@@ -26,23 +26,17 @@ Sources:
        (``--tp-comm-overlap``): a tensor-parallel all-gather / reduce-scatter is split into tp
        ring steps, each overlapped with the GEMM chunk that uses (or produces) it; one step
        cannot overlap.
-Pure; imports only core types.
+Pure; imports only core types and ``core.flops``.
 """
 
 from __future__ import annotations
 
+from pipeswift_slurm.core.flops import ring_allreduce_s
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.model import ExecConfig, ModelShape, TrainingPlan
 
 # Megatron's DDP bucket: max(40M, 1M x dp) parameters [MCORE].
 BUCKET_PARAMS = 40_000_000
-
-
-def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_gbps: float, latency_s: float) -> float:
-    """Ring all-reduce: each rank sends and receives 2*(n-1)/n of the buffer, in 2*(n-1) steps."""
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (ranks - 1) / ranks * nbytes / (bandwidth_gbps * 1e9) + 2 * (ranks - 1) * latency_s
 
 
 def group_bandwidth_gbps(gpu: GpuType, ranks: int, stride: int, gpus_per_node: int) -> float:

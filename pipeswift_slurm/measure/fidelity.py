@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeswift_slurm.core.costmodel import CostModel, flops_per_iteration
+from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.error_band import MIN_ROWS, band_value, gpu_family, group_name, layout_group
+from pipeswift_slurm.core.flops import flops_per_iteration
 from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
 from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv
 from pipeswift_slurm.core.model import ExecConfig

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from pipeswift_slurm.core import hardware
-from pipeswift_slurm.core.costmodel import CostModel, flops_per_iteration
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.flops import flops_per_iteration
 from pipeswift_slurm.core.megatron import profile_from_argv
 from pipeswift_slurm.core.megatron_rules import check_config, node_shape
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
