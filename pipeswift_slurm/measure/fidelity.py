@@ -1,9 +1,9 @@
 """Compare the cost model with published Megatron measurements.
 
 Two CSV schemas: the repository's ``tests/data/fidelity/published_megatron.csv`` (schema in
-its SOURCES.md; model TFLOP/s per GPU; rows without a stated shape are skipped, rows that
-report hardware FLOPs with full recompute, 4 passes instead of 3, are converted to model
-FLOPs x 3/4) and the shared ``megatron_published.csv`` of NVIDIA's DGX Cloud recipes (schema
+its SOURCES.md; model TFLOP/s per GPU, and the iteration time where a row's notes state it;
+rows without a stated shape are skipped, rows that report hardware FLOPs with full
+recompute, 4 passes instead of 3, are converted to model FLOPs x 3/4) and the shared ``megatron_published.csv`` of NVIDIA's DGX Cloud recipes (schema
 and caveats in its SOURCES.md; step time per iteration). Each row becomes the Megatron
 command line of its stated config; the cost model's iteration time is compared with the
 row's. Used by ``bench/fidelity.py`` and its regression test. Reads one file; otherwise pure.
