@@ -144,7 +144,9 @@ def compare(path: str | Path, hardware: Optional[str] = None) -> list[FidelityRo
 
 
 # GPU names of the shared file -> built-in types (SOURCES.md: H100-80GB, GB200 NVL72).
-SHARED_GPU_TYPES = {"H100": "H100-80GB", "GB200": "GB200-186GB"}
+SHARED_GPU_TYPES = {"H100": "H100-80GB", "GB200": "GB200-186GB",
+                    # the same recipes publish these too (rows of this schema from elsewhere)
+                    "B200": "B200-180GB", "H200": "H200-141GB", "A100": "A100-80GB"}
 # SOURCES.md caveat 4: TP communication overlap (userbuffers) is off for Nemotron-4 340B in
 # the NeMo 1.0 recipe (v24.11.1, yaml ub_tp_comm_overlap False); its NeMo 2.0 runs (v25.04,
 # v25.05.05) use nemo/collections/llm/recipes/nemotron4_340b.py with performance_mode, whose
