@@ -97,10 +97,12 @@ _BUILTIN = (
     GpuType("A100-40GB", peak_tflops=312, fp32_tflops=156, mem_gib=40, hbm_gbps=1555,
             nvlink_gbps=240, inter_node_gbps=25, eff_max=0.725, work_half_gflop=80.0),
     # A100 data sheet (2021), 80GB SXM: as the 40GB, with HBM2e at 2,039 GB/s; DGX A100 as above.
+    # eff_max and work_half_gflop fitted on every other A100 row of tests/data/fidelity (9 of 18).
     GpuType("A100-80GB", peak_tflops=312, fp32_tflops=156, mem_gib=80, hbm_gbps=2039,
             nvlink_gbps=240, inter_node_gbps=25, eff_max=0.725, work_half_gflop=80.0),
     # H100 SXM data sheet: BF16 1,979 with sparsity (989 dense), TF32 989 with sparsity (494
     # dense), 80GB HBM3 3.35 TB/s, NVLink 4 900 GB/s bidirectional; DGX H100: 400 Gb/s NDR per GPU.
+    # eff_max fitted on every other H100 row of the shared file (27 of 54); the knee is release 1's.
     GpuType("H100-80GB", peak_tflops=989, fp32_tflops=494, mem_gib=80, hbm_gbps=3350,
             nvlink_gbps=360, inter_node_gbps=50, eff_max=0.61, work_half_gflop=120.0, startup_s=75),
     # H200 SXM data sheet: H100's compute and NVLink, 141GB HBM3e at 4.8 TB/s; HGX H200: 400 Gb/s
