@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Fidelity of ``pipeswift estimate`` against every published Megatron run at hand.
 
-Runs the repository's rows (``tests/data/fidelity/published_megatron.csv``: model TFLOP/s,
-turned into step time at the same model FLOPs) and, when present, the shared file of NVIDIA's
+Runs the repository's rows (``tests/data/fidelity/published_megatron.csv``: the step time a
+row's notes state, else model TFLOP/s turned into step time at the same model FLOPs) and, when present, the shared file of NVIDIA's
 DGX Cloud recipes (``../shared/reference/published/megatron_published.csv``: step time). Prints
 JSON: per file and GPU type the rows estimated, the rows refused (and why), and the median and
 max |step time error| (predicted / published - 1); with ``--rows`` every row as well. Under
 ``bands``: per layout group (GPU family, pp > 1, cp > 1) the rows behind the error bands
 (``measure.fidelity.band_rows``), their error range and band, beside the band shipped in
 ``core/error_band.py``; ``--band-table`` prints that table as the Python lines to paste there
-instead (after a cost-model change moves the errors).
+instead (after a cost-model change moves the errors). ``bench/fit_efficiency.py`` fits the GPU
+table's efficiency constants to the same rows (every other row fitted, the rest held out).
 Usage: python bench/fidelity.py [--csv PATH] [--shared PATH] [--rows] [--band-table]
 """
 

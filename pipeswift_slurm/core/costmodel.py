@@ -1,5 +1,5 @@
-"""Cost model: FLOPs, iteration time, bubble, memory per GPU and job time of a Megatron
-job in a given ExecConfig on a given GPU type. Pure Python, no I/O.
+"""Cost model: iteration time, bubble, memory per GPU and job time of a Megatron job in a
+given ExecConfig on a given GPU type, from the FLOPs of ``core/flops.py``. Pure Python, no I/O.
 
 Sources (term by term in the docstrings below):
 [N21] Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
@@ -13,57 +13,21 @@ Must not import SQLAlchemy, Slurm or torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, TypeVar
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Sequence
 
 from pipeswift_slurm.core.error_band import ErrorBand, band_for, unmeasured_band
+from pipeswift_slurm.core.flops import (attention_core_fwd_flops, flops_per_iteration, layer_fwd_flops,
+                                        ring_allreduce_s)
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.layer_profile import LayerProfileMismatch, layer_profile_mismatch, layer_profile_refusal
 from pipeswift_slurm.core.megatron_rules import profile_stage_layers
-from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape
-
-V = TypeVar("V")
+from pipeswift_slurm.core.memo import per_profile
+from pipeswift_slurm.core.model import ExecConfig, JobProfile
+from pipeswift_slurm.core.overheads import data_parallel_s, elementwise_fwd_values, tp_backward_exposed_s, tp_exposed_s
 
 GIB = 1024 ** 3
-
-
-def flops_per_iteration(shape: ModelShape, global_batch_size: int) -> float:
-    """Model FLOPs of one iteration (forward + backward, recompute not counted) [MLM]:
-
-    F = B*s*[ L*( 12*h*ffn*(1.5 if swiglu) + 6*(h*(q+k+v) + q*s + q*h) ) + 6*h*V_pad ]
-    with q = kv_channels*heads, k = v = kv_channels*query_groups; the causal attention
-    term q*s is already halved (s/2 * 2 matmuls); 6 = 3 passes (fwd, 2x bwd) * 2 (FMA).
-    """
-    s, h = shape.seq_length, shape.hidden_size
-    q = shape.kv_channels * shape.num_attention_heads
-    kv = shape.kv_channels * shape.num_query_groups
-    mlp = 12 * h * shape.ffn_hidden_size * (1.5 if shape.swiglu else 1.0)
-    attn = 6 * (h * (q + 2 * kv) + q * s + q * h)
-    return global_batch_size * s * (shape.num_layers * (mlp + attn) + 6 * h * shape.padded_vocab_size(1))
-
-
-def layer_fwd_flops(shape: ModelShape, micro_batch_size: int) -> float:
-    """Forward FLOPs of one transformer layer for one micro-batch: one third of the
-    per-layer term of :func:`flops_per_iteration` (backward = 2x forward)."""
-    s, h = shape.seq_length, shape.hidden_size
-    q = shape.kv_channels * shape.num_attention_heads
-    kv = shape.kv_channels * shape.num_query_groups
-    mlp = 4 * h * shape.ffn_hidden_size * (1.5 if shape.swiglu else 1.0)
-    attn = 2 * (h * (q + 2 * kv) + q * s + q * h)
-    return micro_batch_size * s * (mlp + attn)
-
-
-def attention_core_fwd_flops(shape: ModelShape, micro_batch_size: int) -> float:
-    """Forward FLOPs of QK^T and attention-times-V (causal): what selective recompute redoes."""
-    q = shape.kv_channels * shape.num_attention_heads
-    return 2 * micro_batch_size * shape.seq_length * q * shape.seq_length
-
-
-def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_gbps: float, latency_s: float) -> float:
-    """Ring all-reduce: each rank sends and receives 2*(n-1)/n of the buffer, in 2*(n-1) steps."""
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (ranks - 1) / ranks * nbytes / (bandwidth_gbps * 1e9) + 2 * (ranks - 1) * latency_s
 
 
 def _layers(profile: JobProfile, cfg: ExecConfig) -> list[int]:
@@ -98,15 +62,16 @@ class Estimate:
     band: ErrorBand = field(default_factory=unmeasured_band)
 
 
-def per_profile(memo: dict[int, tuple[JobProfile, V]], profile: JobProfile,
-                make: Callable[[JobProfile], V]) -> V:
-    """``make(profile)``, worked out once per profile object: ``memo`` is keyed by its id and
-    keeps the profile, so the id cannot be reused (hashing nested dataclasses on every
-    call is slow)."""
-    hit = memo.get(id(profile))
-    if hit is None or hit[0] is not profile:
-        hit = memo[id(profile)] = (profile, make(profile))
-    return hit[1]
+class _Memo:
+    """Per shape and training settings: estimates and peak memory (GiB) per config; the
+    max and sum of the stage times, and what peak memory reads, per layout."""
+
+    def __init__(self) -> None:
+        self.estimates: dict[ExecConfig, Estimate] = {}
+        self.mem_gib: dict[ExecConfig, float] = {}
+        self.stages: dict[tuple[object, ...], tuple[float, float]] = {}
+        self.memory_parts: dict[tuple[object, ...], tuple[float, list[int], float, float, float]] = {}
+        self.layer_pairs: dict[tuple[int, int, int], float] = {}  # (tp, cp, mbs) -> fwd + bwd of a layer
 
 
 class CostModel:
@@ -135,8 +100,8 @@ class CostModel:
         self.layer_profile = layer_profile
         self._layer_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._params_cache: dict[tuple[object, ...], float] = {}
-        self._estimates: dict[tuple[object, ...], dict[ExecConfig, Estimate]] = {}
-        self._memo_by_profile: dict[int, tuple[JobProfile, dict[ExecConfig, Estimate]]] = {}
+        self._estimates: dict[tuple[object, ...], _Memo] = {}
+        self._memo_by_profile: dict[int, tuple[JobProfile, _Memo]] = {}
 
     def check_layer_profile(self, job: JobProfile) -> None:
         """Raise LayerProfileMismatch unless the layer profile (if any) measured ``job``'s
@@ -151,15 +116,19 @@ class CostModel:
         return 4 if precision == "fp32" else 2
 
     def layer_times_s(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, float]:
-        """(forward, backward) seconds of one layer and one micro-batch on one GPU.
+        """(forward, backward) seconds of one layer and one micro-batch on one GPU, term by term:
 
-        compute = FLOPs / (tp*cp) / (peak * efficiency(work)); backward = 2x forward
-        compute plus recompute (full: one more forward; selective: the attention core)
-        [K22]; tensor parallelism adds 2 all-reduces of b*s*h values per layer in each
-        direction (sequence parallelism: reduce-scatter + all-gather, same volume) [N21].
+        GEMMs and attention: FLOPs / (tp*cp) / (peak * efficiency(work)); backward = 2x
+        forward plus recompute (full: one more forward; selective: the attention core) [K22];
+        elementwise: ``overheads.elementwise_fwd_values`` at HBM bandwidth, twice that
+        backward (a measured layer profile already holds it); tensor parallelism: 2
+        all-reduces of b*s*h values per layer in each direction (sequence parallelism:
+        reduce-scatter + all-gather, same volume) [N21], of which ``--tp-comm-overlap`` hides
+        all but ``overheads.tp_exposed_s`` and the backward pass without it hides what
+        ``overheads.tp_backward_exposed_s`` says.
         """
         key = (profile.shape, profile.plan.precision, profile.plan.recompute_granularity,
-               cfg.tp, cfg.cp, cfg.micro_batch_size)
+               profile.plan.tp_comm_overlap, profile.plan.sequence_parallel, cfg.tp, cfg.cp, cfg.micro_batch_size)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
@@ -168,15 +137,21 @@ class CostModel:
         peak = gpu.fp32_tflops if plan.precision == "fp32" else gpu.peak_tflops
         rate = peak * 1e12 * gpu.efficiency(fwd_flops / 1e9)
         measured = self._measured_fwd_s(profile, cfg)
+        value_bytes = self._bytes_per_value(plan.precision)
+        elementwise = elementwise_fwd_values(shape, cfg, plan.sequence_parallel and cfg.tp > 1) * value_bytes \
+            / (gpu.hbm_gbps * 1e9)
         if measured is not None:  # a profiling run of this very layer beats the table
-            rate = fwd_flops / measured
+            rate, elementwise = fwd_flops / measured, 0.0
         fwd = fwd_flops / rate
-        recompute = {"full": fwd, "selective": attention_core_fwd_flops(
+        recompute = {"full": fwd + elementwise, "selective": attention_core_fwd_flops(
             shape, cfg.micro_batch_size) / (cfg.tp * cfg.cp) / rate}.get(plan.recompute_granularity or "", 0.0)
-        act_bytes = (cfg.micro_batch_size * shape.seq_length // cfg.cp * shape.hidden_size
-                     * self._bytes_per_value(plan.precision))
+        act_bytes = cfg.micro_batch_size * shape.seq_length // cfg.cp * shape.hidden_size * value_bytes
         tp_comm = 2 * ring_allreduce_s(act_bytes, cfg.tp, gpu.nvlink_gbps, gpu.latency_s)
-        result = (fwd + tp_comm, 2 * fwd + recompute + tp_comm)
+        if plan.tp_comm_overlap:
+            tp_fwd = tp_bwd = tp_exposed_s(tp_comm, cfg.tp, fwd)
+        else:
+            tp_fwd, tp_bwd = tp_comm, tp_backward_exposed_s(tp_comm, fwd)
+        result = (fwd + elementwise + tp_fwd, 2 * (fwd + elementwise) + recompute + tp_bwd)
         self._layer_cache[key] = result
         return result
 
@@ -236,11 +211,39 @@ class CostModel:
         (M + (P-1)/v) * t, i.e. bubble share (P-1)/(v*M + P-1). GPipe and 1F1B take the
         same time; they differ in memory.
         """
-        times = self.stage_times_s(profile, cfg)
-        t_max = max(times)
+        t_max, t_sum = self._stage_max_sum_s(profile, cfg)
         m = cfg.num_micro_batches
-        total = m * t_max + (sum(times) - t_max) / cfg.vp
+        total = m * t_max + (t_sum - t_max) / cfg.vp
         return total, 1.0 - m * t_max / total
+
+    def pipeline_floor_s(self, profile: JobProfile, base: ExecConfig, levels: Sequence[tuple[int, int]],
+                         max_vp: int) -> float:
+        """A lower bound of ``pipeline_s`` over ``base``'s layout at each (micro-batch size,
+        number of micro-batches) of ``levels`` with up to ``max_vp`` virtual stages: each
+        stage's layers alone (t_i >= n_i * (fwd + bwd)), so T >= (fwd + bwd) * (M * n_max +
+        (n_sum - n_max) / v_max); a hair lower, so that rounding cannot lift it above T."""
+        layers = _layers(profile, base)
+        most, rest = max(layers), sum(layers) - max(layers)
+        memo = self._memo_of(profile).layer_pairs
+        floor = math.inf
+        for mbs, m in levels:
+            pair = memo.get((base.tp, base.cp, mbs))
+            if pair is None:
+                pair = memo[base.tp, base.cp, mbs] = sum(self.layer_times_s(profile, replace(base, micro_batch_size=mbs)))
+            floor = min(floor, pair * (m * most + rest / max_vp))
+        return floor * (1 - 1e-9)
+
+    def _stage_max_sum_s(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, float]:
+        """max and sum of ``stage_times_s``, memoised per layout: they do not depend on the
+        data-parallel size or the number of micro-batches (what GPU counts change)."""
+        memo = self._memo_of(profile).stages
+        key = (cfg.tp, cfg.cp, cfg.pp, cfg.vp, cfg.micro_batch_size, cfg.num_nodes == 1,
+               cfg.decoder_first_pipeline_num_layers, cfg.decoder_last_pipeline_num_layers)
+        hit = memo.get(key)
+        if hit is None:
+            times = self.stage_times_s(profile, cfg)
+            hit = memo[key] = (max(times), sum(times))
+        return hit
 
     def params_per_gpu(self, profile: JobProfile, cfg: ExecConfig) -> float:
         """Weights on the most loaded rank: its layers' weights plus the input embedding
@@ -264,21 +267,15 @@ class CostModel:
         return max(layers[0] * ppl + embed, layers[-1] * ppl + embed, max(layers) * ppl) / cfg.tp
 
     def dp_allreduce_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
-        """Gradient reduction across data-parallel replicas (not overlapped with backward,
-        Megatron's default): ring all-reduce of fp32 main grads (2 bytes with fp16); with
-        the distributed optimizer, reduce-scatter of grads + all-gather of 16-bit params,
-        i.e. (d-1)/d * (4 + 2) bytes/param. Replicas share a node when tp*cp*dp <= GPUs
-        per node, else the ring crosses the network."""
+        """Exposed gradient reduction across data-parallel replicas (``overheads.data_parallel_s``:
+        volume, the group's bandwidth, and what the overlap flags hide behind the backward
+        (forward) pass of one micro-batch on the rank's layers)."""
         if cfg.dp <= 1:
             return 0.0
-        params = self.params_per_gpu(profile, cfg)
-        grad_bytes = 2 if profile.plan.precision == "fp16" else 4
-        inside = cfg.tp * cfg.cp * cfg.dp <= max(cfg.gpus_per_node, 1)
-        bw = self.gpu.nvlink_gbps if inside else self.gpu.inter_node_gbps
-        if profile.plan.use_distributed_optimizer:
-            nbytes = (cfg.dp - 1) / cfg.dp * params * (grad_bytes + 2)
-            return nbytes / (bw * 1e9) + 2 * (cfg.dp - 1) * self.gpu.latency_s
-        return ring_allreduce_s(params * grad_bytes, cfg.dp, bw, self.gpu.latency_s)
+        fwd, bwd = self.layer_times_s(profile, cfg)
+        layers = max(_layers(profile, cfg))
+        return data_parallel_s(self.gpu, profile.plan, cfg, self.params_per_gpu(profile, cfg),
+                               (layers * fwd, layers * bwd))
 
     def optimizer_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
         """Adam step, memory bound: ~32 bytes moved per parameter (fp32 master, grad, m, v
@@ -322,52 +319,72 @@ class CostModel:
         activations = layers_on_rank * per-layer bytes * in-flight micro-batches, plus
         embedding activations on the first rank and 4*s*b*(h+V)/t for the logits and
         loss on the last, plus the GPU's reserved memory."""
-        shape, plan = profile.shape, profile.plan
-        layers = _layers(profile, cfg)
+        plan = profile.plan
         if plan.precision == "fp32":
             per_param = 8 + 8 / cfg.dp if plan.use_distributed_optimizer else 16
         else:
             per_param = 6 + 12 / cfg.dp if plan.use_distributed_optimizer else 18
-        static = self.params_per_gpu(profile, cfg) * per_param
-        per_layer = self.activation_bytes_per_layer(profile, cfg)
-        sb = shape.seq_length / cfg.cp * cfg.micro_batch_size
-        peak = 0.0
-        for rank in sorted({0, cfg.pp - 1}):
-            act = layers[rank] * per_layer * self.in_flight(cfg, rank)
-            if rank == 0:
-                act += (8 * sb + sb * shape.hidden_size) * self.in_flight(cfg, 0)
-            if rank == cfg.pp - 1:
-                act += 4 * sb * (shape.hidden_size + shape.padded_vocab_size(cfg.tp)) / cfg.tp
-            peak = max(peak, act)
+        params, layers, per_layer, embedding, logits = self._memory_parts(profile, cfg)
+        static = params * per_param
+        first = self.in_flight(cfg, 0)
+        peak = max(0.0, layers[0] * per_layer * first + embedding * first + (logits if cfg.pp == 1 else 0.0))
+        if cfg.pp > 1:
+            peak = max(peak, layers[-1] * per_layer * self.in_flight(cfg, cfg.pp - 1) + logits)
         return (static + peak) / GIB + self.gpu.reserved_gib
 
+    def _memory_parts(self, profile: JobProfile, cfg: ExecConfig) -> tuple[float, list[int], float, float, float]:
+        """What ``memory_gib`` reads of a layout, memoised per layout (not per data-parallel
+        size or micro-batch count): weights on the most loaded rank, layers per rank,
+        activation bytes per layer, the first rank's embedding bytes per micro-batch
+        (8*s*b + s*b*h) and the last rank's logits and loss bytes."""
+        memo = self._memo_of(profile).memory_parts
+        key = (cfg.tp, cfg.cp, cfg.pp, cfg.micro_batch_size, cfg.decoder_first_pipeline_num_layers,
+               cfg.decoder_last_pipeline_num_layers)
+        hit = memo.get(key)
+        if hit is None:
+            shape = profile.shape
+            sb = shape.seq_length / cfg.cp * cfg.micro_batch_size
+            hit = memo[key] = (self.params_per_gpu(profile, cfg), _layers(profile, cfg),
+                               self.activation_bytes_per_layer(profile, cfg), 8 * sb + sb * shape.hidden_size,
+                               4 * sb * (shape.hidden_size + shape.padded_vocab_size(cfg.tp)) / cfg.tp)
+        return hit
+
     # ------------------------------------------------------------------ totals
-    def _estimates_of(self, profile: JobProfile) -> dict[ExecConfig, Estimate]:
-        """The memo of estimates (config -> estimate) for the profile's shape and training
-        settings other than the length: what an estimate reads of a profile."""
+    def _memo_of(self, profile: JobProfile) -> _Memo:
+        """The memo of estimates and peak memory per config for the profile's shape and
+        training settings other than the length: what an estimate reads of a profile."""
         return per_profile(self._memo_by_profile, profile, self._new_memo)
 
-    def _new_memo(self, profile: JobProfile) -> dict[ExecConfig, Estimate]:
+    def _new_memo(self, profile: JobProfile) -> _Memo:
         plan = profile.plan
         return self._estimates.setdefault((profile.shape, plan.global_batch_size, plan.precision,
                                            plan.recompute_granularity, plan.sequence_parallel,
                                            plan.use_distributed_optimizer, plan.embedding_in_pipeline_split,
-                                           plan.loss_in_pipeline_split), {})
+                                           plan.loss_in_pipeline_split, plan.overlap_grad_reduce,
+                                           plan.overlap_param_gather, plan.tp_comm_overlap), _Memo())
 
     def estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         """Iteration time = pipeline + data-parallel reduction + optimizer step; memory;
         model TFLOP/s per GPU = F / (iteration time * world size)."""
-        memo = self._estimates_of(profile)
+        memo = self._memo_of(profile).estimates
         hit = memo.get(cfg)
         if hit is None:
             hit = memo[cfg] = self._estimate(profile, cfg)
+        return hit
+
+    def _memory_memo_gib(self, profile: JobProfile, cfg: ExecConfig) -> float:
+        """``memory_gib``, memoised: the planner asks ``fits`` and then ``estimate``."""
+        memo = self._memo_of(profile).mem_gib
+        hit = memo.get(cfg)
+        if hit is None:
+            hit = memo[cfg] = self.memory_gib(profile, cfg)
         return hit
 
     def _estimate(self, profile: JobProfile, cfg: ExecConfig) -> Estimate:
         pipe, bubble = self.pipeline_s(profile, cfg)
         dp_s, opt_s = self.dp_allreduce_s(profile, cfg), self.optimizer_s(profile, cfg)
         iter_s = pipe + dp_s + opt_s
-        mem = self.memory_gib(profile, cfg)
+        mem = self._memory_memo_gib(profile, cfg)
         tflops = flops_per_iteration(profile.shape, profile.plan.global_batch_size) / (iter_s * cfg.world_size) / 1e12
         return Estimate(config=cfg, iter_time_s=iter_s, pipeline_s=pipe, dp_allreduce_s=dp_s,
                         optimizer_s=opt_s, bubble_fraction=bubble, mem_gib=mem, tflops_per_gpu=tflops,
@@ -375,7 +392,7 @@ class CostModel:
 
     def fits(self, profile: JobProfile, cfg: ExecConfig) -> bool:
         """Whether the most loaded rank's peak memory fits in the GPU."""
-        return self.memory_gib(profile, cfg) <= self.gpu.mem_gib
+        return self._memory_memo_gib(profile, cfg) <= self.gpu.mem_gib
 
     def iter_time_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
         return self.estimate(profile, cfg).iter_time_s

@@ -11,7 +11,7 @@ names.
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Optional, Protocol
+from typing import Hashable, Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.calibration import lookup_bias
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
@@ -36,6 +36,10 @@ class EstimatorProtocol(Protocol):
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
 
     def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]: ...
+
+    def option_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]: ...
+
+    def option_run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable: ...
 
 
 class Estimator:
@@ -108,13 +112,26 @@ class Estimator:
         that enters only through a layout change the band does not back (``Planner.offer``)."""
         return self._with_run_time_s(profile, self.planner.offer(profile, gpus))
 
+    def option_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]:
+        """(GPU count, config, predicted run time) of ``option`` for every count from ``lo``
+        to ``hi`` that offers one, ascending: one search per shape and range
+        (``Planner.offers``), shared by all the jobs of that shape."""
+        startup_s = self.cost.startup_s(profile)
+        return [(gpus, est.config, self._run_s(profile, est, startup_s))
+                for gpus, est in self.planner.offers(profile, lo, hi)]
+
+    def option_run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable:
+        """Equal for profiles that get equal ``option_run_times_s(profile, lo, hi)`` here:
+        one search (``Planner.offers_key``), length, class and run-time factor."""
+        return (self.planner.offers_key(profile, lo, hi), profile.plan.iterations, profile.job_class,
+                profile.run_time_factor)
+
     def _with_run_time_s(self, profile: JobProfile, est: Optional[Estimate]) -> Optional[tuple[ExecConfig, float]]:
-        if est is None:
-            return None
-        iters = profile.plan.iterations
-        run_s = (self.cost.startup_s(profile) + iters * est.iter_time_s) * self.bias(profile.job_class, est.config) \
+        return None if est is None else (est.config, self._run_s(profile, est, self.cost.startup_s(profile)))
+
+    def _run_s(self, profile: JobProfile, est: Estimate, startup_s: float) -> float:
+        return (startup_s + profile.plan.iterations * est.iter_time_s) * self.bias(profile.job_class, est.config) \
             * profile.run_time_factor
-        return est.config, run_s
 
 
 def estimator_from_env(env: Mapping[str, str], gpus_per_node: int) -> Estimator:

@@ -5,13 +5,18 @@ GpuType fields; a new name adds a type), and which built-in type a CUDA device i
 plus a loader; no other imports from the package. Sources for the built-in numbers: NVIDIA
 data sheets (dense 16-bit tensor TFLOP/s without sparsity, HBM size and bandwidth, NVLink
 bandwidth per GPU) and DGX/HGX reference designs (one InfiniBand NIC per GPU), named row by
-row in the table. The efficiency constants are fitted to the
-published Megatron-LM throughputs in ``tests/data/fidelity`` (see README, "Fidelity"):
-a grid search of (eff_max, work_half_gflop) minimising the median absolute error per GPU
-type (A100-80GB: 18 rows, H100-80GB: 12 rows; A100-40GB copies A100-80GB; H200 takes
-H100's values, slightly raised for its faster memory; V100 has no usable row and keeps
-an estimate from the 2019 Megatron-LM 30%-of-peak figure; B200 and GB200 have no published
-row yet and take H200's values).
+row in the table. The efficiency constants (``eff_max``, ``work_half_gflop``: what a layer's
+GEMMs and attention achieve; the cost model adds elementwise work and communication on top)
+are fitted by ``bench/fit_efficiency.py`` to published Megatron step times, each on every
+other row of its GPU type (the other rows held out): A100-80GB on the 18 A100 rows of
+``tests/data/fidelity/published_megatron.csv`` (NAR21, KOR22; a grid of both constants);
+H100-80GB on the 54 H100 rows and GB200-186GB on the 9 GB200 rows of the shared
+``megatron_published.csv`` (NVIDIA DGX Cloud recipes; ``eff_max`` only: every published
+layer is far past the knee). A100-40GB copies A100-80GB; H200 takes H100's values, slightly
+raised for its faster memory; B200 takes GB200's; V100 has no usable row and keeps an
+estimate from the 2019 Megatron-LM 30%-of-peak figure. Blackwell's ``work_half_gflop`` is
+H100's scaled by peak (the same fixed per-kernel overhead on a faster GPU needs that much
+more work to be hidden).
 """
 
 from __future__ import annotations
@@ -90,26 +95,28 @@ _BUILTIN = (
     # A100 data sheet (2021): BF16 312 dense, TF32 156 dense, 40GB HBM2 1,555 GB/s, NVLink 3
     # 600 GB/s bidirectional; DGX A100: 200 Gb/s HDR InfiniBand per GPU.
     GpuType("A100-40GB", peak_tflops=312, fp32_tflops=156, mem_gib=40, hbm_gbps=1555,
-            nvlink_gbps=240, inter_node_gbps=25, eff_max=0.70, work_half_gflop=5.0),
+            nvlink_gbps=240, inter_node_gbps=25, eff_max=0.725, work_half_gflop=80.0),
     # A100 data sheet (2021), 80GB SXM: as the 40GB, with HBM2e at 2,039 GB/s; DGX A100 as above.
+    # eff_max and work_half_gflop fitted on every other A100 row of tests/data/fidelity (9 of 18).
     GpuType("A100-80GB", peak_tflops=312, fp32_tflops=156, mem_gib=80, hbm_gbps=2039,
-            nvlink_gbps=240, inter_node_gbps=25, eff_max=0.70, work_half_gflop=5.0),
+            nvlink_gbps=240, inter_node_gbps=25, eff_max=0.725, work_half_gflop=80.0),
     # H100 SXM data sheet: BF16 1,979 with sparsity (989 dense), TF32 989 with sparsity (494
     # dense), 80GB HBM3 3.35 TB/s, NVLink 4 900 GB/s bidirectional; DGX H100: 400 Gb/s NDR per GPU.
+    # eff_max fitted on every other H100 row of the shared file (27 of 54); the knee is release 1's.
     GpuType("H100-80GB", peak_tflops=989, fp32_tflops=494, mem_gib=80, hbm_gbps=3350,
-            nvlink_gbps=360, inter_node_gbps=50, eff_max=0.78, work_half_gflop=120.0, startup_s=75),
+            nvlink_gbps=360, inter_node_gbps=50, eff_max=0.61, work_half_gflop=120.0, startup_s=75),
     # H200 SXM data sheet: H100's compute and NVLink, 141GB HBM3e at 4.8 TB/s; HGX H200: 400 Gb/s
     # NDR per GPU.
     GpuType("H200-141GB", peak_tflops=989, fp32_tflops=494, mem_gib=131.3, hbm_gbps=4800,
-            nvlink_gbps=360, inter_node_gbps=50, eff_max=0.80, work_half_gflop=120.0, startup_s=75),
+            nvlink_gbps=360, inter_node_gbps=50, eff_max=0.63, work_half_gflop=120.0, startup_s=75),
     # HGX B200 (nvidia.com/en-us/data-center/hgx, 8 GPUs): FP16/BF16 36 PFLOP/s and TF32 18
     # PFLOP/s with sparsity (2,250 and 1,125 TFLOP/s dense per GPU), 180GB HBM3e per GPU
     # (MLPerf system description "B200-SXM-180GB"), NVLink 5 1.8 TB/s bidirectional per GPU
     # (14.4 TB/s per 8); HBM3e 7.7 TB/s (DGX B200 quotes 64 TB/s per 8; the driver's bus width
     # and clock give 7.68, pytorch/ao#4002); DGX B200: 400 Gb/s ConnectX-7 per GPU.
-    # No published Megatron row to fit: efficiency as H200's.
+    # No published Megatron row to fit: efficiency as GB200's (same Blackwell GPU), knee scaled by peak.
     GpuType("B200-180GB", peak_tflops=2250, fp32_tflops=1125, mem_gib=167.6, hbm_gbps=7700,
-            nvlink_gbps=720, inter_node_gbps=50, eff_max=0.80, work_half_gflop=120.0, startup_s=75),
+            nvlink_gbps=720, inter_node_gbps=50, eff_max=0.505, work_half_gflop=273.0, startup_s=75),
     # GB200 NVL72 (nvidia.com/en-us/data-center/gb200-nvl72, 72 GPUs): FP16/BF16 360 PFLOP/s
     # and TF32 180 PFLOP/s with sparsity (2,500 and 1,250 TFLOP/s dense per GPU), up to 13.4 TB
     # HBM3e at 576 TB/s (186GB and 8 TB/s per GPU), NVLink 5 1.8 TB/s bidirectional per GPU.
@@ -117,9 +124,10 @@ _BUILTIN = (
     # rack NVLink continues (nvlink_domain_gpus 72); inter_node_gbps is the 400 Gb/s NIC per GPU
     # that leaves the rack (set it to nvlink_gbps in a hardware file when jobs stay inside one
     # NVL72 rack).
-    # No published Megatron row to fit: efficiency as H200's.
+    # eff_max fitted on every other GB200 row of the shared file (bench/fit_efficiency.py);
+    # work_half_gflop is H100's x 2500/989.
     GpuType("GB200-186GB", peak_tflops=2500, fp32_tflops=1250, mem_gib=173.2, hbm_gbps=8000,
-            nvlink_gbps=720, inter_node_gbps=50, eff_max=0.80, work_half_gflop=120.0, startup_s=75,
+            nvlink_gbps=720, inter_node_gbps=50, eff_max=0.505, work_half_gflop=303.0, startup_s=75,
             gpus_per_node=4, nvlink_domain_gpus=72),
 )
 DEFAULT_GPU_TYPE = "A100-80GB"

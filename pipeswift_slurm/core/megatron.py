@@ -35,6 +35,7 @@ FLAGS: dict[str, str] = {
     "--use-distributed-optimizer": "bool", "--bf16": "bool", "--fp16": "bool",
     "--model-parallel-size": "int", "--pipeline-model-parallel-layout": "str",
     "--untie-embeddings-and-output-weights": "bool",
+    "--overlap-grad-reduce": "bool", "--overlap-param-gather": "bool", "--tp-comm-overlap": "bool",
     # checkpointing: whether a requeued job resumes, and how much work it loses
     "--save": "path", "--load": "path", "--save-interval": "int",
 }
@@ -225,7 +226,10 @@ def plan_from_args(values: dict[str, object], micro_batch_size: int, dp: int) ->
                         sequence_parallel=bool(values.get("--sequence-parallel")),
                         save_interval=save_interval if resumes else None,
                         embedding_in_pipeline_split=bool(values.get("--account-for-embedding-in-pipeline-split")),
-                        loss_in_pipeline_split=bool(values.get("--account-for-loss-in-pipeline-split")))
+                        loss_in_pipeline_split=bool(values.get("--account-for-loss-in-pipeline-split")),
+                        overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
+                        overlap_param_gather=bool(values.get("--overlap-param-gather")),
+                        tp_comm_overlap=bool(values.get("--tp-comm-overlap")))
 
 
 def _vp_from_args(values: dict[str, object], layers: int, pp: int) -> int:

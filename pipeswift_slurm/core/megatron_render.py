@@ -39,6 +39,8 @@ def _config_flags(argv: Sequence[str], profile: Optional[JobProfile], cfg: ExecC
         flags["--num-virtual-stages-per-pipeline-rank"] = cfg.vp if cfg.vp > 1 else None
     if cfg.tp == 1 and values.get("--sequence-parallel"):
         flags["--sequence-parallel"] = None  # Megatron forces it off with tp == 1
+    if cfg.tp == 1 and values.get("--tp-comm-overlap"):
+        flags["--tp-comm-overlap"] = None  # and then refuses TP overlap, which needs it (validate_args)
     return flags
 
 

@@ -105,8 +105,7 @@ def _split_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
     if cfg.vp > 1:
         if cfg.pp < 2:
             out.append(Problem("--num-virtual-stages-per-pipeline-rank", "interleaving needs pp >= 2"))
-        per_rank = [(shape.num_layers + plan.embedding_in_pipeline_split + plan.loss_in_pipeline_split)
-                    // cfg.pp] if accounted else layers
+        per_rank = _interleaved_layers(profile, cfg.pp, layers)
         if any(n % cfg.vp for n in per_rank):
             out.append(Problem("--num-virtual-stages-per-pipeline-rank",
                                "layers per stage %s not divisible by %d virtual stages" % (per_rank, cfg.vp)))
@@ -114,6 +113,15 @@ def _split_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
             out.append(Problem("--micro-batch-size", "interleaved schedule needs a number of micro-batches"
                                " that is a multiple of pp (M=%d, pp=%d)" % (cfg.num_micro_batches, cfg.pp)))
     return out
+
+
+def _interleaved_layers(profile: JobProfile, pp: int, layers: list[int]) -> list[int]:
+    """The layer counts per rank that interleaving splits into virtual stages (each divisible
+    by vp): the ranks' own (``layers``), or their common share with the embedding/loss."""
+    plan = profile.plan
+    if plan.embedding_in_pipeline_split or plan.loss_in_pipeline_split:
+        return [(profile.shape.num_layers + plan.embedding_in_pipeline_split + plan.loss_in_pipeline_split) // pp]
+    return layers
 
 
 def _batch_problems(profile: JobProfile, cfg: ExecConfig) -> list[Problem]:
@@ -210,20 +218,82 @@ def enumerate_configs(profile: JobProfile, gpus: int, gpus_per_node: int, *, var
     stages. With a memory predicate ``fits``, only fitting configs are yielded, and larger
     micro-batches are skipped once none fits (activation memory grows with the micro-batch size).
     """
+    for base, vps in config_bases(profile, gpus, gpus_per_node, vary_tp=vary_tp, max_vp=max_vp):
+        for mbs, m in micro_batch_levels(profile, base):
+            found, last_level = level_configs(profile, interleavings(base, mbs, m, vps), gpus_per_node, fits)
+            yield from found
+            if last_level:
+                break
+
+
+def config_bases(profile: JobProfile, gpus: int, gpus_per_node: int, *, vary_tp: bool = True,
+                 max_vp: int = 4) -> Iterator[tuple[ExecConfig, list[int]]]:
+    """The layouts :func:`enumerate_configs` varies the micro-batch size of: (a config with
+    micro-batch size and count 1, the interleavings its layer split allows, ascending)."""
     user = profile.requested
     nodes, gpn = node_shape(gpus, gpus_per_node)
     tps = _tp_choices(profile, gpn) if vary_tp else [user.tp]
     gbs = profile.plan.global_batch_size
+    splits: dict[int, list[tuple[Optional[int], Optional[int], list[int]]]] = {}  # per pp, whatever tp
     for tp in tps:
         for pp in _pp_choices(profile, gpus):
             if gpus % (tp * pp * user.cp) or gbs % (gpus // (tp * pp * user.cp)):
                 continue
-            dp = gpus // (tp * pp * user.cp)
-            for first, last in _split_choices(profile, pp):
-                base = ExecConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=1, num_micro_batches=1, cp=user.cp,
-                                  num_nodes=nodes, gpus_per_node=gpn, decoder_first_pipeline_num_layers=first,
-                                  decoder_last_pipeline_num_layers=last)
-                yield from _micro_batch_variants(profile, base, gpus_per_node, max_vp, fits)
+            if pp not in splits:
+                splits[pp] = _splits_with_interleavings(profile, pp, max_vp)
+            for first, last, vps in splits[pp]:
+                # positional: tp, pp, dp, micro-batch size and count, cp, vp, nodes, GPUs per node, split
+                yield ExecConfig(tp, pp, gpus // (tp * pp * user.cp), 1, 1, user.cp, 1, nodes, gpn, first, last), vps
+
+
+def _splits_with_interleavings(profile: JobProfile, pp: int,
+                               max_vp: int) -> list[tuple[Optional[int], Optional[int], list[int]]]:
+    """The layer splits over ``pp`` stages that are valid, with the interleavings each allows."""
+    out = []
+    for first, last in _split_choices(profile, pp):
+        layers = profile_stage_layers(profile, ExecConfig(1, pp, 1, 1, 1, 1, 1, 1, 0, first, last))
+        if layers is None:
+            continue  # check_config refuses every config of this split (_split_problems)
+        out.append((first, last, [vp for vp in range(1, max_vp + 1) if vp == 1 or (
+            pp >= 2 and not any(n % vp for n in _interleaved_layers(profile, pp, layers)))]))
+    return out
+
+
+def micro_batch_levels(profile: JobProfile, base: ExecConfig) -> list[tuple[int, int]]:
+    """(micro-batch size, number of micro-batches) of ``base``'s data-parallel size, the
+    sizes dividing the per-replica batch within the job's limits, ascending."""
+    gbs, dp = profile.plan.global_batch_size, base.dp
+    return [(mbs, gbs // (mbs * dp)) for mbs in _divisors(gbs // dp) if mbs >= profile.min_micro_batch_size
+            and not (profile.max_micro_batch_size and mbs > profile.max_micro_batch_size)]
+
+
+def interleavings(base: ExecConfig, mbs: int, m: int, vps: list[int]) -> list[ExecConfig]:
+    """``base`` with ``mbs`` x ``m`` micro-batches at each of ``vps`` (vp > 1: pp >= 2, pp | M)."""
+    return [ExecConfig(base.tp, base.pp, base.dp, mbs, m, base.cp, vp, base.num_nodes, base.gpus_per_node,
+                       base.decoder_first_pipeline_num_layers, base.decoder_last_pipeline_num_layers)
+            for vp in vps if vp == 1 or (base.pp >= 2 and not m % base.pp)]
+
+
+def level_configs(profile: JobProfile, configs: list[ExecConfig], gpus_per_node: int,
+                  fits: Optional[Callable[[ExecConfig], bool]]) -> tuple[list[ExecConfig], bool]:
+    """Of one micro-batch size's ``configs``, those check_config accepts (and that ``fits``),
+    and whether the size is the last to try (:func:`last_micro_batch`)."""
+    valid = [cfg for cfg in configs if not check_config(profile, cfg, gpus_per_node)]
+    found = valid if fits is None else [cfg for cfg in valid if fits(cfg)]
+    return found, fits is not None and not found and last_micro_batch(profile, valid, gpus_per_node, fits)
+
+
+def last_micro_batch(profile: JobProfile, configs: list[ExecConfig], gpus_per_node: int,
+                     fits: Callable[[ExecConfig], bool]) -> bool:
+    """Whether one micro-batch size's ``configs`` end the search of larger ones: some are
+    valid but none fits in memory (larger micro-batches need even more)."""
+    valid = False
+    for cfg in configs:
+        if not check_config(profile, cfg, gpus_per_node):
+            if fits(cfg):
+                return False
+            valid = True
+    return valid
 
 
 def uneven_splits(num_layers: int, pp: int) -> list[tuple[Optional[int], Optional[int]]]:
@@ -261,29 +331,6 @@ def _split_choices(profile: JobProfile, pp: int) -> list[tuple[Optional[int], Op
         mine = (user.decoder_first_pipeline_num_layers, user.decoder_last_pipeline_num_layers)
         splits = [mine] + [s for s in splits if s != mine]
     return splits
-
-
-def _micro_batch_variants(profile: JobProfile, base: ExecConfig, gpus_per_node: int, max_vp: int,
-                          fits: Optional[Callable[[ExecConfig], bool]]) -> Iterator[ExecConfig]:
-    gbs = profile.plan.global_batch_size
-    for mbs in _divisors(gbs // base.dp):
-        if mbs < profile.min_micro_batch_size or (profile.max_micro_batch_size and mbs > profile.max_micro_batch_size):
-            continue
-        m = gbs // (mbs * base.dp)
-        any_fit = any_valid = False
-        for vp in range(1, max_vp + 1):
-            if vp > 1 and (base.pp < 2 or m % base.pp):
-                continue  # Megatron's interleaving rule, checked cheaply first
-            cfg = replace(base, micro_batch_size=mbs, num_micro_batches=m, vp=vp)
-            if check_config(profile, cfg, gpus_per_node):
-                continue
-            any_valid = True
-            if fits is not None and not fits(cfg):
-                continue
-            any_fit = True
-            yield cfg
-        if fits is not None and not any_fit and any_valid:
-            return  # valid but out of memory: larger micro-batches need even more
 
 
 def _tp_choices(profile: JobProfile, gpn: int) -> list[int]:

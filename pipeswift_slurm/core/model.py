@@ -81,7 +81,8 @@ class TrainingPlan:
     ``embedding_in_pipeline_split`` / ``loss_in_pipeline_split`` are Megatron's
     ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``:
     the input embedding (loss) counts as one layer when the layers are split over the
-    pipeline stages; the planner keeps the user's choice.
+    pipeline stages; the planner keeps the user's choice. ``overlap_grad_reduce``,
+    ``overlap_param_gather``, ``tp_comm_overlap``: Megatron's overlap flags of those names.
     """
 
     global_batch_size: int
@@ -95,6 +96,9 @@ class TrainingPlan:
     save_interval: Optional[int] = None
     embedding_in_pipeline_split: bool = False
     loss_in_pipeline_split: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
 
     @property
     def iterations(self) -> int:

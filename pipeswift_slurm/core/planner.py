@@ -7,24 +7,28 @@ alike: the fastest, unless the user's own layout is as fast within the error ban
 (:func:`keep_user_layout`, "do no harm"); ``Planner.offer`` is the
 same rule across GPU counts, for the policies, which choose the count.
 Results per (job shape and plan, GPU count) are memoised on the Planner instance, so a
-controller or simulator that keeps one Planner pays for each shape once. Pure: no I/O.
+controller or simulator that keeps one Planner pays for each shape once; jobs that differ
+only in GPU range, length or checkpoint interval share them. A cron tick starts with an
+empty Planner, so the fastest config alone (``best``, what ``choose`` needs) does not rank:
+it estimates in full only the candidates whose pipeline time is within the fastest found.
+Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Optional, Sequence
 
-from pipeswift_slurm.core.costmodel import CostModel, Estimate, per_profile
-from pipeswift_slurm.core.megatron_rules import (
-    Problem,
-    check_config,
-    enumerate_configs,
-    user_layout_at,
-    user_layout_at_most,
-)
-from pipeswift_slurm.core.model import ExecConfig, JobProfile
+from pipeswift_slurm.core.costmodel import CostModel, Estimate
+from pipeswift_slurm.core.megatron_rules import (Problem, check_config, config_bases, enumerate_configs,
+                                                interleavings, last_micro_batch, micro_batch_levels,
+                                                user_layout_at, user_layout_at_most)
+from pipeswift_slurm.core.memo import per_profile
+from pipeswift_slurm.core.model import ExecConfig, JobProfile, TrainingPlan
 
 
 @dataclass(frozen=True)
@@ -44,13 +48,24 @@ class PlanResult:
     excluded: list[Excluded]
 
 
+# what the ranking reads of a TrainingPlan: all but the training length and the checkpoint interval
+_PLAN_FIELDS = attrgetter(*(f.name for f in fields(TrainingPlan)
+                            if f.name not in ("train_iters", "train_samples", "save_interval")))
+
+
 def _plan_key(profile: JobProfile) -> tuple[object, ...]:
-    """What the ranking depends on: everything but the training length."""
+    """What the ranking on a GPU count inside the job's range depends on: everything but
+    the training length, the checkpoint interval and the range itself."""
     user = profile.requested
-    return (profile.shape, replace(profile.plan, train_iters=None, train_samples=None), profile.gpu_range,
+    return (profile.shape, _PLAN_FIELDS(profile.plan),
             profile.min_micro_batch_size, profile.max_micro_batch_size, profile.allowed_pp,
             user.tp, user.cp, user.pp, user.decoder_first_pipeline_num_layers,
             user.decoder_last_pipeline_num_layers)
+
+
+def _in_range(profile: JobProfile, gpus: int) -> bool:
+    lo, hi = profile.gpu_range
+    return lo <= gpus <= hi
 
 
 def keep_user_layout(user: Optional[Estimate], best: Optional[Estimate]) -> Optional[Estimate]:
@@ -88,16 +103,23 @@ class Planner:
         self.vary_tp = vary_tp
         self.max_vp = max_vp
         self.do_no_harm = do_no_harm
-        self._ranked: dict[tuple[object, ...], list[Estimate]] = {}
-        self._chosen: dict[tuple[object, ...], Optional[Estimate]] = {}
-        self._keys: dict[int, tuple[JobProfile, tuple[object, ...]]] = {}
+        self._ranked: dict[tuple[int, int], list[Estimate]] = {}
+        self._chosen: dict[tuple[int, int, int, int], Optional[Estimate]] = {}
+        self._best: dict[tuple[int, int], Optional[Estimate]] = {}
+        self._offered: dict[tuple[int, int, int, int, int], Optional[Estimate]] = {}
+        self._offers: dict[tuple[int, int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
+        self._key_ids: dict[tuple[object, ...], int] = {}
+        self._keys: dict[int, tuple[JobProfile, int]] = {}
 
-    def _key(self, profile: JobProfile) -> tuple[object, ...]:
-        """The plan key, memoised per profile object."""
-        return per_profile(self._keys, profile, _plan_key)
+    def _key(self, profile: JobProfile) -> int:
+        """The plan key as a small number (equal keys, equal numbers), memoised per profile
+        object: hashing the key's nested dataclasses on every call would be slow."""
+        return per_profile(self._keys, profile, lambda p: self._key_ids.setdefault(_plan_key(p), len(self._key_ids)))
 
     def ranked(self, profile: JobProfile, gpus: int) -> list[Estimate]:
         """Valid configs on exactly ``gpus`` GPUs that fit in memory, fastest first."""
+        if not _in_range(profile, gpus):
+            return []
         key = (self._key(profile), gpus)
         hit = self._ranked.get(key)
         if hit is None:
@@ -107,9 +129,60 @@ class Planner:
         return hit
 
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
-        """The fastest valid config on ``gpus`` GPUs, or None when none is valid."""
-        ranked = self.ranked(profile, gpus)
-        return ranked[0] if ranked else None
+        """The fastest valid config on ``gpus`` GPUs (``ranked``'s first), or None when none
+        is valid. Without the ranking at hand, only the configs whose pipeline time alone
+        (a lower bound of the iteration time) is within the fastest found so far are
+        estimated in full."""
+        if not _in_range(profile, gpus):
+            return None
+        key = (self._key(profile), gpus)
+        ranked = self._ranked.get(key)
+        if ranked is not None:
+            return ranked[0] if ranked else None
+        if key not in self._best:
+            self._best[key] = self._search_best(profile, gpus)
+        return self._best[key]
+
+    def _search_best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+        """``ranked(profile, gpus)[0]`` without ranking. Best first by pipeline time, a lower
+        bound of the iteration time: layouts (``megatron_rules.config_bases``) by a floor of
+        their pipeline time (``CostModel.pipeline_floor_s``), each one's candidates (its
+        micro-batch sizes up to the last that fits, as ``enumerate_configs``) added to the
+        queue once the floor is reached; candidates checked (valid, fits) and estimated in
+        order until the queue's and the layouts' bounds pass the fastest found."""
+        def fits(cfg: ExecConfig) -> bool:
+            return self.cost.fits(profile, cfg)
+
+        bases: list[tuple[float, int, ExecConfig, list[int], list[tuple[int, int]]]] = []
+        for base, vps in config_bases(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp):
+            levels = micro_batch_levels(profile, base)
+            if levels:
+                bases.append((self.cost.pipeline_floor_s(profile, base, levels, vps[-1]), len(bases), base, vps, levels))
+        bases.sort(reverse=True)  # by floor; the index is unique, configs are never compared
+        queue: list[tuple[float, int, ExecConfig]] = []
+        order = itertools.count()  # ties in the queue go first in, first out; configs are never compared
+        found: Optional[Estimate] = None
+        while bases or queue:
+            bound = min(bases[-1][0] if bases else math.inf, queue[0][0] if queue else math.inf)
+            if found is not None and bound > found.iter_time_s:
+                break  # iteration time >= pipeline time >= bound: none of the rest can be faster
+            if bases and bases[-1][0] == bound:
+                _, _, base, vps, levels = bases.pop()
+                for mbs, m in levels:
+                    configs = interleavings(base, mbs, m, vps)
+                    if last_micro_batch(profile, configs, self.gpus_per_node, fits):
+                        break
+                    for cfg in configs:
+                        heapq.heappush(queue, (self.cost.pipeline_s(profile, cfg)[0], next(order), cfg))
+                continue
+            cfg = heapq.heappop(queue)[2]
+            if check_config(profile, cfg, self.gpus_per_node) or not fits(cfg):
+                continue
+            est = self.cost.estimate(profile, cfg)
+            if found is None or (est.iter_time_s, est.mem_gib, est.config) < (found.iter_time_s, found.mem_gib,
+                                                                              found.config):
+                found = est
+        return found
 
     def choose(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
         """The config to run on ``gpus`` GPUs: the fastest (``best``), unless the user's own
@@ -137,19 +210,36 @@ class Planner:
         if not self.do_no_harm:
             return self.best(profile, gpus)
         user = profile.requested
-        key = (self._key(profile), user.micro_batch_size, user.vp, gpus, "offer")
-        if key not in self._chosen:
+        # the user's layout is looked for down to the job's smallest count: part of the key
+        key = (self._key(profile), user.micro_batch_size, user.vp, gpus, profile.gpu_range[0])
+        if key not in self._offered:
             chosen = self.choose(profile, gpus)
             mine = user_layout_at_most(profile, gpus, self.gpus_per_node) if chosen is not None else None
             kept = chosen if mine is None or mine.gpus == gpus else \
                 keep_user_layout(self.cost.estimate(profile, mine), chosen)
-            self._chosen[key] = chosen if kept is chosen else None
-        return self._chosen[key]
+            self._offered[key] = chosen if kept is chosen else None
+        return self._offered[key]
+
+    def offers(self, profile: JobProfile, lo: int, hi: int) -> tuple[tuple[int, Estimate], ...]:
+        """(GPU count, ``offer``) for every count from ``lo`` to ``hi`` that offers one,
+        ascending; memoised (``offers_key``), so the jobs of one shape and range share one
+        search and one tuple."""
+        key = self.offers_key(profile, lo, hi)
+        hit = self._offers.get(key)
+        if hit is None:
+            found = ((gpus, self.offer(profile, gpus)) for gpus in range(key[4], key[5] + 1))
+            hit = self._offers[key] = tuple((gpus, est) for gpus, est in found if est is not None)
+        return hit
+
+    def offers_key(self, profile: JobProfile, lo: int, hi: int) -> tuple[int, int, int, int, int, int]:
+        """Equal for profiles whose ``offers(profile, lo, hi)`` are equal: the plan key, the
+        user's micro-batch size and interleaving, the job's smallest count, and the range
+        within the job's."""
+        user = profile.requested
+        return (self._key(profile), user.micro_batch_size, user.vp, profile.gpu_range[0],
+                max(lo, profile.gpu_range[0]), min(hi, profile.gpu_range[1]))
 
     def _estimates(self, profile: JobProfile, gpus: int) -> list[Estimate]:
-        lo, hi = profile.gpu_range
-        if not lo <= gpus <= hi:
-            return []
         configs = enumerate_configs(profile, gpus, self.gpus_per_node, vary_tp=self.vary_tp, max_vp=self.max_vp,
                                     fits=lambda c: self.cost.fits(profile, c))
         return [self.cost.estimate(profile, c) for c in configs]

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeswift_slurm.core.costmodel import layer_fwd_flops
+from pipeswift_slurm.core.flops import layer_fwd_flops
 from pipeswift_slurm.core.hardware import builtin_gpu_types, gpu_type_for_device
 from pipeswift_slurm.core.layer_profile import CPU_GPU_TYPE, LAYER_SHAPE_KEYS
 from pipeswift_slurm.core.model import ModelShape
@@ -52,7 +52,7 @@ class ProfileLabelError(ValueError):
 
 def layer_flops_fwd_bwd(shape: ModelShape, micro_batch_size: int) -> float:
     """Floating-point operations of forward + backward of one layer for one micro-batch:
-    3x the forward count of ``core.costmodel.layer_fwd_flops`` (backward = 2x forward;
+    3x the forward count of ``core.flops.layer_fwd_flops`` (backward = 2x forward;
     Megatron's ``num_floating_point_operations`` restricted to one layer, recompute not
     counted), so the profiler's TFLOP/s and the cost model use one formula."""
     return 3.0 * layer_fwd_flops(shape, micro_batch_size)

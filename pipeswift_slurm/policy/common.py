@@ -31,20 +31,32 @@ class Option:
 
 
 def job_options(profile: JobProfile, estimator: EstimatorProtocol, max_gpus: int, max_nodes: int,
-                iterations: Optional[int] = None) -> tuple[Option, ...]:
+                iterations: Optional[int] = None, shared: Optional[dict[object, tuple[Option, ...]]] = None
+                ) -> tuple[Option, ...]:
     """Best config and predicted run time for every GPU count the job allows that the
-    cluster can hold and the do-no-harm rule offers (``Estimator.option``) (<= max_gpus GPUs on <= max_nodes nodes); with ``iterations``, the
-    run time of that many iterations (what a requeued job has left) in that config."""
+    cluster can hold and the do-no-harm rule offers (``Estimator.option``) (<= max_gpus GPUs on
+    <= max_nodes nodes); with ``iterations``, the run time of that many iterations (what a
+    requeued job has left) in that config. ``shared`` (one estimator's, e.g. for one tick)
+    hands jobs whose options are the same (``estimator.option_run_times_key``) one tuple."""
     lo, hi = profile.gpu_range
-    out = []
-    for gpus in range(lo, min(hi, max_gpus) + 1):
-        best = estimator.option(profile, gpus)
-        if best is not None and best[0].num_nodes <= max_nodes:
-            if iterations is None:
-                out.append(Option(gpus, best[0], best[1]))
-            else:
-                out.append(Option(gpus, best[0], float(estimator.run_time_s(profile, best[0], iterations)), best[1]))
-    return tuple(out)
+    hi = min(hi, max_gpus)
+    if shared is None or iterations is not None:
+        return _job_options(profile, estimator, lo, hi, max_nodes, iterations)
+    key = (estimator.option_run_times_key(profile, lo, hi), max_nodes)
+    hit = shared.get(key)
+    if hit is None:
+        hit = shared[key] = _job_options(profile, estimator, lo, hi, max_nodes, None)
+    return hit
+
+
+def _job_options(profile: JobProfile, estimator: EstimatorProtocol, lo: int, hi: int, max_nodes: int,
+                 iterations: Optional[int]) -> tuple[Option, ...]:
+    best = [(gpus, config, run_s) for gpus, config, run_s in estimator.option_run_times_s(profile, lo, hi)
+            if config.num_nodes <= max_nodes]
+    if iterations is None:
+        return tuple(Option(gpus, config, run_s) for gpus, config, run_s in best)
+    return tuple(Option(gpus, config, float(estimator.run_time_s(profile, config, iterations)), run_s)
+                 for gpus, config, run_s in best)
 
 
 def best_run_s(options: Sequence[Option]) -> float:

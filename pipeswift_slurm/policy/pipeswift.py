@@ -125,6 +125,7 @@ class PipeSwiftPolicy:
     def __init__(self, knobs: PipeSwiftKnobs = PipeSwiftKnobs()):
         self.knobs = knobs
         self._options: dict[int, tuple[JobProfile, tuple[int, int], tuple[Option, ...], Any, Optional[int]]] = {}
+        self._shared: tuple[Any, dict[object, tuple[Option, ...]]] = (None, {})  # one tick's: jobs of one shape
 
     @property
     def promote_s(self) -> float:
@@ -171,7 +172,9 @@ class PipeSwiftPolicy:
                            None if iterations is None else full),)
         if not self.knobs.resize:
             profile = profile.with_range(user.gpus, user.gpus)
-        return job_options(profile, estimator, *cluster, iterations=iterations)
+        if self._shared[0] is not estimator:
+            self._shared = (estimator, {})
+        return job_options(profile, estimator, *cluster, iterations=iterations, shared=self._shared[1])
 
     def starving(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float,
                  earliest_fit: Optional[EarliestFit] = None) -> set[int]:
@@ -320,6 +323,7 @@ class PipeSwiftPolicy:
                 if self.knobs.reshape_running else []
         total = self._total = view.total_gpus
         cluster = (total, sum(1 for n in view.nodes if n.usable))
+        self._shared = (estimator, {})
         opts = {j.job_id: self.options(j, profiles[j.job_id], estimator, cluster) for j in pending}
         ends = {r.job_id: predicted_end_s(r, profiles, estimator, now) for r in view.running}
         free = free_by_node(view)
@@ -363,7 +367,8 @@ class PipeSwiftPolicy:
         if self.knobs.preempt:
             preempted = preemptions(self.knobs, view, profiles, estimator, ordered, plans, free)
         starting = [j for j in ordered if j.job_id in plans and plans[j.job_id].start_s == now]
-        final = starting + [j for j in ordered if j not in starting]
+        started = {j.job_id for j in starting}
+        final = starting + [j for j in ordered if j.job_id not in started]
         factors = rank_factors([j.job_id for j in final], self.knobs.site_factor_max)
         out = []
         for rank, job in enumerate(final):

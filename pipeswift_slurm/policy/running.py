@@ -12,7 +12,7 @@ from typing import Any, Collection, Mapping, Optional
 
 from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
-from pipeswift_slurm.policy.common import Plan, current_config, fits_now, predicted_end_s
+from pipeswift_slurm.policy.common import Plan, current_config, fits_now, free_by_node, predicted_end_s
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 
 
@@ -46,6 +46,12 @@ def preemptions(knobs: PipeSwiftKnobs, view: ClusterView, profiles: Mapping[int,
     queued = sum(1 for j in ordered if j.job_id not in plans or waits(j))
     total_gpus = max(view.total_gpus, 1)
     index = {n.name: i for i, n in enumerate(view.nodes)}
+    # jobs planned to start now on GPUs free by count but not on whole nodes took no node
+    # from ``free``: the short jobs packed onto a victim's GPUs must leave them theirs
+    gpus_of = {j.job_id: j.gpus for j in ordered}
+    promised = sum(p.option.gpus if p.option is not None else gpus_of.get(i, 0)
+                   for i, p in plans.items() if p.start_s == now)
+    unplaced = max(0, promised - (sum(free_by_node(view)) - sum(free)))
     victims = sorted(((predicted_end_s(r, profiles, estimator, now) - now, r) for r in view.running
                       if r.job_id in profiles and profiles[r.job_id].plan.save_interval
                       and r.restarts < knobs.preempt_max_restarts
@@ -69,7 +75,7 @@ def preemptions(knobs: PipeSwiftKnobs, view: ClusterView, profiles: Mapping[int,
             if opt.run_s * knobs.preempt_ratio > remaining_s:
                 continue
             nodes = fits_now(trial, opt.config)
-            if nodes is None:
+            if nodes is None or sum(trial) - opt.gpus < unplaced:
                 continue
             for node in nodes:
                 trial[node] -= opt.config.gpus_per_node

@@ -19,6 +19,9 @@
 # (vendor/pyslurm-24.11.0.tar.gz; never part of the project) into the chroot's venv, and the
 # wheel is kept in the chroot for the next run; without that file the pyslurm leg is skipped
 # with one line (tests/integration/test_backend_pyslurm_live.py then skips).
+# MariaDB and slurmdbd (the accounting tests: sacct --json, QOS limits) are installed into the
+# chroot when missing, old chroots included; where apt cannot, those tests skip at once.
+# PIPESWIFT_*_PORT and PIPESWIFT_*_PORT_BASE variables (the live tests' own ports) are passed in.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 say() { echo "[other-debian] $*"; }
@@ -38,6 +41,7 @@ DIR=$(realpath -m "${OTHER_DEBIAN_DIR:-/var/tmp/pipeswift-$SUITE}")
 PACKAGES=slurmctld,slurmd,slurm-client,slurm-wlm-basic-plugins,munge,sqlite3,procps,ca-certificates
 PACKAGES=$PACKAGES,python3,python3-venv,gcc,libc6-dev,musl-tools
 PYSLURM_PACKAGES="libslurm-dev python3-dev"   # building pyslurm (Debian 13 only)
+DBD_PACKAGES="mariadb-server slurmdbd slurm-wlm-mysql-plugin"   # the accounting tests
 [ "$SUITE" != trixie ] || PACKAGES=$PACKAGES,${PYSLURM_PACKAGES// /,}
 CTLD_PORT=${OTHER_CTLD_PORT:-6917}
 SLURMD_PORT_BASE=${OTHER_SLURMD_PORT_BASE:-17101}
@@ -122,6 +126,19 @@ inside 'set -e; [ -x /root/venv/bin/python ] || python3 -m venv /root/venv
         /root/venv/bin/pip install -q -e "/root/pipeswift[dev]"'
 say "$(inside 'slurmctld -V; /root/venv/bin/python --version' | tr '\n' ' ')"
 
+# MariaDB + slurmdbd for the accounting tests (tests/slurm/testbed.sh ACCOUNTING=dbd), also
+# into a chroot built before they were wanted; postinst cannot start MariaDB here (no init),
+# testbed.sh starts its own. Without them those tests skip with one line, at once.
+if ! inside "dpkg -s $DBD_PACKAGES >/dev/null 2>&1"; then
+  T0=$SECONDS
+  if inside "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+             --no-install-recommends $DBD_PACKAGES >/tmp/apt-dbd.log 2>&1"; then
+    say "$DBD_PACKAGES installed in $((SECONDS - T0)) s"
+  else
+    say "accounting tests will skip: apt could not install $DBD_PACKAGES (log: $DIR/tmp/apt-dbd.log)"
+  fi
+fi
+
 # pyslurm 24.11.0 for the live pyslurm backend tests: built once per source (wheel cached in
 # the chroot), installed into the venv. Cython < 3.1: the tag has a typo newer Cython rejects.
 if [ "$SUITE" != trixie ]; then
@@ -150,7 +167,10 @@ else
 fi
 [ $# -gt 0 ] || set -- tests/unit tests/integration
 ARGS=$(printf ' %q' "$@")
+# the live tests' own ports (e.g. PIPESWIFT_SACCT_DBD_PORT), for two runs on one host at once
+PORTS=$(env | grep -E '^PIPESWIFT_[A-Z0-9_]*_PORT(_BASE)?=[0-9]+$' | sed 's/^/export /' || true)
 inside "set -e; cd /root/pipeswift
+        $PORTS
         export SLURM_TESTBED_DIR=$TESTBED CTLD_PORT=$CTLD_PORT SLURMD_PORT_BASE=$SLURMD_PORT_BASE
         export PATH=/root/venv/bin:\$PATH
         FRESH=1 bash tests/slurm/testbed.sh up

@@ -209,13 +209,15 @@ EOF
 if [ "$ACCOUNTING" = dbd ]; then
 cat <<EOF
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=$HOST
+AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
 AccountingStorageTRES=gres/gpu
 AccountingStoreFlags=job_comment
 EOF
 fi
-# (without dbd: no AccountingStorageType line; 'none' is the default in every version and
+# (AccountingStorageHost is the address, not $HOST: a chroot's /etc/hosts may not know this
+#  machine's name, and slurmctld then waits on slurmdbd for ever. Without dbd: no
+#  AccountingStorageType line; 'none' is the default in every version and
 #  gres/gpu TRES without slurmdbd is fatal in 22.05)
 local g first last=0 default=YES members
 for g in "${!PART_NAMES[@]}"; do
@@ -270,15 +272,18 @@ EOF
 
 # ------------------------------------------------------------------ accounting (optional)
 start_dbd() {
-  if ! mysqladmin --socket=/run/mysqld/mysqld.sock ping >/dev/null 2>&1; then
+  # mariadb-admin and mariadb: names that MariaDB 10.11 (Debian 12) and 11.8 (Debian 13) both
+  # have (11.x calls the mysql* ones deprecated)
+  local sock=/run/mysqld/mysqld.sock
+  if ! mariadb-admin --socket=$sock ping >/dev/null 2>&1; then
     mkdir -p /run/mysqld "$DIR/mariadb" && chown mysql:mysql /run/mysqld "$DIR/mariadb"
     # pid and log files must sit in a directory owned by mysql, or mariadbd dies silently;
     # unix socket only (slurmdbd uses it): a MariaDB of the Debian 13 chroot may hold TCP 3306
-    setsid /usr/sbin/mariadbd --user=mysql --socket=/run/mysqld/mysqld.sock \
+    setsid /usr/sbin/mariadbd --user=mysql --socket=$sock \
       --pid-file="$DIR/mariadb/mariadb.pid" --skip-networking \
       --innodb-buffer-pool-size=128M --log-error="$DIR/mariadb/mariadb.log" </dev/null >/dev/null 2>&1 &
-    for _ in $(seq 1 150); do mysqladmin --socket=/run/mysqld/mysqld.sock ping >/dev/null 2>&1 && break; sleep 0.2; done
-    mysqladmin --socket=/run/mysqld/mysqld.sock ping >/dev/null 2>&1 \
+    for _ in $(seq 1 150); do mariadb-admin --socket=$sock ping >/dev/null 2>&1 && break; sleep 0.2; done
+    mariadb-admin --socket=$sock ping >/dev/null 2>&1 \
       || { echo "mariadb did not start" >&2; tail -20 "$DIR/mariadb/mariadb.log" >&2; exit 1; }
     say "mariadb started"
   fi
@@ -286,11 +291,19 @@ start_dbd() {
   # job ids from 1 after FRESH) must never see each other's jobs in sacct
   DBD_DB=slurm_acct_db_$DBD_PORT
   if [ "${FRESH:-0}" = 1 ] && ! alive "$DIR/run/slurmdbd.pid"; then
-    mysql --socket=/run/mysqld/mysqld.sock -e "DROP DATABASE IF EXISTS $DBD_DB" >/dev/null 2>&1 || true
+    mariadb --socket=$sock -e "DROP DATABASE IF EXISTS $DBD_DB" >/dev/null 2>&1 || true
   fi
+  # Made here, not by slurmdbd: when the database is missing, slurmdbd 24.11 creates it and
+  # connects again on the handle whose first connect failed; with Debian 13's client library
+  # (libmariadb3 of MariaDB 11.8) every query on that handle then fails ("5027 Number of
+  # columns in result (=1) set execeeds maxmimum allowed number of columns (=0)") and
+  # slurmdbd stops ("fatal: _check_mysql_concat_is_sane: null result from query").
+  mariadb --socket=$sock -e "CREATE DATABASE IF NOT EXISTS $DBD_DB" \
+    || { echo "cannot create the accounting database $DBD_DB in MariaDB" >&2; exit 1; }
   cat > "$DIR/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge
 DbdHost=$HOST
+DbdAddr=127.0.0.1
 DbdPort=$DBD_PORT
 SlurmUser=root
 StorageType=accounting_storage/mysql
@@ -303,13 +316,13 @@ DebugLevel=info
 EOF
   chmod 600 "$DIR/etc/slurmdbd.conf"
   if ! alive "$DIR/run/slurmdbd.pid"; then
+    rm -f "$DIR/run/slurmdbd.pid"   # a dead one's would read as "stopped at start"
     "$SBIN/slurmdbd"
     for _ in $(seq 1 150); do
       (exec 3<>"/dev/tcp/127.0.0.1/$DBD_PORT") 2>/dev/null && break
       [ -f "$DIR/run/slurmdbd.pid" ] && ! alive "$DIR/run/slurmdbd.pid" && break
       sleep 0.2
     done
-    # e.g. Slurm 24.11 with Debian 13's MariaDB 11.8: "fatal: _check_mysql_concat_is_sane"
     alive "$DIR/run/slurmdbd.pid" || { echo "slurmdbd did not start: $(grep -m1 -E 'fatal|error' \
       "$DIR/log/slurmdbd.log" 2>/dev/null || echo 'see its log')" >&2; exit 1; }
     say "slurmdbd started"
@@ -318,14 +331,22 @@ EOF
 [ "$ACCOUNTING" = dbd ] && start_dbd
 
 # ------------------------------------------------------------------ daemons
-if ! ctld_alive; then "$SBIN/slurmctld" -f "$SLURM_CONF"; say "slurmctld started"; fi
+if ! ctld_alive; then
+  rm -f "$DIR/run/slurmctld.pid"   # a dead one's: the checks below read the pid file
+  "$SBIN/slurmctld" -f "$SLURM_CONF"
+  # the daemon writes its pid file a moment after the command returns (seconds on a busy host)
+  for _ in $(seq 1 100); do [ -s "$DIR/run/slurmctld.pid" ] && break; sleep 0.1; done
+  say "slurmctld started"
+fi
 for n in $(seq 1 "$NODES"); do
   mkdir -p "$DIR/spool-node$n"   # before slurmd starts, or its domain socket fails
   alive "$DIR/run/slurmd-node$n.pid" || "$SBIN/slurmd" -f "$SLURM_CONF" -N "node$n"
 done
 
 ok=0; states=""
-for _ in $(seq 1 120); do
+# a deadline, not a count: a slurmctld that does not answer makes each sinfo wait 10 s
+READY_BY=$((SECONDS + 60))
+while [ $SECONDS -lt $READY_BY ]; do
   ctld_alive || { echo "slurmctld died:" >&2; tail -5 "$DIR/log/slurmctld.log" >&2; exit 1; }
   states=$(timeout 10 sinfo -h -N -o '%T' 2>/dev/null | sort -u | tr '\n' ' ') || true
   if [ -n "$states" ] && ! echo "$states" | grep -qE 'unk|down|drain|inval|not_resp|\*'; then ok=1; break; fi

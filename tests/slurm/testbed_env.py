@@ -66,7 +66,8 @@ def dbd_cluster(prefix: str, ctld_port: str, slurmd_port_base: str, dbd_port: st
     missing = [p for p in ("/usr/sbin/slurmdbd", "/usr/sbin/mariadbd") if not os.path.exists(p)]
     if missing:
         raise NoAccounting("no accounting here: %s not installed (apt-get install slurmdbd mariadb-server"
-                           " slurm-wlm-mysql-plugin; tests/run-all.sh does)" % ", ".join(missing))
+                           " slurm-wlm-mysql-plugin; tests/run-all.sh does, and tests/slurm/other-debian.sh"
+                           " in its chroot)" % ", ".join(missing))
     folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     os.chmod(folder, 0o755)  # mariadbd runs as mysql and keeps its log under it (mkdtemp: 0700)
     env = dict(os.environ, SLURM_TESTBED_DIR=folder, NODES=str(nodes), GPUS=str(gpus), FRESH="1",

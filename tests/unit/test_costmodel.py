@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from pipeswift_slurm.core import hardware
-from pipeswift_slurm.core.costmodel import CostModel, flops_per_iteration
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.flops import flops_per_iteration
 from pipeswift_slurm.core.megatron import profile_from_argv
 from pipeswift_slurm.core.megatron_rules import check_config, node_shape
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
@@ -236,6 +237,8 @@ _OTHER_PLAN_VALUES: dict[str, tuple[Any, bool]] = {
     "sequence_parallel": (True, True), "save_interval": (10, False),
     # alone, on 24 layers over pp 2: a split Megatron refuses, estimated as the even one
     "embedding_in_pipeline_split": (True, False), "loss_in_pipeline_split": (True, False),
+    # alone, without the distributed optimizer: there is no parameter all-gather to hide
+    "overlap_grad_reduce": (True, True), "overlap_param_gather": (True, False), "tp_comm_overlap": (True, True),
 }
 
 

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from pipeswift_slurm.measure.fidelity import compare, compare_shared, summary
 
 CSV = Path(__file__).resolve().parents[1] / "data" / "fidelity" / "published_megatron.csv"
@@ -55,13 +57,39 @@ def test_shared_rows_with_uneven_stages_and_gb200_are_estimated(tmp_path: Path) 
 
 
 def test_median_step_time_error_on_the_repository_rows_does_not_regress():
-    # measured at the commit that added it: 5.4 % overall (A100-80GB 5.4 %, H100-80GB 6.7 %),
-    # 30 rows; bench/fidelity.py prints the same figures and those of the shared file
+    # measured at the commit that added it: 5.4 % overall (A100-80GB 5.4 %, H100-80GB 6.7 %);
+    # after the overlap flags, elementwise work and the efficiency refit: 4.6 % (A100-80GB
+    # 5.5 %, max 20 %; H100-80GB 3.5 %, max 9 %), 30 rows; bench/fidelity.py prints the same
     stats = summary(compare(CSV))
     assert stats["all"]["rows"] == 30
-    assert stats["all"]["median_abs_step_error"] <= 0.060
+    assert stats["all"]["median_abs_step_error"] <= 0.050
     assert stats["by_gpu_type"]["A100-80GB"]["median_abs_step_error"] <= 0.060
-    assert stats["by_gpu_type"]["H100-80GB"]["median_abs_step_error"] <= 0.075
+    assert stats["by_gpu_type"]["A100-80GB"]["max_abs_step_error"] <= 0.215
+    assert stats["by_gpu_type"]["H100-80GB"]["median_abs_step_error"] <= 0.040
+    assert stats["by_gpu_type"]["H100-80GB"]["max_abs_step_error"] <= 0.10
+
+
+SHARED_CSV = Path(__file__).resolve().parents[3] / "shared" / "reference" / "published" / \
+    "megatron_published.csv"
+
+
+def test_shared_rows_meet_the_issue_goals_per_gpu_type():
+    # issue 25: median |step time error| <= 5 %, max <= 15 % on the 63 shared rows; measured
+    # 2.1 % / 7.8 % (H100-80GB, 54 rows), 2.6 % / 7.0 % (GB200-186GB, 9 rows)
+    if not SHARED_CSV.is_file():
+        pytest.skip("%s absent" % SHARED_CSV)
+    rows, refused = compare_shared(SHARED_CSV)
+    stats = summary(rows)
+    assert refused == [] and stats["all"]["rows"] == 63
+    for gpu, part in stats["by_gpu_type"].items():
+        assert part["median_abs_step_error"] <= 0.05 and part["max_abs_step_error"] <= 0.15, (gpu, part)
+
+
+def test_dgxc_rows_are_compared_by_their_published_step_time_with_their_recipe_flags():
+    rows = [r for r in compare(CSV) if r.source_id == "DGXC"]
+    assert len(rows) == 12 and all(r.reported_step_s > 0 and r.predicted_step_s > 0 for r in rows)
+    gpt3 = rows[0]  # notes: reported_iter_time_s=8.309
+    assert gpt3.reported_step_s == 8.309 and gpt3.step_error == gpt3.predicted_step_s / 8.309 - 1
 
 
 def test_bench_prints_the_error_table_as_json(tmp_path: Path):

@@ -185,6 +185,17 @@ def test_render_drops_sequence_parallel_when_tp_is_one(gpt_argv: list[str]) -> N
     assert "--sequence-parallel" not in out
 
 
+def test_render_drops_tp_comm_overlap_when_tp_is_one(gpt_argv: list[str]) -> None:
+    # Megatron's validate_args turns sequence parallelism off at tp 1, then asserts that TP
+    # overlap has it: the overlap flag must go with it; at tp 2 both stay
+    argv = gpt_argv + ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--tp-comm-overlap"]
+    prof = profile_from_argv(argv)
+    out = render_args(argv, cfg_on(tp=1, pp=2, dp=1), prof)
+    assert "--tp-comm-overlap" not in out and "--sequence-parallel" not in out
+    kept = render_args(argv, cfg_on(tp=2, pp=1, dp=1), prof)
+    assert "--tp-comm-overlap" in kept and "--sequence-parallel" in kept
+
+
 _shapes = st.tuples(st.sampled_from([4, 6, 8, 12, 16, 24, 32]),  # layers
                     st.sampled_from([8, 16, 32]),  # heads
                     st.sampled_from([512, 1024, 2048]),  # seq

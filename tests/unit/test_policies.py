@@ -922,3 +922,33 @@ def test_stable_factors_renumber_when_a_gap_is_too_narrow() -> None:
     out = stable_factors([1, 3, 2], current, 100_000_000)
     assert out == centred_factors([1, 3, 2], 100_000_000)
     assert sorted(out, key=out.__getitem__, reverse=True) == [1, 3, 2] and min(out.values()) >= 0
+
+
+
+def test_pipeswift_preemption_leaves_the_gpus_a_job_planned_to_start_now_counts_on() -> None:
+    """2 nodes x 4 GPUs, one free on each: a 2-GPU job (one node) cannot start on them now
+    but is planned to ("free now, but not on enough whole nodes"). Requeueing the 6-GPU
+    victim (3 on each node) frees both nodes for an 8-GPU job only with the 2 GPUs the
+    first job counts on: the policy must not promise them twice (found by
+    test_simulator.py's invariants: planned starts never exceed the free and freed GPUs)."""
+    def profile(world: int, hours: float, save_interval: int | None = None) -> Any:
+        args = ZOO["gpt-1.3b"].argv(world, 384, 1)
+        args[args.index("--pipeline-model-parallel-size") + 1] = "1"
+        if save_interval:
+            args += ["--save", "/ckpt", "--load", "/ckpt", "--save-interval", str(save_interval)]
+        probe = megatron.profile_from_argv(args, world_size=world, gpus_per_node=4)
+        iters = max(1, round(hours * HOUR / COST.iter_time_s(probe, probe.requested)))
+        args[args.index("--train-iters") + 1] = str(iters)
+        return megatron.profile_from_argv(args, world_size=world, gpus_per_node=4)
+
+    now = HOUR
+    view, profiles = _view(2, 4, [(1, "RUNNING", 6, 0.0, profile(6, 8.0, save_interval=100)),
+                                  (2, "PENDING", 2, now - 60.0, profile(2, 0.25)),
+                                  (3, "PENDING", 8, now - 60.0, profile(8, 0.5))], now=now, busy={0: 3, 1: 3})
+    victim = replace(view.jobs[0], node_list=("node1", "node2"), num_nodes=2)
+    view = replace(view, jobs=(victim,) + view.jobs[1:])
+    decisions = get_policy("pipeswift", preempt=True).decide(view, profiles, Estimator(COST, 4))
+    freed = sum(6 for d in decisions if d.requeue)
+    planned_now = sum(view.jobs[i].gpus for i, j in ((1, 2), (2, 3))
+                      for d in decisions if d.job_id == j and d.predicted_start_s == now and not d.requeue)
+    assert planned_now <= view.free_gpus + freed, [(d.job_id, d.requeue, d.reason) for d in decisions]

@@ -1,9 +1,10 @@
 """What-if on the site's own history (issue 26, item 1): ``sim/sacct.py`` reads both
 ``sacct --json`` dialects (tests/data/slurm/sacct-22.05.json recorded live on the test
-cluster with slurmdbd; sacct-24.11.json built from it in the 24.11 schema, see the README
-there), ``sim/replay.py`` replays jobs with a profile as Megatron jobs and every other one
-as it ran, and ``pipeswift simulate --sacct/--history`` prints the comparison plus what
-would have changed; bad input is one line, exit 2."""
+cluster with slurmdbd; sacct-24.11.json built from it in the 24.11 schema, and
+sacct-24.11-live.json recorded live on 24.11; see the README there), ``sim/replay.py``
+replays jobs with a profile as Megatron jobs and every other one as it ran, and
+``pipeswift simulate --sacct/--history`` prints the comparison plus what would have
+changed; bad input is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -55,6 +56,19 @@ def test_profiled_job_replays_flexible_and_the_rest_as_they_ran(name: str) -> No
     assert all(j.profile is None for j in (plain, wide, failed))
     assert [(j.as_ran_nodes, j.as_ran_gpus_per_node, j.recorded_duration_s) for j in (plain, wide, failed)] == \
         [(1, 2, 2.0), (2, 8, 4.0), (1, 1, 1.0)]
+
+
+def test_a_live_24_11_export_reads_as_the_22_05_one() -> None:
+    """sacct-24.11-live.json: the same six jobs recorded live on Slurm 24.11.5 with slurmdbd
+    (``record.sh sacct``): the same GPUs, nodes, run times, limits and profile, the same two
+    left out; each waited a second longer than in the 22.05 recording."""
+    history = read_sacct(DATA / "sacct-24.11-live.json")
+    assert history.dialect.startswith("24.11.")
+    assert [(j.job_id, j.gpus, j.num_nodes, j.run_s, j.time_limit_s, bool(j.comment)) for j in history.jobs] == \
+        [(job_id, gpus, nodes, run_s, limit_s, profiled) for job_id, gpus, nodes, run_s, _, limit_s, profiled in RECORDED]
+    assert [j.jct_s for j in history.jobs] == [jct_s + 1 for _, _, _, _, jct_s, _, _ in RECORDED]
+    assert history.skipped == {"no GPUs": 1, "never started": 1}
+    assert history.jobs[0].comment == read_sacct(DATA / DIALECTS[0]).jobs[0].comment
 
 
 def test_a_job_as_it_ran_holds_its_gpus_for_its_recorded_time_under_every_policy() -> None:

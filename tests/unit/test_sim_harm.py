@@ -14,7 +14,7 @@ from pipeswift_slurm.sim.workload import WorkloadJob
 A100 = get_gpu_type("A100-80GB")
 ARGV = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
         "--max-position-embeddings", "2048", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
-        "2", "--micro-batch-size", "1", "--global-batch-size", "64", "--train-iters", "100", "--bf16"]
+        "1", "--micro-batch-size", "4", "--global-batch-size", "64", "--train-iters", "100", "--bf16"]
 
 
 def _job(job_id: int, factor: float = 1.0) -> WorkloadJob:
@@ -34,7 +34,7 @@ def test_relayout_on_the_users_count_against_the_users_layout_under_a_favouring_
     fastest = planner.best(moved.profile, 8).config
     gain = 1 - cost.iter_time_s(moved.profile, fastest) / cost.iter_time_s(moved.profile, moved.profile.requested)
     assert 0 < gain < 1 - 1 / 1.5  # predicted faster, truly slower
-    on12 = planner.best(resized.profile, 12).config  # tp2 pp2 does not run on 12 GPUs: compared with it on 8
+    on12 = planner.best(resized.profile, 12).config  # tp2 mbs4 does not run on 12 GPUs (dp 6): compared with it on 8
     assert user_layout_at(resized.profile, 12, 8) is None
     records = [_ran(kept, kept.profile.requested), _ran(moved, fastest), _ran(resized, on12)]
     harm = layout_harm(records, [kept, moved, resized], truth, 8)

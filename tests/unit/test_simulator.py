@@ -73,16 +73,18 @@ class Spy:
 
 
 def hand_job(job_id: int, name: str, world: int, hours: float, gpu_range: tuple[int, int] | None = None,
-             submit_s: float = 0.0, gpus_per_node: int = 8, save_interval: int | None = None) -> WorkloadJob:
+             submit_s: float = 0.0, gpus_per_node: int = 8, save_interval: int | None = None,
+             global_batch: int = 512) -> WorkloadJob:
     """gpt-1.3b with the user's config tp1 pp1 dp=world, ``hours`` long on it (truth).
 
     The iteration count comes from the cost model's iteration time; the truth factor
-    removes the rounding to whole iterations, so the user's config runs exactly ``hours``.
+    removes the rounding to whole iterations, so the user's config runs exactly ``hours``
+    (a short job on few GPUs needs a smaller ``global_batch`` to keep that rounding small).
     """
     model = ZOO["gpt-1.3b"]
 
     def argv(iters: int) -> list[str]:
-        args = model.argv(world, 512, iters)
+        args = model.argv(world, global_batch, iters)
         args[args.index("--pipeline-model-parallel-size") + 1] = "1"
         if save_interval:
             args += ["--save", "/ckpt", "--load", "/ckpt", "--save-interval", str(save_interval)]
@@ -190,7 +192,7 @@ def test_pipeswift_preemption_lets_short_jobs_through_a_long_one() -> None:
     Non-preemptive: they wait 9 h for L. With preemption on, L is requeued once at the
     next tick, the short jobs run at once, and L resumes from its checkpoint after them."""
     jobs = [hand_job(1, "L", 8, 10.0, save_interval=50)] + [
-        hand_job(10 + i, "s%d" % i, 1, 0.25, submit_s=HOUR) for i in range(8)]
+        hand_job(10 + i, "s%d" % i, 1, 0.25, submit_s=HOUR, global_batch=128) for i in range(8)]
     iter_s = TRUTH.iter_time_s(jobs[0].profile, jobs[0].profile.requested)
     plain = simulate(jobs, get_policy("pipeswift"))
     pre = simulate(jobs, get_policy("pipeswift", preempt=True))

@@ -4,6 +4,8 @@
 # Needs an empty queue; leaves the cluster with no jobs of its own.
 #   tests/data/slurm/record.sh typed   (on a cluster started with GPU_TYPE=a100)
 #   tests/data/slurm/record.sh partitions   (on a cluster started with GPU_PARTITIONS="a100:2 h100:2:4")
+#   tests/data/slurm/record.sh sacct   (on a fresh cluster started with ACCOUNTING=dbd NODES=2:
+#                                       sacct-$V-live.json, the jobs of sacct-22.05.json)
 set -euo pipefail
 OUT=$(cd "$(dirname "$0")" && pwd)
 V=$(scontrol -V | awk '{print $2}' | cut -d. -f1,2)   # e.g. 22.05
@@ -40,6 +42,23 @@ if [ "${1:-}" = partitions ]; then
   squeue --json --states=all > "$OUT/squeue-$V-partitions-moved.json"
   scancel "$B" "$M" "$T" "$U"
   echo "recorded partitions Slurm $V into $OUT"; exit 0
+fi
+if [ "${1:-}" = sacct ]; then
+  # a psbatch profile (GPU range 2-8), two plain GPU jobs, a CPU-only one, one that fails,
+  # and one cancelled while it waits behind the 2-node job
+  TOKEN='pswift1;args=WyJwcmV0cmFpbl9ncHQucHkiLCAiLS1udW0tbGF5ZXJzIiwgIjI0IiwgIi0taGlkZGVuLXNpemUiLCAiMTAyNCIsICItLW51bS1hdHRlbnRpb24taGVhZHMiLCAiMTYiLCAiLS1zZXEtbGVuZ3RoIiwgIjEwMjQiLCAiLS1tYXgtcG9zaXRpb24tZW1iZWRkaW5ncyIsICIxMDI0IiwgIi0tbWljcm8tYmF0Y2gtc2l6ZSIsICI0IiwgIi0tZ2xvYmFsLWJhdGNoLXNpemUiLCAiNjQiLCAiLS10cmFpbi1pdGVycyIsICIxMDAwIl0=;gpus=2-8;world=4'
+  IDS=$(sb -J mega1 -N1 --gres=gpu:4 -t 10 --comment="$TOKEN" --wrap 'sleep 3')
+  IDS=$IDS,$(sb -J plain2 -N1 --gres=gpu:2 -t 5 --wrap 'sleep 2')
+  IDS=$IDS,$(sb -J wide -N2 --gres=gpu:8 -t 60 --wrap 'sleep 4')
+  IDS=$IDS,$(sb -J cpuonly -t 60 --wrap 'sleep 1')
+  IDS=$IDS,$(sb -J fails --gres=gpu:1 -t 60 --wrap 'sleep 1; exit 3')
+  CANC=$(sb -J cancelled -N2 --gres=gpu:8 -t 60 --wrap 'true'); IDS=$IDS,$CANC
+  scancel "$CANC"
+  for _ in $(seq 1 120); do  # every job's end has reached slurmdbd
+    [ "$(sacct -n -X -j "$IDS" -o End | grep -c Unknown)" = 0 ] && break; sleep 0.5
+  done
+  sacct --json -j "$IDS" > "$OUT/sacct-$V-live.json"
+  echo "recorded sacct --json of Slurm $V into $OUT"; exit 0
 fi
 PROFILE='pswift1;args=WyItLW51bS1sYXllcnMiLCAiOCJd;gpus=1-8;class=gpt-small'
 DONE=$(sb -J done --wrap 'true')
