@@ -46,15 +46,14 @@ Lending (``borrow_share``): a job predicted to run longer than ``short_lane_max_
 more GPUs than it asked for only while the GPUs lent to such long runs (running ones
 included) stay within that share of the cluster: nothing gives them back before the job
 ends. Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer than
-``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs. A long job never grows
-into the lane; one that would enter it at its own size is held (Slurm's hold, marked in
-the decision token; its decision says so) until long jobs have ended enough for it to fit,
-while short jobs are about (one runs or waits) or GPUs are lent to long runs (what was
-lent is what Slurm would have left to the short jobs to come); with neither, long jobs fill
-the cluster as Slurm would, and a hold would only leave GPUs idle. With ``preempt`` a loan
-is not for good, and the lane is kept only while short jobs are about. A long job bigger
-than that share is held until it starves; jobs past the starvation threshold are never
-held. A GPU count that is free now but barred by the expand reserve is never
+``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs, whether or not a short
+job is about at the moment (a long job keeps what it takes for hours; the short jobs that
+come meanwhile need the lane). A long job never grows into the lane; one that would enter
+it at its own size is held (Slurm's hold, marked in the decision token; its decision says
+so) until long jobs have ended enough for it to fit. A long job bigger than that share,
+which never fits beside the lane, is held only while short jobs are about (one runs or
+waits), until it starves. With ``preempt`` (long jobs can be requeued) the lane is kept
+only while short jobs are about. Jobs past the starvation threshold are never held. A GPU count that is free now but barred by the expand reserve is never
 planned as a wait: the job resized to it would fit, and Slurm would start it at once.
 Mixed clusters (``move_partitions``, on by default): a job that allows several partitions
 is moved to the one where it is predicted to finish first (``policy/partitions.py``).
@@ -233,8 +232,11 @@ class PipeSwiftPolicy:
         never: Optional[Option] = None  # a count the lane never has room for
         for opt in options:
             long_job = opt.run_s > self.knobs.short_lane_max_s
-            lane_full = long_job and not starving and self._long_busy + opt.gpus > self._long_cap
-            if long_job and not starving and opt.gpus > user_gpus and self._long_busy + opt.gpus > self._grow_cap:
+            # a long job bigger than the long jobs' share never fits beside the lane: at its
+            # own size (not grown) it may take the lane while no short job is about
+            lane_full = long_job and not starving and self._long_busy + opt.gpus > self._long_cap \
+                and (self._short_about or opt.gpus <= self._long_cap or opt.gpus > user_gpus)
+            if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
             if long_job and opt.gpus > user_gpus and self._borrowed + opt.gpus - user_gpus > self._borrow_cap:
                 continue  # GPUs lent for a long run are bounded: the jobs still to come need them
@@ -336,7 +338,7 @@ class PipeSwiftPolicy:
                                  > self.knobs.short_lane_max_s)
         # the lending cap holds while short jobs are about (one runs or waits): where none
         # come, it would only leave GPUs idle
-        short_about = len(self._long_ends) < len(view.running) or \
+        short_about = self._short_about = len(self._long_ends) < len(view.running) or \
             any(best_run_s(opts[j.job_id]) <= self.knobs.short_lane_max_s for j in pending)
         self._long_busy = sum(gpus for _, gpus in self._long_ends)
         # GPUs beyond their request that running jobs hold for long (a decision of an
@@ -344,18 +346,13 @@ class PipeSwiftPolicy:
         self._borrow_cap = (self.knobs.borrow_share if short_about else 1.0) * total
         self._borrowed = sum(max(0, r.gpus - profiles[r.job_id].requested.gpus) for r in view.running
                              if r.job_id in profiles and ends[r.job_id] - now > self.knobs.short_lane_max_s)
-        # Growing a long job is never undone before it ends, so it never takes the lane,
-        # short jobs about or not. The lane also holds long jobs at their own size while
-        # short jobs are about or GPUs are lent to long runs: what was lent is what Slurm
-        # would have left to the short jobs still to come (issue 24: 1-minute jobs waited
-        # 8-23 h behind long jobs grown while none was about). With neither, long jobs fill
-        # the cluster as Slurm would fill it, and holding them would only leave GPUs idle.
-        # (With ``preempt`` a loan is not for good: a long job that holds short jobs up is
-        # requeued, so the lane stays as it was, kept only while short jobs are about.)
-        for_good = not self.knobs.preempt
-        lane_on = short_about or (for_good and self._borrowed > 0)
+        # The lane holds whether or not short jobs are about now: a long job started or
+        # grown into it keeps it for hours to days, and the short jobs that come meanwhile
+        # find no GPU (issue 24: 1-minute jobs waited 8-23 h behind long jobs started while
+        # none was about). With ``preempt`` a long job that holds others up can be
+        # requeued, so there the lane is kept only while short jobs are about.
+        lane_on = short_about or not self.knobs.preempt
         self._long_cap = (1.0 - (self.knobs.short_lane_fraction if lane_on else 0.0)) * total
-        self._grow_cap = (1.0 - self.knobs.short_lane_fraction) * total if for_good else self._long_cap
         plans: dict[int, Plan] = {}
         for job in ordered[:self.knobs.plan_depth]:
             plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,

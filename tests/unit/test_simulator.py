@@ -173,10 +173,12 @@ def test_seed_example_pipeswift_beats_fifo(seed_jobs: list[WorkloadJob]) -> None
 def test_pipeswift_runs_a_on_the_free_fragment_when_waiting_is_worse() -> None:
     """B and C (2 GPUs x 8 h each) are running; A (8 GPUs x 4 h, allows 4..8) arrives.
     Waiting for 8 GPUs ends at ~12 h; starting now on the 4 free GPUs ends at ~8 h:
-    pipeswift resizes A to 4 GPUs at once; slurm keeps A waiting for 8 GPUs."""
+    pipeswift resizes A to 4 GPUs at once; slurm keeps A waiting for 8 GPUs. (No short-job
+    lane: with the default one, kept whether or not short jobs are about, the long jobs B,
+    C and A may hold 7 of the 8 GPUs, and A waits for B and C.)"""
     jobs = [hand_job(1, "B", 2, 8.0), hand_job(2, "C", 2, 8.0),
             hand_job(3, "A", 8, 4.0, gpu_range=(4, 8), submit_s=60.0)]
-    ps = by_name(simulate(jobs, get_policy("pipeswift")))
+    ps = by_name(simulate(jobs, get_policy("pipeswift", short_lane_fraction=0)))
     assert ps["A"].first_start_s == 60.0 and ps["A"].gpus == 4 and ps["A"].reconfigured
     assert ps["A"].config is not None and ps["A"].config.gpus == 4
     assert 7.5 * HOUR < ps["A"].end_s - 60.0 < 8.5 * HOUR
