@@ -53,8 +53,9 @@ it at its own size is held (Slurm's hold, marked in the decision token; its deci
 so) until long jobs have ended enough for it to fit. A long job bigger than that share,
 which never fits beside the lane, is held only while short jobs are about (one runs or
 waits), until it starves. With ``preempt`` (long jobs can be requeued) the lane is kept
-only while short jobs are about. Jobs past the starvation threshold are never held. A GPU count that is free now but barred by the expand reserve is never
-planned as a wait: the job resized to it would fit, and Slurm would start it at once.
+only while short jobs are about. Jobs past the starvation threshold are never held. A GPU
+count that is free now but barred by the expand reserve is never planned as a wait: the
+job resized to it would fit, and Slurm would start it at once.
 Mixed clusters (``move_partitions``, on by default): a job that allows several partitions
 is moved to the one where it is predicted to finish first (``policy/partitions.py``).
 Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chosen);
@@ -348,7 +349,7 @@ class PipeSwiftPolicy:
                              if r.job_id in profiles and ends[r.job_id] - now > self.knobs.short_lane_max_s)
         # The lane holds whether or not short jobs are about now: a long job started or
         # grown into it keeps it for hours to days, and the short jobs that come meanwhile
-        # find no GPU (issue 24: 1-minute jobs waited 8-23 h behind long jobs started while
+        # find no GPU (issue 24: 1-minute jobs waited 7-23 h behind long jobs started while
         # none was about). With ``preempt`` a long job that holds others up can be
         # requeued, so there the lane is kept only while short jobs are about.
         lane_on = short_about or not self.knobs.preempt
