@@ -242,7 +242,7 @@ class PipeSwiftPolicy:
             if long_job and opt.gpus > user_gpus and self._borrowed + opt.gpus - user_gpus > self._borrow_cap:
                 continue  # GPUs lent for a long run are bounded: the jobs still to come need them
             start = timeline.earliest(opt.gpus, opt.run_s)
-            expands = opt.gpus > job.gpus and sum(free) - opt.gpus < reserve
+            expands = opt.gpus > user_gpus and sum(free) - opt.gpus < reserve
             if lane_full and self.knobs.short_lane_fraction > 0:
                 lane_wait.add(opt.gpus)
                 start = max(start, self._lane_room_s(opt.gpus, now))

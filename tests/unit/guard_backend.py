@@ -27,7 +27,7 @@ NOW = 1_700_000_000.0
 ARGV = ("--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "1024",
         "--max-position-embeddings", "1024", "--micro-batch-size", "4", "--global-batch-size", "64",
         "--train-iters", "1000")
-PROFILE = token.encode_profile(token.ProfileRequest(ARGV, gpus=(1, 16)))
+PROFILE = token.encode_profile(token.ProfileRequest(ARGV, gpus=(1, 16), world_size=1))  # as psbatch records it
 
 
 def pending(job_id: int, gpus: int = 1, **kw: Any) -> Job:
