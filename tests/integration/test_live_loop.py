@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -27,11 +25,10 @@ from pipeswift_slurm.slurm.backends.slurm_parse import parse_kv_line
 from test_controller import MEGATRON, PROFILE, Site, decision_row  # noqa: E402 (same folder)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
-from testbed_env import cluster_env  # noqa: E402  (tests/slurm/testbed_env.py)
+from testbed_env import ClusterDown, own_cluster  # noqa: E402  (tests/slurm/testbed_env.py)
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
-TESTBED = ROOT / "tests" / "slurm" / "testbed.sh"
 
 
 def fields(slurm: SubprocessRunner, job_id: int) -> dict[str, str]:
@@ -155,21 +152,13 @@ def test_tick_with_only_held_dependent_and_unchanged_jobs_issues_no_update(
 def four_gpu_env() -> Iterator[dict[str, str]]:
     """A cluster of 2 x 4 GPUs of this module's own (ports PIPESWIFT_TB4_CTLD_PORT, default
     6941, and PIPESWIFT_TB4_SLURMD_PORT_BASE, default 17401), taken down at the end."""
-    folder = tempfile.mkdtemp(prefix="pstb4-", dir="/tmp")
-    env = dict(os.environ, SLURM_TESTBED_DIR=folder, NODES="2", GPUS="4", FRESH="1",
-               CTLD_PORT=os.environ.get("PIPESWIFT_TB4_CTLD_PORT", "6941"),
-               SLURMD_PORT_BASE=os.environ.get("PIPESWIFT_TB4_SLURMD_PORT_BASE", "17401"))
-    env.pop("SLURM_CONF", None)
-    up = subprocess.run(["bash", str(TESTBED), "up"], env=env, capture_output=True, text=True, timeout=180)
-    if up.returncode != 0:
-        subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
-        pytest.skip("cannot bring up a 4-GPU test cluster: %s" % (up.stderr.strip().splitlines() or ["?"])[-1])
     try:
-        yield cluster_env(env)
-    finally:
-        subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
+        with own_cluster("pstb4-", "a 4-GPU test cluster", NODES="2", GPUS="4",
+                         CTLD_PORT=os.environ.get("PIPESWIFT_TB4_CTLD_PORT", "6941"),
+                         SLURMD_PORT_BASE=os.environ.get("PIPESWIFT_TB4_SLURMD_PORT_BASE", "17401")) as env:
+            yield env
+    except ClusterDown as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture

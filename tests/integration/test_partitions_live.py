@@ -13,10 +13,8 @@ PIPESWIFT_PART_CTLD_PORT (7861), PIPESWIFT_PART_SLURMD_PORT_BASE (27301)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -31,11 +29,10 @@ from test_backend_pyslurm_live import _skip_reason, in_child  # noqa: E402 (same
 from test_controller import MEGATRON, Site  # noqa: E402 (same folder)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
-from testbed_env import cluster_env, gpus_per_node_tres  # noqa: E402  (tests/slurm/testbed_env.py)
+from testbed_env import ClusterDown, gpus_per_node_tres, own_cluster  # noqa: E402  (tests/slurm/testbed_env.py)
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
-TESTBED = ROOT / "tests" / "slurm" / "testbed.sh"
 GPU_TYPES = {"a100": "A100-80GB", "h100": "H100-80GB"}
 H100_NODES = ("node3", "node4")
 
@@ -43,22 +40,13 @@ H100_NODES = ("node3", "node4")
 @pytest.fixture(scope="module")
 def mixed_env() -> Iterator[dict[str, str]]:
     """The two-partition cluster, fresh, taken down at the end."""
-    folder = tempfile.mkdtemp(prefix="pspart-", dir="/tmp")
-    env = dict(os.environ, SLURM_TESTBED_DIR=folder, GPU_PARTITIONS="a100:2 h100:2", FRESH="1",
-               CTLD_PORT=os.environ.get("PIPESWIFT_PART_CTLD_PORT", "7861"),
-               SLURMD_PORT_BASE=os.environ.get("PIPESWIFT_PART_SLURMD_PORT_BASE", "27301"))
-    env.pop("SLURM_CONF", None)
-    up = subprocess.run(["bash", str(TESTBED), "up"], env=env, capture_output=True, text=True, timeout=180)
-    if up.returncode != 0:
-        subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
-        pytest.skip("cannot bring up a two-partition test cluster: %s"
-                    % (up.stderr.strip().splitlines() or ["?"])[-1])
     try:
-        yield cluster_env(env)
-    finally:
-        subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
+        with own_cluster("pspart-", "a two-partition test cluster", GPU_PARTITIONS="a100:2 h100:2",
+                         CTLD_PORT=os.environ.get("PIPESWIFT_PART_CTLD_PORT", "7861"),
+                         SLURMD_PORT_BASE=os.environ.get("PIPESWIFT_PART_SLURMD_PORT_BASE", "27301")) as env:
+            yield env
+    except ClusterDown as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture

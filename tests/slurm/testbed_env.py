@@ -48,6 +48,33 @@ def gpus_per_node_tres(count: int) -> tuple[str, str]:
 TESTBED = Path(__file__).resolve().parent / "testbed.sh"
 
 
+class ClusterDown(Exception):
+    """Why a test cluster of a test's own did not come up (the caller skips with it)."""
+
+
+@contextlib.contextmanager
+def own_cluster(prefix: str, what: str, **settings: str) -> Iterator[dict[str, str]]:
+    """A fresh test cluster in a new folder under /tmp with testbed.sh's ``settings``
+    (``NODES``, ``GPUS``, ``GPU_PARTITIONS``, ``CTLD_PORT``, ``SLURMD_PORT_BASE``, ...);
+    yields its environment, takes it down after.
+
+    Raises:
+        ClusterDown: ``testbed.sh up`` failed (the message: "cannot bring up ``what``: " and
+            the last line it wrote on stderr).
+    """
+    folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    env = dict(os.environ, SLURM_TESTBED_DIR=folder, FRESH="1", **settings)
+    env.pop("SLURM_CONF", None)
+    try:
+        up = subprocess.run(["bash", str(TESTBED), "up"], env=env, capture_output=True, text=True, timeout=180)
+        if up.returncode != 0:
+            raise ClusterDown("cannot bring up %s: %s" % (what, (up.stderr.strip().splitlines() or ["?"])[-1]))
+        yield cluster_env(env)
+    finally:
+        subprocess.run(["bash", str(TESTBED), "down"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class NoAccounting(Exception):
     """Why a cluster with accounting cannot come up here (the caller skips with it)."""
 
