@@ -126,8 +126,9 @@ class _Partition:
                 best = (start + option.run_s, option.gpus, option.run_s)
         return best
 
-    def take(self, gpus: int, run_s: float) -> None:
-        start = self.timeline.earliest(gpus, run_s)
+    def take(self, gpus: int, run_s: float, start: Optional[float] = None) -> None:
+        """Mark ``gpus`` busy for ``run_s`` from ``start`` (None: the earliest they are free)."""
+        start = self.timeline.earliest(gpus, run_s) if start is None else start
         if start < math.inf:
             self.timeline.take(start, start + run_s, gpus)
 
@@ -168,8 +169,7 @@ def choose_partitions(view: ClusterView, profiles: Mapping[int, JobProfile],
                 best = now_in
         where[job.job_id] = best
         end_s, gpus, run_s = ends[best]
-        if end_s < math.inf:
-            parts[best].take(gpus, run_s)
+        parts[best].take(gpus, run_s, end_s - run_s)  # (its start, found above: not searched again)
     return where
 
 

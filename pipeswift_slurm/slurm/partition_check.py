@@ -1,17 +1,16 @@
 """The GPU types of a mixed cluster as Slurm reports them, against the config: which
 partitions' nodes report a typed GPU GRES (``gpu:h100:4``) that is not the GPU type
 ``[slurm.partition_gpu_types]`` gives them (``gres_mismatches``: such a partition is left
-unplanned, since its jobs would be planned for the wrong hardware), and the one GRES type
-to ask for in each partition (``partition_gres_types``: a typed job moved there asks for
-that type). Pure: reads a ClusterView, runs nothing.
+unplanned, since its jobs would be planned for the wrong hardware). The one GRES type of
+each partition is ``policy.partitions.partition_gres_types``. Pure: reads a ClusterView,
+runs nothing.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Mapping, Union
 
-from pipeswift_slurm.core.model import ClusterView, Node
-from pipeswift_slurm.policy.partitions import partition_gres_types  # noqa: F401 (the backends read it here)
+from pipeswift_slurm.core.model import ClusterView
 
 PartitionGpuTypes = Union[Mapping[str, str], Iterable[tuple[str, str]]]
 

@@ -20,7 +20,8 @@ from pipeswift_slurm.slurm.backends import BackendError, JobGone
 from pipeswift_slurm.slurm.backends import slurm_cli as cli
 from pipeswift_slurm.slurm.backends.pyslurm_ import PyslurmBackend
 from pipeswift_slurm.slurm.backends.scontrol_argv import apply_argvs, check_move
-from pipeswift_slurm.slurm.partition_check import gres_mismatches, gres_type_matches, partition_gres_types
+from pipeswift_slurm.policy.partitions import partition_gres_types
+from pipeswift_slurm.slurm.partition_check import gres_mismatches, gres_type_matches
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_pyslurm import fake_job, fake_node, make_fake  # noqa: E402

@@ -40,7 +40,7 @@ from pipeswift_slurm.slurm.backends.slurm_cli import read_site_factors, run_upda
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_gres, parse_squeue_json
 from pipeswift_slurm.slurm.backends.scontrol_argv import admin_comment_value, check_move, size_fields
 from pipeswift_slurm.slurm.backends.scontrol_argv import without_hold_mark
-from pipeswift_slurm.slurm.partition_check import partition_gres_types
+from pipeswift_slurm.policy.partitions import partition_gres_types
 from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from pipeswift_slurm.slurm.backends.site_limits import LimitsReader, with_caps
 from pipeswift_slurm.slurm.backends.slurm_parse import JSON_REPORTED, parse_batch_errors
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_scontrol_nodes
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_sprio, parse_squeue_json
-from pipeswift_slurm.slurm.partition_check import partition_gres_types
+from pipeswift_slurm.policy.partitions import partition_gres_types
 
 log = logging.getLogger(__name__)
 
