@@ -15,8 +15,9 @@ from typing import Hashable, Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.calibration import lookup_bias
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
+from pipeswift_slurm.core.layout_fit import is_feature_key, layout_factor
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
-from pipeswift_slurm.core.planner import Planner
+from pipeswift_slurm.core.planner import LayoutFactor, Planner
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ class Estimator:
         self.gpus_per_node = gpus_per_node
         self.bias_by_class = dict(bias or {})
         self.planner = planner or Planner(cost, gpus_per_node)
+        # classes with learned layout terms: their do-no-harm weighs the corrected times
+        self._layout_classes = frozenset(k.rpartition(" ")[0] for k in self.bias_by_class if is_feature_key(k))
 
     def with_bias(self, bias: Mapping[str, float]) -> "Estimator":
         """A copy with another bias map, sharing the planner cache."""
@@ -93,11 +96,21 @@ class Estimator:
         return self.cost.job_time_s(profile, config, iterations) * self.bias(profile.job_class, config) \
             * profile.run_time_factor
 
+    def layout_factor(self, profile: JobProfile) -> LayoutFactor:
+        """What the site's runs taught about the layouts of ``profile``'s class (its learned
+        layout terms, ``layout_fit.layout_factor``), for the planner's do-no-harm rule;
+        None when the class has none."""
+        if profile.job_class not in self._layout_classes:
+            return None
+        bias, job_class = self.bias_by_class, profile.job_class
+        return lambda config: layout_factor(bias, job_class, config)
+
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
         """The config to run on ``gpus`` GPUs (None when none is valid): the fastest, unless
-        the user's own layout is within the error band (``Planner.choose``). The policies
-        and the launcher both ask this, so they choose alike."""
-        return self.planner.choose(profile, gpus)
+        the user's own layout is within the error band (``Planner.choose``, weighing what
+        the site learned of both layouts). The policies and the launcher both ask this, so
+        they choose alike."""
+        return self.planner.choose(profile, gpus, self.layout_factor(profile))
 
     def fastest(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
         """The fastest valid config on ``gpus`` GPUs, whatever the user's layout."""
@@ -105,12 +118,12 @@ class Estimator:
 
     def best_run_time_s(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
         """(config, predicted run time) of the config to run on ``gpus`` GPUs (``best``)."""
-        return self._with_run_time_s(profile, self.planner.choose(profile, gpus))
+        return self._with_run_time_s(profile, self.best(profile, gpus))
 
     def option(self, profile: JobProfile, gpus: int) -> Optional[tuple[ExecConfig, float]]:
         """``best_run_time_s`` on a GPU count a policy may choose for the job, None on one
         that enters only through a layout change the band does not back (``Planner.offer``)."""
-        return self._with_run_time_s(profile, self.planner.offer(profile, gpus))
+        return self._with_run_time_s(profile, self.planner.offer(profile, gpus, self.layout_factor(profile)))
 
     def option_run_times_s(self, profile: JobProfile, lo: int, hi: int) -> list[tuple[int, ExecConfig, float]]:
         """(GPU count, config, predicted run time) of ``option`` for every count from ``lo``
@@ -118,7 +131,7 @@ class Estimator:
         (``Planner.offers``), shared by all the jobs of that shape."""
         startup_s = self.cost.startup_s(profile)
         return [(gpus, est.config, self._run_s(profile, est, startup_s))
-                for gpus, est in self.planner.offers(profile, lo, hi)]
+                for gpus, est in self.planner.offers(profile, lo, hi, self.layout_factor(profile))]
 
     def option_run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable:
         """Equal for profiles that get equal ``option_run_times_s(profile, lo, hi)`` here:

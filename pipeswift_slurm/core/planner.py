@@ -21,7 +21,7 @@ import itertools
 import math
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
 from pipeswift_slurm.core.megatron_rules import (Problem, check_config, config_bases, enumerate_configs,
@@ -68,20 +68,31 @@ def _in_range(profile: JobProfile, gpus: int) -> bool:
     return lo <= gpus <= hi
 
 
-def keep_user_layout(user: Optional[Estimate], best: Optional[Estimate]) -> Optional[Estimate]:
+# true / predicted iteration time of a config as the site measured it (the calibration's
+# learned layout terms, ``layout_fit.layout_factor``); None: no such terms (every factor 1)
+LayoutFactor = Optional[Callable[[ExecConfig], float]]
+
+
+def keep_user_layout(user: Optional[Estimate], best: Optional[Estimate],
+                     factor: LayoutFactor = None) -> Optional[Estimate]:
     """Do no harm: of the user's own layout on a GPU count (``user``, None where it is not
     valid there) and the fastest layout there (``best``), the one to run. The fastest
     replaces the user's only when its predicted gain, 1 - best / user iteration time, exceeds
     the larger of the two layouts' error bands (``Estimate.band``): each prediction may be off
     by its band, and layouts of one job on one GPU type err alike (the bands come from
     systematic errors per layout group), so the wider band bounds how wrong their ratio is.
-    A user's layout that does not fit in memory is always replaced."""
+    With ``factor`` (what the site's runs taught about each layout), both iteration times
+    are the corrected ones: a user's layout measured faster than the model says is kept
+    where the model alone would replace it. A user's layout that does not fit in memory is
+    always replaced."""
     if user is None or not user.fits or best is None:
         return best
     if best.config == user.config:
         return user
-    gain = 1.0 - best.iter_time_s / user.iter_time_s
-    return best if gain > max(user.band.rel, best.band.rel) else user
+    ratio = best.iter_time_s / user.iter_time_s
+    if factor is not None:
+        ratio *= factor(best.config) / factor(user.config)
+    return best if 1.0 - ratio > max(user.band.rel, best.band.rel) else user
 
 
 class Planner:
@@ -104,7 +115,8 @@ class Planner:
         self.max_vp = max_vp
         self.do_no_harm = do_no_harm
         self._ranked: dict[tuple[int, int], list[Estimate]] = {}
-        self._chosen: dict[tuple[int, int, int, int], Optional[Estimate]] = {}
+        self._mine: dict[tuple[int, int, int, int], Optional[Estimate]] = {}  # the user's layout on a count
+        self._mine_below: dict[tuple[int, int, int, int, int], Optional[Estimate]] = {}  # ... at most a count
         self._best: dict[tuple[int, int], Optional[Estimate]] = {}
         self._offered: dict[tuple[int, int, int, int, int], Optional[Estimate]] = {}
         self._offers: dict[tuple[int, int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
@@ -184,21 +196,22 @@ class Planner:
                 found = est
         return found
 
-    def choose(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+    def choose(self, profile: JobProfile, gpus: int, factor: LayoutFactor = None) -> Optional[Estimate]:
         """The config to run on ``gpus`` GPUs: the fastest (``best``), unless the user's own
         layout there (``megatron_rules.user_layout_at``) is within the error band of it
-        (:func:`keep_user_layout`); None when no config is valid."""
+        (:func:`keep_user_layout`, with the site's learned ``factor`` when given); None when
+        no config is valid."""
         best = self.best(profile, gpus)
         if not self.do_no_harm or best is None:
             return best
         user = profile.requested
         key = (self._key(profile), user.micro_batch_size, user.vp, gpus)
-        if key not in self._chosen:
+        if key not in self._mine:
             mine = user_layout_at(profile, gpus, self.gpus_per_node)
-            self._chosen[key] = keep_user_layout(None if mine is None else self.cost.estimate(profile, mine), best)
-        return self._chosen[key]
+            self._mine[key] = None if mine is None else self.cost.estimate(profile, mine)
+        return keep_user_layout(self._mine[key], best, factor)
 
-    def offer(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
+    def offer(self, profile: JobProfile, gpus: int, factor: LayoutFactor = None) -> Optional[Estimate]:
         """What a policy may run on ``gpus`` GPUs: ``choose``, or None where the count enters
         only through a layout change that the band does not back. On a count where the user's
         layout is not valid (another tp x pp x cp does not divide it), any config is another
@@ -206,29 +219,39 @@ class Planner:
         when it beats the user's layout on the largest smaller count where that is valid
         (``user_layout_at_most``, fewer GPUs) by more than the band (:func:`keep_user_layout`),
         else that smaller count serves the job with fewer GPUs and no bet. A count with no
-        user's layout at or below it (a shrink below the user's smallest) is offered as is."""
+        user's layout at or below it (a shrink below the user's smallest) is offered as is.
+        ``factor``: the site's learned layout terms (``choose``)."""
         if not self.do_no_harm:
             return self.best(profile, gpus)
         user = profile.requested
         # the user's layout is looked for down to the job's smallest count: part of the key
         key = (self._key(profile), user.micro_batch_size, user.vp, gpus, profile.gpu_range[0])
-        if key not in self._offered:
-            chosen = self.choose(profile, gpus)
-            mine = user_layout_at_most(profile, gpus, self.gpus_per_node) if chosen is not None else None
-            kept = chosen if mine is None or mine.gpus == gpus else \
-                keep_user_layout(self.cost.estimate(profile, mine), chosen)
-            self._offered[key] = chosen if kept is chosen else None
-        return self._offered[key]
+        if factor is None and key in self._offered:
+            return self._offered[key]
+        chosen = self.choose(profile, gpus, factor)
+        if chosen is not None and key not in self._mine_below:
+            mine = user_layout_at_most(profile, gpus, self.gpus_per_node)
+            self._mine_below[key] = None if mine is None else self.cost.estimate(profile, mine)
+        mine_est = self._mine_below[key] if chosen is not None else None
+        kept = chosen if mine_est is None or mine_est.config.gpus == gpus else \
+            keep_user_layout(mine_est, chosen, factor)
+        offered = chosen if kept is chosen else None
+        if factor is None:
+            self._offered[key] = offered
+        return offered
 
-    def offers(self, profile: JobProfile, lo: int, hi: int) -> tuple[tuple[int, Estimate], ...]:
+    def offers(self, profile: JobProfile, lo: int, hi: int,
+               factor: LayoutFactor = None) -> tuple[tuple[int, Estimate], ...]:
         """(GPU count, ``offer``) for every count from ``lo`` to ``hi`` that offers one,
-        ascending; memoised (``offers_key``), so the jobs of one shape and range share one
-        search and one tuple."""
+        ascending; memoised (``offers_key``) without ``factor``, so the jobs of one shape and
+        range share one search and one tuple."""
         key = self.offers_key(profile, lo, hi)
-        hit = self._offers.get(key)
+        hit = self._offers.get(key) if factor is None else None
         if hit is None:
-            found = ((gpus, self.offer(profile, gpus)) for gpus in range(key[4], key[5] + 1))
-            hit = self._offers[key] = tuple((gpus, est) for gpus, est in found if est is not None)
+            found = ((gpus, self.offer(profile, gpus, factor)) for gpus in range(key[4], key[5] + 1))
+            hit = tuple((gpus, est) for gpus, est in found if est is not None)
+            if factor is None:
+                self._offers[key] = hit
         return hit
 
     def offers_key(self, profile: JobProfile, lo: int, hi: int) -> tuple[int, int, int, int, int, int]:

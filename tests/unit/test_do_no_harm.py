@@ -2,12 +2,14 @@
 GPU count only when the predicted gain exceeds the error band (``planner.keep_user_layout``,
 reached through ``Planner.choose`` by both)."""
 
+import math
 from dataclasses import replace
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
 from pipeswift_slurm.core.error_band import ErrorBand
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import get_gpu_type
+from pipeswift_slurm.core.layout_fit import feature_key
 from pipeswift_slurm.core.megatron import profile_from_argv
 from pipeswift_slurm.core.megatron_rules import node_shape, user_layout_at
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
@@ -125,3 +127,31 @@ def test_a_count_without_the_users_layout_must_beat_it_on_fewer_gpus() -> None:
     assert {o.gpus for o in job_options(profile, _estimator(do_no_harm=False), 64, 16)} >= {9, 11}  # rule off
     alloc = launcher.Allocation(*node_shape(9, 8))
     assert launcher.best_config(profile, alloc, est) == est.best(profile, 9).config  # the launcher's count is given
+
+
+def test_learned_factors_correct_both_layouts_before_the_band() -> None:
+    user, best = _est(1.0, 0.10, tp=2), _est(0.85, 0.10)
+    assert keep_user_layout(user, best) is best  # the model alone: 15 % > 10 %
+    assert keep_user_layout(user, best, lambda c: {2: 0.9, 1: 1.0}[c.tp]) is user  # measured: 0.85 / 0.9, 5.6 %
+    assert keep_user_layout(user, _est(0.95, 0.10), lambda c: {2: 1.2, 1: 1.0}[c.tp]).config.tp == 1  # 21 %
+
+
+def test_a_layout_the_site_measured_faster_is_kept_by_policies_and_launcher() -> None:
+    # The site's runs of this class at tp2 took 0.8 of the predicted time (a learned layout
+    # term, core/layout_fit.py): the user's tp2 pp1 mbs2, which the model alone replaces
+    # (predicted 32 % slower than tp1 pp1 mbs8: a 24 % gain, beyond the 21 % band), is kept
+    # on every count (corrected, the gain is 5 %); a class without the term is not.
+    profile = replace(_profile(2, 1, mbs=2), job_class="gpt-1.3b").with_range(8, 16)
+    est = _estimator()
+    assert est.best(profile, 8).config != profile.requested
+    learned = est.with_bias({feature_key("gpt-1.3b", "tp", 2): 0.8})
+    assert learned.best(profile, 8).config == profile.requested
+    options = learned.option_run_times_s(profile, 8, 16)
+    assert options and all(cfg.tp == 2 and cfg.pp == 1 for _, cfg, _ in options)
+    assert learned.option_run_times_s(profile, 8, 16) == options  # nothing left in a cache changes it
+    _, run_s = learned.best_run_time_s(profile, 8)
+    assert math.isclose(run_s, 0.8 * est.run_time_s(profile, profile.requested))
+    assert learned.best(replace(profile, job_class="other"), 8).config != profile.requested
+    assert est.best(profile, 8).config != profile.requested  # the shared planner kept no learned choice
+    alloc = launcher.Allocation(*node_shape(8, 8))
+    assert launcher.best_config(profile, alloc, learned) == profile.requested
