@@ -171,7 +171,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     predicted_iter_s REAL,                          -- the cost model's, uncalibrated
     iterations       INTEGER,                       -- last iteration the launcher saw
     status           TEXT    NOT NULL,              -- 'ok', 'out of bounds', 'not its user's file', ...
-    reported_at      REAL    NOT NULL               -- when the launcher wrote it (the file's mtime)
+    reported_at      REAL    NOT NULL,              -- when the launcher wrote it (the file's mtime)
+    own_layout       INTEGER                        -- 1: the user's own layout ran, 0: another (NULL: older)
 );
 
 -- Cluster occupancy seen by each tick (utilisation over time). total_gpus counts usable

@@ -252,11 +252,12 @@ def bias_map(fit: Mapping[str, ClassBias]) -> dict[str, float]:
     return {key: cb.ratio for key, cb in fit.items()}
 
 
-def lookup_bias(bias: Mapping[str, float], job_class: str, config: Any = None) -> float:
+def lookup_bias(bias: Mapping[str, float], job_class: str, config: Any = None, requested: Any = None) -> float:
     """The ratio for ``job_class``: its own entry, else its family's, else 1; times the
-    class's layout terms for ``config`` when given (``layout_fit.layout_factor``)."""
+    class's layout terms for ``config`` (of a job that asked for ``requested``) when given
+    (``layout_fit.layout_factor``)."""
     ratio = bias[job_class] if job_class in bias else bias.get(family_key(family_of(job_class)), 1.0)
-    return ratio * layout_factor(bias, job_class, config) if config is not None else ratio
+    return ratio * layout_factor(bias, job_class, config, requested) if config is not None else ratio
 
 
 def report_rows(fit: Mapping[str, ClassBias]) -> list[dict[str, Any]]:
@@ -309,14 +310,15 @@ class OnlineCalibrator:
         self._current = base_estimator
         self._installed: list[tuple[float, Any]] = [(-math.inf, base_estimator)]
 
-    def bias_in_force(self, job_class: str, start_s: float, config: Any = None) -> float:
+    def bias_in_force(self, job_class: str, start_s: float, config: Any = None, requested: Any = None) -> float:
         """Bias the installed estimator applied to a job of ``job_class`` started at
-        ``start_s`` (with ``config``'s layout terms when given)."""
+        ``start_s`` (with ``config``'s layout terms when given, for a job that asked for
+        ``requested``)."""
         estimator = self.base
         for installed_s, est in self._installed:
             if installed_s < start_s:
                 estimator = est
-        return float(estimator.bias(job_class, config) if config is not None else estimator.bias(job_class))
+        return float(estimator.bias(job_class, config, requested) if config is not None else estimator.bias(job_class))
 
     def observe(self, record: Any, bias_used: Optional[float] = None) -> bool:
         """Learn from one finished JobRecord (once per job); False when not usable.
@@ -332,11 +334,12 @@ class OnlineCalibrator:
             self.skipped += 1
             return False
         config = getattr(record, "config", None) if self.layouts else None
+        requested = getattr(record, "requested", None)
         bias = bias_used if bias_used is not None else self.bias_in_force(record.job_class, record.run_started_s,
-                                                                          config)
+                                                                          config, requested)
         obs = Observation(record.job_class, record.predicted_run_s / bias if bias > 0 else float("nan"),
                           record.end_s - record.run_started_s, record.end_s, getattr(record, "user", ""),
-                          layout_features(config) if config is not None else ())
+                          layout_features(config, requested) if config is not None else ())
         if not _is_valid(obs):
             self.skipped += 1
             return False

@@ -80,12 +80,14 @@ class Estimator:
                           do_no_harm=self.planner.do_no_harm)
         return Estimator(cost, gpus_per_node, self.bias_by_class, planner)
 
-    def bias(self, job_class: str, config: Optional[ExecConfig] = None) -> float:
+    def bias(self, job_class: str, config: Optional[ExecConfig] = None,
+             requested: Optional[ExecConfig] = None) -> float:
         """actual/predicted ratio for the class, else its model family's, else 1; times the
-        class's learned layout terms for ``config`` when given (``core/layout_fit.py``)."""
+        class's learned layout terms for ``config`` of a job that asked for ``requested``
+        when given (``core/layout_fit.py``)."""
         if not self.bias_by_class:
             return 1.0
-        return lookup_bias(self.bias_by_class, job_class, config)
+        return lookup_bias(self.bias_by_class, job_class, config, requested)
 
     def startup_s(self, profile: JobProfile) -> float:
         return self.cost.startup_s(profile)
@@ -93,8 +95,8 @@ class Estimator:
     def run_time_s(self, profile: JobProfile, config: ExecConfig, iterations: Optional[int] = None) -> float:
         """Predicted run time (startup + iterations x iteration time) x the class bias x the
         job's own ``run_time_factor``."""
-        return self.cost.job_time_s(profile, config, iterations) * self.bias(profile.job_class, config) \
-            * profile.run_time_factor
+        return self.cost.job_time_s(profile, config, iterations) \
+            * self.bias(profile.job_class, config, profile.requested) * profile.run_time_factor
 
     def layout_factor(self, profile: JobProfile) -> LayoutFactor:
         """What the site's runs taught about the layouts of ``profile``'s class (its learned
@@ -102,8 +104,8 @@ class Estimator:
         None when the class has none."""
         if profile.job_class not in self._layout_classes:
             return None
-        bias, job_class = self.bias_by_class, profile.job_class
-        return lambda config: layout_factor(bias, job_class, config)
+        bias, job_class, requested = self.bias_by_class, profile.job_class, profile.requested
+        return lambda config: layout_factor(bias, job_class, config, requested)
 
     def best(self, profile: JobProfile, gpus: int) -> Optional[Estimate]:
         """The config to run on ``gpus`` GPUs (None when none is valid): the fastest, unless
@@ -143,8 +145,8 @@ class Estimator:
         return None if est is None else (est.config, self._run_s(profile, est, self.cost.startup_s(profile)))
 
     def _run_s(self, profile: JobProfile, est: Estimate, startup_s: float) -> float:
-        return (startup_s + profile.plan.iterations * est.iter_time_s) * self.bias(profile.job_class, est.config) \
-            * profile.run_time_factor
+        return (startup_s + profile.plan.iterations * est.iter_time_s) \
+            * self.bias(profile.job_class, est.config, profile.requested) * profile.run_time_factor
 
 
 def estimator_from_env(env: Mapping[str, str], gpus_per_node: int) -> Estimator:

@@ -6,7 +6,7 @@ fits, after the class term, one term per (class, feature, value) from the residu
 the observations that carry the layout that ran (the launcher's measured iteration time,
 ``submit/iterlog.py``):
 
-    log(actual / predicted) = class term + tp term + pp term + mbs term + vp term
+    log(actual / predicted) = class term + tp term + pp term + mbs term + vp term + own term
 
 Each term is a shrunk weighted mean of what the class term and the other terms leave,
 refined by a few backfitting sweeps: term = sum(w r) / (sum(w) + k), i.e. the mean
@@ -28,16 +28,26 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-FEATURES = ("tp", "pp", "mbs", "vp")  # tensor, pipeline, micro-batch, interleaving (virtual stages)
+# tensor, pipeline, micro-batch, interleaving (virtual stages), and whether the layout is the
+# job's user's own (1) or one pipeswift chose (0): users run tuned recipes the model cannot
+# see, so their own layouts may run faster than predicted where its choices do not
+FEATURES = ("tp", "pp", "mbs", "vp", "own")
 DEFAULT_FEATURE_PRIOR_JOBS = 2.0
 USER_CAP_RUNS = 5.0
 BACKFIT_SWEEPS = 10
 
 
-def layout_features(config: Any) -> tuple[tuple[str, int], ...]:
-    """(feature, value) pairs of a config (anything with tp, pp, micro_batch_size, vp)."""
-    return (("tp", int(config.tp)), ("pp", int(config.pp)), ("mbs", int(config.micro_batch_size)),
-            ("vp", int(getattr(config, "vp", 1) or 1)))
+def layout_features(config: Any, requested: Any = None) -> tuple[tuple[str, int], ...]:
+    """(feature, value) pairs of a config (anything with tp, pp, micro_batch_size, vp); with
+    ``requested`` (the user's own config), ``own``: 1 when ``config`` is that layout at any
+    GPU count (``megatron_rules.same_layout``), else 0."""
+    out = (("tp", int(config.tp)), ("pp", int(config.pp)), ("mbs", int(config.micro_batch_size)),
+           ("vp", int(getattr(config, "vp", 1) or 1)))
+    if requested is None:
+        return out
+    from pipeswift_slurm.core.megatron_rules import same_layout
+
+    return out + (("own", int(same_layout(config, requested))),)
 
 
 def feature_key(job_class: str, feature: str, value: int) -> str:
@@ -56,12 +66,13 @@ def is_feature_key(key: str) -> bool:
     return bool(head) and tail.partition("=")[0] in FEATURES and tail.partition("=")[2].isdigit()
 
 
-def layout_factor(bias: Mapping[str, float], job_class: str, config: Any) -> float:
-    """Product of the layout terms' ratios that apply to ``config`` (1 without any)."""
+def layout_factor(bias: Mapping[str, float], job_class: str, config: Any, requested: Any = None) -> float:
+    """Product of the layout terms' ratios that apply to ``config`` of a job that asked for
+    ``requested`` (1 without any)."""
     if config is None or not bias:
         return 1.0
     out = 1.0
-    for key in feature_keys(job_class, layout_features(config)):
+    for key in feature_keys(job_class, layout_features(config, requested)):
         out *= bias.get(key, 1.0)
     return out
 

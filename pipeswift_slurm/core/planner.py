@@ -81,17 +81,18 @@ def keep_user_layout(user: Optional[Estimate], best: Optional[Estimate],
     the larger of the two layouts' error bands (``Estimate.band``): each prediction may be off
     by its band, and layouts of one job on one GPU type err alike (the bands come from
     systematic errors per layout group), so the wider band bounds how wrong their ratio is.
-    With ``factor`` (what the site's runs taught about each layout), both iteration times
-    are the corrected ones: a user's layout measured faster than the model says is kept
-    where the model alone would replace it. A user's layout that does not fit in memory is
-    always replaced."""
+    With ``factor`` (what the site's runs taught about each layout), the ratio is corrected
+    by what was measured, only ever toward the user's layout: a user's layout measured
+    faster than the model says is kept where the model alone would replace it, while a
+    learned term (itself a noisy estimate) never makes a bet the model alone would not. A
+    user's layout that does not fit in memory is always replaced."""
     if user is None or not user.fits or best is None:
         return best
     if best.config == user.config:
         return user
     ratio = best.iter_time_s / user.iter_time_s
     if factor is not None:
-        ratio *= factor(best.config) / factor(user.config)
+        ratio *= max(1.0, factor(best.config) / factor(user.config))
     return best if 1.0 - ratio > max(user.band.rel, best.band.rel) else user
 
 

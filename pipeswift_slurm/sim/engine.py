@@ -72,6 +72,7 @@ class JobRecord:
     run_true_s: float = 0.0
     flexible: bool = False
     partition: str = ""  # where it last ran (a mixed cluster)
+    requested: Optional[ExecConfig] = None  # the user's own config (what layouts are learned against)
 
     @property
     def jct_s(self) -> float:
@@ -184,7 +185,7 @@ class Simulation:
                                    partition=wjob.partition))
         self.records[wjob.job_id] = JobRecord(wjob.job_id, wjob.name, wjob.user, wjob.model,
                                               wjob.profile.job_class, wjob.category, wjob.submit_s, wjob.gpus,
-                                              flexible=wjob.profile.flexible)
+                                              flexible=wjob.profile.flexible, requested=user)
 
     def _started(self, sim: SimJob, now: float, estimator: Any) -> None:
         """A job (re)started at ``now``; its prediction is by ``estimator``, the one in

@@ -33,7 +33,7 @@ def unseen_layout_errors(records: list[Any], calibrator: OnlineCalibrator,
         if len(before) < RUNS_BEFORE or (shape_key(rec.config) in {shape_key(r.config) for r in before}) != seen:
             continue
         actual = rec.end_s - rec.run_started_s
-        bias = calibrator.bias_in_force(rec.job_class, rec.run_started_s, rec.config)
+        bias = calibrator.bias_in_force(rec.job_class, rec.run_started_s, rec.config, rec.requested)
         learned.append(abs(actual / rec.predicted_run_s - 1.0))
         model.append(abs(actual / (rec.predicted_run_s / bias) - 1.0))
     if not learned:

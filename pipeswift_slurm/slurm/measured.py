@@ -125,14 +125,16 @@ def ingest(folder: str, jobs: Iterable[Job], profile_of: Callable[[Job], Optiona
         profile = profile_of(job) if not why else None
         cfg, predicted, status = (None, math.nan, why) if why else judge(data, job, profile, iter_time_s)
         counts[status] += 1
-        feats = dict(layout_features(cfg)) if cfg is not None else {}
+        feats = dict(layout_features(cfg, profile.requested if profile is not None else None)) \
+            if cfg is not None else {}
         measured = data.get("median_iter_s")
         entries.append(MeasurementEntry(
             job_id, job.user, getattr(profile, "job_class", None), cfg.short() if cfg else None, feats.get("tp"),
             feats.get("pp"), feats.get("mbs"), feats.get("vp"),
             float(measured) if isinstance(measured, (int, float)) and math.isfinite(measured) else None,
             predicted if math.isfinite(predicted) else None,
-            int(data["iterations"]) if isinstance(data.get("iterations"), int) else None, status, mtime))
+            int(data["iterations"]) if isinstance(data.get("iterations"), int) else None, status, mtime,
+            own_layout=feats.get("own")))
     if entries:
         store.save_measurements(entries)
     refused = {k: v for k, v in counts.items() if k != OK}
@@ -151,5 +153,7 @@ def observation(finished: Any, m: Any) -> Optional[Observation]:
     if m is None or m.status != OK or not m.iter_s or not m.predicted_iter_s or not within_elapsed(m, finished.run_s):
         return None
     features = (("tp", m.tp), ("pp", m.pp), ("mbs", m.micro_batch_size), ("vp", m.vp or 1))
+    if m.own_layout is not None:  # recorded before this release: no own term
+        features += (("own", m.own_layout),)
     return Observation(finished.job_class, m.predicted_iter_s, m.iter_s, finished.end_time, m.user or "",
                        features if None not in (m.tp, m.pp, m.micro_batch_size) else ())

@@ -87,6 +87,7 @@ class MeasurementEntry:
     iterations: Optional[int]
     status: str
     reported_at: float
+    own_layout: Optional[int] = None  # 1: the layout was the user's own, 0: pipeswift's choice
 
 
 @dataclass(frozen=True)

@@ -271,6 +271,7 @@ class MeasurementRow(Base):
     iterations: Mapped[Optional[int]]
     status: Mapped[str]
     reported_at: Mapped[float]
+    own_layout: Mapped[Optional[int]]  # 1: the user's own layout, 0: another (NULL: recorded before)
 
 
 class TickSnapshotRow(Base):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import dataclasses
 import math
 import random
 import statistics
@@ -45,6 +46,22 @@ def test_layout_terms_separate_layouts_a_class_factor_cannot() -> None:
     est = Estimator(None, 8, bias)  # type: ignore[arg-type]
     assert est.bias(CLS, cfg(8, 1)) / est.bias(CLS, cfg(1, 8)) > 1.35
     assert est.bias(CLS) == bias[CLS]  # without a layout: the class term alone
+
+
+def test_own_layout_separates_users_recipes_from_pipeswifts_choices() -> None:
+    """Half the jobs ask for mbs 1, half for mbs 2; each runs either its own layout (0.8x the
+    prediction: a tuned recipe) or the other one (as predicted). Layout values alone see
+    both layouts at 0.9x; only ``own`` tells a user's layout from pipeswift's choice."""
+    a, b = cfg(2, 4), cfg(2, 4, mbs=2)
+    grown = dataclasses.replace(a, dp=2 * a.dp)
+    assert layout_features(grown, a)[-1] == ("own", 1) and layout_features(b, a)[-1] == ("own", 0)
+    assert len(layout_features(b)) == 4  # no request known: no own feature
+    data = [Observation(CLS, 100.0, 100.0 * (0.8 if ran is asked else 1.0), 0.0, "u%d" % (i % 5),
+                        layout_features(ran, asked))
+            for i in range(10) for asked in (a, b) for ran in (a, b)]
+    bias = {k: c.ratio for k, c in fit_bias(data, now=0.0, trim=0.0).items()}
+    assert lookup_bias(bias, CLS, b, a) / lookup_bias(bias, CLS, a, a) == pytest.approx(1.25, rel=0.08)
+    assert lookup_bias(bias, CLS, b) / lookup_bias(bias, CLS, a) == pytest.approx(1.0, abs=0.01)
 
 
 def test_observations_without_a_layout_fit_no_layout_term() -> None:

@@ -54,9 +54,11 @@ def test_a_measurement_reaches_the_history_and_changes_that_layouts_prediction(n
     store, step = run(new_store, tmp_path, estimator, 1.5)
     [m] = store.measurements()
     assert (m.status, m.config, m.tp, m.pp, m.user) == ("ok", DECIDED.short(), DECIDED.tp, DECIDED.pp, ME)
+    assert m.own_layout == 1  # the user's tp1 pp4 mbs1, on 16 GPUs instead of 8: still their layout
     assert m.predicted_iter_s == pytest.approx(estimator.cost.iter_time_s(profile(), DECIDED))
     new = step.refit(1300.0, estimator)
     assert any(" tp=" in key for key in store.calibration())  # layout terms, beside the class
+    assert "gpt-1b own=1" in store.calibration()
     assert new.bias("gpt-1b", DECIDED) > 1.1  # learned from the measured iteration time, not 1200 s elapsed
     other = dataclasses.replace(DECIDED, tp=2, dp=2)
     assert new.bias("gpt-1b", other) < new.bias("gpt-1b", DECIDED)  # another tp moves less

@@ -239,6 +239,29 @@ def test_an_older_database_gets_the_new_columns(tmp_path):
     Store.from_url(str(path))  # and opens again with nothing to add
 
 
+def test_an_older_history_gains_measurements_own_layout(tmp_path):
+    """Measurements recorded before ``own_layout`` existed open with NULL there (no own
+    term is fitted from them) and new ones record it."""
+    from pathlib import Path
+
+    from pipeswift_slurm.store.queries import MeasurementEntry
+
+    ddl = (Path(__file__).resolve().parents[2] / "sql" / "schema.sql").read_text()
+    old_ddl = "\n".join(line for line in ddl.splitlines() if not line.lstrip().startswith("own_layout "))
+    old_ddl = old_ddl.replace("reported_at      REAL    NOT NULL,", "reported_at      REAL    NOT NULL")
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(old_ddl)
+        conn.execute("INSERT INTO jobs (job_id, state) VALUES (1, 'COMPLETED')")
+        conn.execute("INSERT INTO measurements (job_id, status, reported_at) VALUES (1, 'ok', 5.0)")
+    assert "own_layout" not in {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(measurements)")}
+    store = Store.from_url(str(path))
+    assert [m.own_layout for m in store.measurements()] == [None]
+    store.save_measurements([MeasurementEntry(1, "u", "gpt-1b", "c", 1, 4, 1, 1, 1.0, 1.0, 10, "ok", 6.0,
+                                              own_layout=0)])
+    assert [(m.own_layout, m.reported_at) for m in store.measurements()] == [(0, 6.0)]
+
+
 def test_vanished_jobs_are_reported_then_closed(store):
     with store.tick(100.0, "fifo") as tx:
         tx.save_snapshot(view(100.0, running(1, 40.0, gpus=2), pending(2), pending(3)))
