@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+from pipeswift_slurm.core.megatron_rules import same_layout
+
 # tensor, pipeline, micro-batch, interleaving (virtual stages), and whether the layout is the
 # job's user's own (1) or one pipeswift chose (0): users run tuned recipes the model cannot
 # see, so their own layouts may run faster than predicted where its choices do not
@@ -45,8 +47,6 @@ def layout_features(config: Any, requested: Any = None) -> tuple[tuple[str, int]
            ("vp", int(getattr(config, "vp", 1) or 1)))
     if requested is None:
         return out
-    from pipeswift_slurm.core.megatron_rules import same_layout
-
     return out + (("own", int(same_layout(config, requested))),)
 
 
