@@ -50,7 +50,8 @@ ends. Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer
 job is about at the moment (a long job keeps what it takes for hours; the short jobs that
 come meanwhile need the lane). A long job never grows into the lane; one that would enter
 it at its own size is held (Slurm's hold, marked in the decision token; its decision says
-so) until long jobs have ended enough for it to fit. A long job bigger than that share,
+so) until long jobs have ended enough for it to fit; when it needs whole nodes, that room
+is promised to it: a longer long job later in the order may not take it. A long job bigger than that share,
 which never fits beside the lane, is held only while short jobs are about (one runs or
 waits), until it starves. With ``preempt`` (long jobs can be requeued) the lane is kept
 only while short jobs are about. Jobs past the starvation threshold are never held. A GPU
@@ -70,52 +71,13 @@ from dataclasses import replace
 from typing import Any, ClassVar, Collection, Mapping, Optional
 
 from pipeswift_slurm.core.estimator import EstimatorProtocol
-from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, JobProfile
+from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.policy.common import (Option, Plan, Timeline, best_run_s, current_config, decision_for, fits_now,
                                            free_by_node, job_options, predicted_end_s, rank_factors,
                                            remaining_iterations)
+from pipeswift_slurm.policy.earliest_fit import EarliestFit
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.policy.running import idle_reserve, preemptions, reshapes
-
-
-class EarliestFit:
-    """When a job of a given shape could start at the earliest were it first in the queue:
-    on ``num_nodes`` nodes with ``gpus_per_node`` free GPUs each, counting each node's GPUs
-    free now (``free``, per node of ``view.nodes``) and those its running jobs release at
-    their predicted ``ends`` (job id -> time). Running jobs whose nodes are unknown release
-    nothing. Called as ``fit(config)``; infinite when no such time comes. Cached per shape."""
-
-    def __init__(self, view: ClusterView, free: list[int], ends: Mapping[int, float]):
-        self._now = view.now
-        index = {n.name: i for i, n in enumerate(view.nodes) if n.usable}
-        releases: list[list[tuple[float, int]]] = [[] for _ in free]
-        for job in view.running:
-            for name in job.node_list:
-                if name in index:
-                    releases[index[name]].append((ends[job.job_id], job.gpus // len(job.node_list)))
-        self._steps = []  # per node: (time, GPUs free from then on), times ascending
-        for node, events in enumerate(releases):
-            steps, count = [(self._now, free[node])], free[node]
-            for end_s, gpus in sorted(events):
-                count += gpus
-                steps.append((end_s, count))
-            self._steps.append(steps)
-        # every shape that ever fits does by then: when the last running job ends
-        self.latest_s = max((steps[-1][0] for steps in self._steps), default=self._now)
-        self._cache: dict[tuple[int, int], float] = {}
-
-    @staticmethod
-    def _node_s(steps: list[tuple[float, int]], gpus: int) -> float:
-        return next((t for t, count in steps if count >= gpus), math.inf)
-
-    def __call__(self, config: ExecConfig) -> float:
-        shape = (config.num_nodes, config.gpus_per_node)
-        hit = self._cache.get(shape)
-        if hit is None:
-            times = sorted(self._node_s(steps, shape[1]) for steps in self._steps)
-            hit = times[shape[0] - 1] if 0 < shape[0] <= len(times) else math.inf
-            self._cache[shape] = hit
-        return hit
 
 
 class PipeSwiftPolicy:
@@ -235,7 +197,8 @@ class PipeSwiftPolicy:
             long_job = opt.run_s > self.knobs.short_lane_max_s
             # a long job bigger than the long jobs' share never fits beside the lane: at its
             # own size (not grown) it may take the lane while no short job is about
-            lane_full = long_job and not starving and self._long_busy + opt.gpus > self._long_cap \
+            lane_full = long_job and not starving \
+                and (self._long_busy + opt.gpus > self._long_cap or self._breaks_promise(now, opt)) \
                 and (self._short_about or opt.gpus <= self._long_cap or opt.gpus > user_gpus)
             if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
@@ -291,11 +254,28 @@ class PipeSwiftPolicy:
             timeline.take(start, start + opt.run_s, opt.gpus)
             self._reserved += 1
         if opt.gpus in lane_wait:
+            if start > now and opt.config.num_nodes > 1:
+                self._promised.append((start, opt.gpus, opt.run_s))
             return Plan(opt, start, "held for the short-job lane: wait for %d GPUs (predicted start in %.0f s)"
                         % (opt.gpus, start - now), lane=True)
         if start - now < 1:  # when whole nodes free up is not foreseen: no start now
             return Plan(opt, None, "wait for %d GPUs (free now, but not on enough whole nodes)" % opt.gpus)
         return Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
+
+    def _breaks_promise(self, now: float, opt: Option) -> bool:
+        """Whether a long job run as ``opt`` from now would take the room promised to a
+        shorter long job earlier in the order that waits for the lane on whole nodes
+        (``_promised``): at each such start before it ends, the long jobs still running,
+        those promised by then and this one must fit the long jobs' share. A job on whole
+        nodes cannot start in the fragments that free meanwhile, so without its promise the
+        longer jobs behind it take every room the lane frees (issue 24, 2869ce day 63)."""
+        for start_s, _, promised_run_s in self._promised:
+            if start_s < now + opt.run_s and opt.run_s > promised_run_s:
+                busy = sum(used for end_s, used in self._long_ends if end_s > start_s)
+                promised = sum(used for s, used, _ in self._promised if s <= start_s)
+                if busy + promised + opt.gpus > self._long_cap:
+                    return True
+        return False
 
     def _lane_room_s(self, gpus: int, now: float) -> float:
         """When long jobs (running, or started by this tick's plan) will have ended enough
@@ -334,6 +314,9 @@ class PipeSwiftPolicy:
         ordered = self.order(pending, opts, now, starving, total)
         timeline = Timeline(now, sum(free), [(ends[r.job_id], r.gpus) for r in view.running])
         self._reserved = 0
+        # (start, GPUs, run) of long jobs on whole nodes held for the lane: their room is
+        # promised against longer long jobs later in the order (``_breaks_promise``)
+        self._promised: list[tuple[float, int, float]] = []
         self._long_ends = sorted((ends[r.job_id], r.gpus) for r in view.running
                                  if ends[r.job_id] - (now if r.start_time is None else r.start_time)
                                  > self.knobs.short_lane_max_s)

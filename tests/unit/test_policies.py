@@ -25,7 +25,8 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, Node
 from pipeswift_slurm.policy import PRESETS, get_policy, policy_names
 from pipeswift_slurm.policy.common import RANK_STEP, predicted_end_s, remaining_iterations
-from pipeswift_slurm.policy.pipeswift import EarliestFit, PipeSwiftPolicy
+from pipeswift_slurm.policy.earliest_fit import EarliestFit
+from pipeswift_slurm.policy.pipeswift import PipeSwiftPolicy
 from pipeswift_slurm.sim.workload import ZOO, Conversion, TraceRow, to_megatron_job
 from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 
@@ -431,6 +432,34 @@ def test_pipeswift_short_lane_releases_when_long_jobs_end() -> None:
                     nodes=tuple(replace(n, gpus_alloc=1 if i == 2 else 0) for i, n in enumerate(view.nodes)))
     [released] = [d for d in policy.decide(later, {2: profiles[2], 3: profiles[3]}, est) if d.job_id == 2]
     assert released.hold is False and released.reason == "start now on 8 GPUs", released
+
+
+def test_a_longer_job_never_takes_the_lane_room_promised_to_a_held_one_on_whole_nodes() -> None:
+    """4 x 8 GPUs, long jobs may hold 24 (``short_lane_fraction`` 0.25); running: a 3-h and a
+    30-h job on 8 GPUs each. W (16 GPUs: two whole nodes, 10 h) is held for the lane until
+    the 3-h job ends. J (8 GPUs, 20 h) fits the long jobs' share now, but then at W's start
+    the 30-h job, W and J would need 32: J, the longer, waits too (issue 24: on 2869ce day
+    63 8-GPU multi-day jobs kept taking the room of a held 32-GPU job, which waited 69 h
+    where fifo's longest wait was 52 h). Alone, J starts now; a long job shorter than W is
+    not held back for it."""
+    _, three_h = _profile(8, 3.0, 8)
+    _, thirty_h = _profile(8, 30.0, 8)
+    _, w = _profile(16, 10.0, 8)
+    _, j = _profile(8, 20.0, 8)
+    _, k = _profile(8, 8.0, 8)
+    est = Estimator(COST, 8)
+
+    def decide(*pending: tuple[int, Any]) -> dict[int, Decision]:
+        jobs = [(1, "RUNNING", 8, 0.0, three_h), (2, "RUNNING", 8, 0.0, thirty_h)]
+        jobs += [(job_id, "PENDING", profile.requested.gpus, 30.0, profile) for job_id, profile in pending]
+        view, profiles = _view(4, 8, jobs, now=60.0, busy={0: 8, 1: 8})
+        return {d.job_id: d for d in get_policy("pipeswift", short_lane_fraction=0.25).decide(view, profiles, est)}
+
+    both = decide((3, w), (4, j))
+    assert both[3].hold is True and both[3].reason.startswith("held for the short-job lane: wait for 16 GPUs"), both[3]
+    assert both[4].hold is True and both[4].reason.startswith("held for the short-job lane"), both[4]
+    assert decide((4, j))[4].reason == "start now on 8 GPUs"
+    assert decide((3, w), (5, k))[5].reason == "start now on 8 GPUs"  # 8 h < W's 10 h: not held back
 
 
 def _long_jobs_fill_all_but_one_node(pending_p: Any, running_hours: float) -> tuple[ClusterView, dict[int, Any]]:
