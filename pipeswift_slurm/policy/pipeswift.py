@@ -51,9 +51,9 @@ job is about at the moment (a long job keeps what it takes for hours; the short 
 come meanwhile need the lane). A long job never grows into the lane; one that would enter
 it at its own size is held (Slurm's hold, marked in the decision token; its decision says
 so) until long jobs have ended enough for it to fit; when it needs whole nodes, that room
-is promised to it: a longer long job later in the order may not take it. A long job bigger than that share,
-which never fits beside the lane, is held only while short jobs are about (one runs or
-waits), until it starves. With ``preempt`` (long jobs can be requeued) the lane is kept
+is promised to it: a longer long job later in the order may not take it. A long job
+bigger than that share, which never fits beside the lane, is held only while short jobs are
+about (one runs or waits), until it starves. With ``preempt`` (long jobs can be requeued) the lane is kept
 only while short jobs are about. Jobs past the starvation threshold are never held. A GPU
 count that is free now but barred by the expand reserve is never planned as a wait: the
 job resized to it would fit, and Slurm would start it at once.
