@@ -119,7 +119,6 @@ class Planner:
         self._mine: dict[tuple[int, int, int, int], Optional[Estimate]] = {}  # the user's layout on a count
         self._mine_below: dict[tuple[int, int, int, int, int], Optional[Estimate]] = {}  # ... at most a count
         self._best: dict[tuple[int, int], Optional[Estimate]] = {}
-        self._offered: dict[tuple[int, int, int, int, int], Optional[Estimate]] = {}
         self._offers: dict[tuple[int, int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
         self._key_ids: dict[tuple[object, ...], int] = {}
         self._keys: dict[int, tuple[JobProfile, int]] = {}
@@ -227,19 +226,16 @@ class Planner:
         user = profile.requested
         # the user's layout is looked for down to the job's smallest count: part of the key
         key = (self._key(profile), user.micro_batch_size, user.vp, gpus, profile.gpu_range[0])
-        if factor is None and key in self._offered:
-            return self._offered[key]
         chosen = self.choose(profile, gpus, factor)
-        if chosen is not None and key not in self._mine_below:
+        if chosen is None:
+            return None
+        if key not in self._mine_below:
             mine = user_layout_at_most(profile, gpus, self.gpus_per_node)
             self._mine_below[key] = None if mine is None else self.cost.estimate(profile, mine)
-        mine_est = self._mine_below[key] if chosen is not None else None
-        kept = chosen if mine_est is None or mine_est.config.gpus == gpus else \
-            keep_user_layout(mine_est, chosen, factor)
-        offered = chosen if kept is chosen else None
-        if factor is None:
-            self._offered[key] = offered
-        return offered
+        below = self._mine_below[key]
+        if below is None or below.config.gpus == gpus:
+            return chosen
+        return chosen if keep_user_layout(below, chosen, factor) is chosen else None
 
     def offers(self, profile: JobProfile, lo: int, hi: int,
                factor: LayoutFactor = None) -> tuple[tuple[int, Estimate], ...]:

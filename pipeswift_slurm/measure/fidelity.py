@@ -99,21 +99,31 @@ def _reported_model_tflops(rec: dict[str, str]) -> float:
     return value
 
 
+def dgxc_recipe_flags(tp: int, nemo1_nemotron_340b: bool) -> list[str]:
+    """The flags every NVIDIA DGX Cloud recipe run states (the shared file's SOURCES.md): the
+    distributed optimizer with overlapped gradient reduction and parameter gathering,
+    sequence parallelism and TP communication overlap where tp > 1; Nemotron-4 340B's NeMo 1.0
+    run (v24.11.1) has no TP overlap and selective recompute (caveats 3 and 4; its NeMo 2.0
+    runs, v25.04 and v25.05.05, add MegatronCommOverlapCallback(tp_comm_overlap=True) through
+    the recipe's performance_mode)."""
+    flags = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    if tp > 1:
+        flags.append("--sequence-parallel")
+        if not nemo1_nemotron_340b:
+            flags.append("--tp-comm-overlap")
+    if nemo1_nemotron_340b:
+        flags += ["--recompute-granularity", "selective"]
+    return flags
+
+
 def _recipe_flags(rec: dict[str, str]) -> list[str]:
     """Flags a row's CSV leaves "unknown" that its recipe states elsewhere: the repository's
     DGXC rows are runs of the NVIDIA dgxc-benchmarking recipes that the shared
-    ``megatron_published.csv`` covers too (same step times), and its SOURCES.md states their
-    flags: the distributed optimizer with overlapped gradient reduction and parameter
-    gathering, sequence parallelism and TP communication overlap where tp > 1, except
-    Nemotron-4 340B's NeMo 1.0 run (no TP overlap, selective recompute; caveats 3 and 4)."""
+    ``megatron_published.csv`` covers too (same step times), Nemotron-4 340B's being its
+    NeMo 1.0 run (``dgxc_recipe_flags``)."""
     if rec["source_id"] != "DGXC":
         return []
-    flags = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
-    if _int(rec, "tp", 1) > 1:
-        flags.append("--sequence-parallel")
-        flags += ["--recompute-granularity", "selective"] if rec["model"].startswith("Nemotron-4 340B") \
-            else ["--tp-comm-overlap"]
-    return flags
+    return dgxc_recipe_flags(_int(rec, "tp", 1), rec["model"].startswith("Nemotron-4 340B"))
 
 
 def _reported_iter_time_s(rec: dict[str, str]) -> float:
@@ -147,21 +157,13 @@ def compare(path: str | Path, hardware: Optional[str] = None) -> list[FidelityRo
 SHARED_GPU_TYPES = {"H100": "H100-80GB", "GB200": "GB200-186GB",
                     # the same recipes publish these too (rows of this schema from elsewhere)
                     "B200": "B200-180GB", "H200": "H200-141GB", "A100": "A100-80GB"}
-# SOURCES.md caveat 4: TP communication overlap (userbuffers) is off for Nemotron-4 340B in
-# the NeMo 1.0 recipe (v24.11.1, yaml ub_tp_comm_overlap False); its NeMo 2.0 runs (v25.04,
-# v25.05.05) use nemo/collections/llm/recipes/nemotron4_340b.py with performance_mode, whose
-# pretrain_performance_optimizations adds MegatronCommOverlapCallback(tp_comm_overlap=True).
-_NO_TP_OVERLAP = ("Nemotron4-340B",)
-_NO_TP_OVERLAP_RELEASE = "v24.11.1"
 
 
 def shared_argv(rec: dict[str, str]) -> list[str]:
     """The Megatron command line of one row of the shared ``megatron_published.csv``, with
-    what its SOURCES.md states for every row: BF16, sequence parallelism where tp > 1, the
-    distributed optimizer with overlapped gradient reduction and parameter gathering, TP
-    communication overlap except on Nemotron-4 340B's NeMo 1.0 run, selective recompute only for
-    Nemotron-4 340B in v24.11.1, and the embedding and the loss counted as pipeline stages
-    where pp x vp does not divide the layers (caveat 5)."""
+    what its SOURCES.md states for every row: BF16, the recipes' flags (``dgxc_recipe_flags``),
+    and the embedding and the loss counted as pipeline stages where pp x vp does not divide
+    the layers (caveat 5)."""
     layers, heads, tp, pp = int(rec["layers"]), rec["heads"], int(rec["tp"]), int(rec["pp"])
     vp = int(rec["vp"] or 1)
     args = ["--num-layers", str(layers), "--hidden-size", rec["hidden"], "--ffn-hidden-size", rec["ffn_hidden"],
@@ -169,20 +171,14 @@ def shared_argv(rec: dict[str, str]) -> list[str]:
             rec["seq_len"], "--vocab-size", rec["vocab"], "--tensor-model-parallel-size", str(tp),
             "--pipeline-model-parallel-size", str(pp), "--context-parallel-size", rec["cp"] or "1",
             "--micro-batch-size", rec["micro_batch"], "--global-batch-size", rec["global_batch"],
-            "--train-iters", "1", "--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
-            "--overlap-param-gather"]
+            "--train-iters", "1", "--bf16"]
+    args += dgxc_recipe_flags(tp, rec["model"].startswith("Nemotron4-340B") and "v24.11.1" in rec["release"])
     if rec["activation"] == "swiglu":
         args.append("--swiglu")
     if rec["kv_heads"] and rec["kv_heads"] != heads:
         args += ["--group-query-attention", "--num-query-groups", rec["kv_heads"]]
     if vp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(vp)]
-    if tp > 1:
-        args.append("--sequence-parallel")
-        if not (rec["model"].startswith(_NO_TP_OVERLAP) and _NO_TP_OVERLAP_RELEASE in rec["release"]):
-            args.append("--tp-comm-overlap")
-    if rec["model"].startswith("Nemotron4-340B") and "v24.11.1" in rec["release"]:
-        args += ["--recompute-granularity", "selective"]
     if pp > 1 and layers % (pp * vp):
         args += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
     return args
