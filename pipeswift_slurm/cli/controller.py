@@ -155,6 +155,7 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     from pipeswift_slurm.cli.common import load_layer_profile, open_store
     from pipeswift_slurm.core.costmodel import CostModel
     from pipeswift_slurm.core.estimator import Estimator
+    from pipeswift_slurm.core.site_model import SiteModel
     from pipeswift_slurm.policy import get_policy
     from pipeswift_slurm.slurm.backends import BackendError, get_backend
     from pipeswift_slurm.slurm.calibrate import StoreCalibration
@@ -172,7 +173,9 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     layer_profile = load_layer_profile(cfg.layer_profile, gpu, what="%s: [slurm] layer_profile" % cfg.source)
     # the GPUs per node here only seed the estimator: each tick plans with the cluster's own
     estimator = Estimator(CostModel(gpu, layer_profile=layer_profile), gpn)
-    calibration = (StoreCalibration(store, cfg.calibration_exclude_partitions, cfg.measure_dir)
+    site = SiteModel(gpu_type=cfg.gpu_type, partition_gpu_types=dict(cfg.partition_gpu_types),
+                     hardware_file=cfg.hardware_file or obj.hardware or "")
+    calibration = (StoreCalibration(store, cfg.calibration_exclude_partitions, cfg.measure_dir, cfg.publish_file, site)
                    if store is not None else None)
     if calibration is not None:
         estimator = estimator.with_bias(calibration.bias_map())

@@ -4,13 +4,14 @@ from finished jobs.
 Every policy sees run times only through an Estimator, so calibration reaches all of them
 at once. The bias map (job_class -> actual/predicted ratio) comes from the Store in the
 controller and from online learning in the simulator; ``calibration.py`` computes it.
-Pure: no I/O, apart from ``estimator_from_env`` reading the hardware file the environment
-names.
+Pure: no I/O, apart from ``job_side_estimator`` reading the hardware file and the site
+model the environment names.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Hashable, Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.calibration import lookup_bias
@@ -149,16 +150,39 @@ class Estimator:
             * self.bias(profile.job_class, est.config, profile.requested) * profile.run_time_factor
 
 
-def estimator_from_env(env: Mapping[str, str], gpus_per_node: int) -> Estimator:
-    """An unbiased Estimator for ``$PIPESWIFT_GPU_TYPE`` (with ``$PIPESWIFT_HARDWARE``'s
-    table), where no controller config is at hand (inside a job, on a submit host); an
-    unknown type logs a warning and falls back to the default type."""
+def estimator_from_env(env: Mapping[str, str], gpus_per_node: int, learned: bool = True) -> Estimator:
+    """``job_side_estimator``'s Estimator."""
+    return job_side_estimator(env, gpus_per_node, learned)[0]
+
+
+def job_side_estimator(env: Mapping[str, str], gpus_per_node: int, learned: bool = True) -> tuple[Estimator, str]:
+    """(Estimator, what it rests on, in words) where no controller config is at hand: inside
+    a job (the launcher) and on a submit host (``psbatch --pipeswift=check``).
+
+    The site model ``$PIPESWIFT_SITE_MODEL`` names (``core/site_model.py``, published by
+    the controller), when set and readable, gives the bias map the controller plans with
+    (unless ``learned`` is False: an emulated run must not sleep what calibration learned
+    from emulated runs) and the GPU type of the job's partition (``$SLURM_JOB_PARTITION``,
+    where the site model names one). Otherwise the type is ``$PIPESWIFT_GPU_TYPE``, else the
+    site model's, else the default; the hardware table ``$PIPESWIFT_HARDWARE``, else the site
+    model's. An unusable file or an unknown type logs one warning and falls back."""
+    from pipeswift_slurm.core import site_model
     from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, HardwareError, get_gpu_type
 
-    name = env.get("PIPESWIFT_GPU_TYPE") or DEFAULT_GPU_TYPE
+    site, problem = site_model.from_env(env)
+    if problem:
+        log.warning("%s", problem)
+    partition = env.get("SLURM_JOB_PARTITION", "")
+    by_partition = site.partition_gpu_types.get(partition, "") if site is not None and partition else ""
+    name = by_partition or env.get("PIPESWIFT_GPU_TYPE") or (site.gpu_type if site is not None else "") \
+        or DEFAULT_GPU_TYPE
+    hardware = env.get("PIPESWIFT_HARDWARE") or (site.hardware_file if site is not None else "") or None
     try:
-        gpu = get_gpu_type(name, env.get("PIPESWIFT_HARDWARE") or None)
+        gpu = get_gpu_type(name, hardware)
     except HardwareError as exc:
         log.warning("%s; using %s", exc, DEFAULT_GPU_TYPE)
         gpu = get_gpu_type(DEFAULT_GPU_TYPE)
-    return Estimator(CostModel(gpu), gpus_per_node)
+    if site is None or not learned:
+        return Estimator(CostModel(gpu), gpus_per_node), "the cost model alone"
+    written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(site.written_at))
+    return Estimator(CostModel(gpu), gpus_per_node, site.bias), "the site model of %s" % written

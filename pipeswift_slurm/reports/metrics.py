@@ -1,5 +1,6 @@
 """Prometheus text exposition of a FullReport (``reports.py``), for node_exporter's
-textfile collector, and the atomic file write that collector needs.
+textfile collector (written with ``core.files.write_atomic``, so the collector never
+reads half a file).
 
 Owns the metric names, help texts and labels. Must not import click, SQLAlchemy or
 matplotlib, and no SQL or database access.
@@ -8,10 +9,7 @@ matplotlib, and no SQL or database access.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Optional
 
 from pipeswift_slurm.reports.base import BiasReport, JctReport, QueueRatioReport, WaitsReport
@@ -220,18 +218,3 @@ def prometheus_text(rep: FullReport) -> str:
     _bias_metrics(m, rep.bias)
     _tick_metrics(m, rep)
     return m.text()
-
-
-def write_atomic(path: str, content: str) -> None:
-    """Write ``content`` to ``path`` via a temp file in the same folder and a rename, so a
-    reader (node_exporter's textfile collector) never sees a half-written file."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % target.name, suffix=".tmp", dir=str(target.parent or "."))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -11,11 +11,17 @@ at the end of tick t applies from tick t+1 on.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import os
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from pipeswift_slurm.core.calibration import Observation, OnlineCalibrator, fit_bias, lookup_bias
 from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.site_model import SiteModel
+from pipeswift_slurm.core.site_model import write as write_site_model
+
+log = logging.getLogger(__name__)
 
 # The per-user correction of claims: the mean excess log(actual / calibrated prediction)
 # of a user's finished jobs, over (their count + USER_PRIOR_JOBS): one job cannot condemn a
@@ -76,18 +82,41 @@ class StoreCalibration:
     measure_dir``, ``slurm/measured.py``) is learned from by that measurement, with the
     layout that ran, so the layout terms are fitted too; others by their elapsed time.
 
+    After each refit the bias map is published for the jobs' side, when a file is set
+    (``[calibration] publish_file``, ``core/site_model.py``): the launcher's own plan (a job
+    without a decision) and ``psbatch --pipeswift=check`` then weigh what the site measured.
+
     Args:
         store: a ``store.history.Store`` (``finished_jobs``, ``save_calibration``,
             ``calibration``, ``measurements``, ``save_measurement``).
         exclude_partitions: partitions whose jobs never feed calibration.
         measure_dir: the spool folder the launchers report to ('' = none read).
+        publish_file: where to publish the site model ('' = nowhere).
+        site: the rest of the site model (GPU types, hardware file).
     """
 
-    def __init__(self, store: Any, exclude_partitions: Sequence[str] = (), measure_dir: str = ""):
+    def __init__(self, store: Any, exclude_partitions: Sequence[str] = (), measure_dir: str = "",
+                 publish_file: str = "", site: SiteModel = SiteModel()):
         self.store = store
         self.exclude_partitions = frozenset(exclude_partitions)
         self.measure_dir = measure_dir
+        self.publish_file = publish_file
+        self.site = site
         self._user_factors: Optional[dict[str, float]] = None
+        self._published: Optional[dict[str, float]] = None
+
+    def publish(self, bias: Mapping[str, float], now: float) -> None:
+        """Write the site model with ``bias`` to ``publish_file`` when it changed (or the
+        file is gone); a failure is logged and tried again next tick, never raised: the
+        launchers then plan with what the file held before, or the cost model alone."""
+        if not self.publish_file or (bias == self._published and os.path.exists(self.publish_file)):
+            return
+        try:
+            write_site_model(self.publish_file, dataclasses.replace(self.site, bias=dict(bias), written_at=now))
+            self._published = dict(bias)
+        except OSError as exc:
+            log.warning("cannot publish the site model to %s (%s); the launchers keep the last one",
+                        self.publish_file, exc.strerror or exc)
 
     def measured(self, jobs: Iterable[Any], profile_of: Callable[[Any], Any],
                  iter_time_s: Callable[[Any, Any], float], now: float) -> None:
@@ -138,6 +167,7 @@ class StoreCalibration:
                                      for c in fitted.values()])
         bias = self.bias_map()
         self._user_factors = None  # refit from the new bias on next use
+        self.publish(bias, now)
         return estimator if bias == estimator.bias_by_class else estimator.with_bias(bias)
 
 

@@ -40,7 +40,9 @@ class ControllerConfig:
     a mixed cluster: each such partition is planned on its own GPU type and node size
     (read from Slurm's nodes), and a job that allows several partitions may be moved to
     the one where it is predicted to finish first. Partitions not named there run
-    ``gpu_type``.
+    ``gpu_type``. ``publish_file`` is where each refit publishes the site model (the bias
+    map and the GPU types, ``core/site_model.py``) for the launchers and ``psbatch
+    --pipeswift=check`` (``$PIPESWIFT_SITE_MODEL`` in the jobs' environment).
     """
 
     db_url: str = DEFAULT_DB
@@ -60,6 +62,7 @@ class ControllerConfig:
     calibrate: bool = True
     calibration_exclude_partitions: tuple[str, ...] = ()
     measure_dir: str = ""  # [calibration] measure_dir: where launchers report iteration times
+    publish_file: str = ""  # [calibration] publish_file: the site model for the launchers
     source: str = "(defaults)"
 
     @property
@@ -77,7 +80,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
     "controller": {"dry_run": ("dry_run", bool), "allow_requeue": ("allow_requeue", bool),
                    "lock_file": ("lock_file", str), "calibrate": ("calibrate", bool)},
     "calibration": {"exclude_partitions": ("calibration_exclude_partitions", list),
-                    "measure_dir": ("measure_dir", str)},
+                    "measure_dir": ("measure_dir", str), "publish_file": ("publish_file", str)},
 }
 
 

@@ -10,10 +10,11 @@ submission would be refused (a bad ``--pipeswift-partitions``: the error line on
 a submission prints it). Nothing is
 submitted and ``sbatch`` is not run: ``--test-only`` asks Slurm's own questions.
 
-Predictions use ``PIPESWIFT_GPU_TYPE`` (default: the hardware table's default) and
-``PIPESWIFT_HARDWARE``, as the launcher does; GPUs per node come from the job's request,
-else ``PIPESWIFT_GPUS_PER_NODE``, else 8, as psbatch validates. The controller's
-calibration (learned bias per job class) is not applied: psbatch never reads the database.
+Predictions rest on what the launcher's own plan rests on (``estimator.job_side_estimator``):
+the site model the controller publishes (``$PIPESWIFT_SITE_MODEL``: its learned bias and
+GPU types), else ``PIPESWIFT_GPU_TYPE`` and ``PIPESWIFT_HARDWARE`` with the cost model
+alone; GPUs per node come from the job's request, else ``PIPESWIFT_GPUS_PER_NODE``, else 8,
+as psbatch validates. psbatch never reads the database.
 """
 
 from __future__ import annotations
@@ -147,11 +148,11 @@ def gpu_counts(lo: int, hi: int, requested: int, per_node: int, limit: int = MAX
 
 
 def _predictions(profile: JobProfile, environ: Mapping[str, str], limit_s: Optional[int] = None) -> str:
-    from pipeswift_slurm.core.estimator import estimator_from_env
+    from pipeswift_slurm.core.estimator import job_side_estimator
     from pipeswift_slurm.core.fmt import duration, table
 
     per_node = profile.requested.gpus_per_node or 8
-    estimator = estimator_from_env(environ, per_node)
+    estimator, basis = job_side_estimator(environ, per_node)
     lo, hi = profile.gpu_range
     user = profile.requested
     rows: list[list[object]] = []
@@ -173,8 +174,9 @@ def _predictions(profile: JobProfile, environ: Mapping[str, str], limit_s: Optio
     mine = "your config: %s on %d GPUs, %.1f of %.0f GiB per GPU%s" % (
         duration(user_s), user.gpus, estimate.mem_gib, estimator.cost.gpu.mem_gib,
         "" if estimate.fits else " (does not fit: Megatron would run out of memory)")
-    lines = ["Predicted run time on %s, %d GPUs per node (PIPESWIFT_GPU_TYPE sets your cluster's GPU type;"
-             " the controller also corrects for its measured bias):" % (estimator.cost.gpu.name, per_node)]
+    lines = ["Predicted run time on %s, %d GPUs per node, by %s (PIPESWIFT_GPU_TYPE sets your cluster's GPU"
+             " type; PIPESWIFT_SITE_MODEL the controller's published corrections):"
+             % (estimator.cost.gpu.name, per_node, basis)]
     if rows:
         lines.append(table(["GPUs", "layout it runs", "run time"], rows))
     if none:

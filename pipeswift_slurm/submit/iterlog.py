@@ -29,9 +29,9 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 from typing import BinaryIO, Callable, Optional, Sequence
 
+from pipeswift_slurm.core.files import write_atomic
 from pipeswift_slurm.core.model import ExecConfig
 
 ITERATION_LINE = re.compile(
@@ -84,21 +84,12 @@ def report(job_id: int, config: ExecConfig, log: IterationLog) -> dict[str, obje
 
 
 def write_report(folder: str, job_id: int, config: ExecConfig, log: IterationLog) -> None:
-    """Write ``<folder>/<job_id>.json`` atomically (a temporary file renamed over it);
-    a folder that cannot be written is reported once on stderr and not tried again."""
-    body = json.dumps(report(job_id, config, log), sort_keys=True)
-    fd, tmp = tempfile.mkstemp(prefix=".%d." % job_id, dir=folder)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(body)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, os.path.join(folder, "%d.json" % job_id))
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write ``<folder>/<job_id>.json`` atomically (``core.files.write_atomic``).
+
+    Raises:
+        OSError: the folder cannot be written (``run_measured`` says so once and stops trying).
+    """
+    write_atomic(os.path.join(folder, "%d.json" % job_id), json.dumps(report(job_id, config, log), sort_keys=True))
 
 
 def copy_and_parse(source: BinaryIO, sink: BinaryIO, log: IterationLog,

@@ -304,12 +304,13 @@ def choose(command: Sequence[str], alloc: Allocation, env: dict[str, str],
     cfg, why = check_decision(admin, profile, alloc)
     if cfg is not None:
         return cfg, profile, why
-    from pipeswift_slurm.core.estimator import estimator_from_env
+    from pipeswift_slurm.core.estimator import job_side_estimator
 
-    best = best_config(profile, alloc, estimator_from_env(env, alloc.gpus_per_node))
+    estimator, basis = job_side_estimator(env, alloc.gpus_per_node)
+    best = best_config(profile, alloc, estimator)
     if best is None:
         return None, profile, "%s and no valid config on %d GPUs; running the command unchanged" % (why, alloc.gpus)
-    return best, profile, "%s: best for the allocation" % why
+    return best, profile, "%s: best for the allocation by %s" % (why, basis)
 
 
 def launch(argv: Sequence[str], env: dict[str, str], run: Runner = subprocess_runner,
@@ -358,7 +359,7 @@ def _emulate(cfg: Optional[ExecConfig], profile: Optional[JobProfile], alloc: Al
         return 0
     from pipeswift_slurm.core.estimator import estimator_from_env
 
-    run_s = estimator_from_env(env, alloc.gpus_per_node).run_time_s(profile, cfg)
+    run_s = estimator_from_env(env, alloc.gpus_per_node, learned=False).run_time_s(profile, cfg)
     _say("emulating: predicted %.1f s x scale %g = sleeping %.3f s" % (run_s, scale, run_s * scale))
     sleep(max(0.0, run_s * scale))
     return 0

@@ -2,7 +2,9 @@
 Megatron (a small script that prints Megatron's iteration lines) runs under the launcher
 with ``PIPESWIFT_MEASURE_DIR`` set; its output reaches the job's log unchanged, its
 measured iteration time reaches the history through a ``pipeswift controller tick``, and
-the calibration the tick saves changes the next prediction for that class and layout."""
+the calibration the tick saves changes the next prediction for that class and layout; the
+tick publishes it (``[calibration] publish_file``), and a job that Slurm starts before any
+tick decides for it is planned by its launcher with what the site learned."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from pipeswift_slurm.core import token
+from pipeswift_slurm.core import site_model, token
 from pipeswift_slurm.core.calibration import lookup_bias
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
@@ -57,7 +59,9 @@ def test_measured_iteration_times_reach_the_history_and_change_the_next_predicti
     measure.mkdir()
     measure.chmod(0o1777)
     site = Site(tmp_path, slurm_env)
-    site.config.write_text(site.config.read_text() + '[calibration]\nmeasure_dir = "%s"\n' % measure)
+    published = tmp_path / "site-model.json"
+    site.config.write_text(site.config.read_text() + '[calibration]\nmeasure_dir = "%s"\npublish_file = "%s"\n'
+                           % (measure, published))
     script = tmp_path / "pretrain_gpt.py"
     script.write_text(FAKE_MEGATRON)
     profile = job_profile(MEGATRON, token.ProfileRequest(tuple(MEGATRON), gpus=(1, 1)), Allocation(1, 1))
@@ -105,3 +109,19 @@ def test_measured_iteration_times_reach_the_history_and_change_the_next_predicti
     after = estimator.with_bias(bias).run_time_s(profile, cfg)
     assert after > 1.1 * before  # the next prediction for this class and layout is longer
     assert lookup_bias(bias, ran["job_class"], cfg) > lookup_bias(bias, ran["job_class"])  # by its layout terms
+
+    # the refit was published for the jobs' side: a job Slurm starts before a tick decides
+    # for it is planned by its launcher with the site's bias map
+    model = site_model.read(str(published))
+    assert dict(model.bias) == pytest.approx(bias) and model.gpu_type == "A100-80GB"
+    err = tmp_path / "undecided.err"
+    undecided = int(slurm(["sbatch", "--parsable", "-o", str(tmp_path / "undecided.out"), "-e", str(err),
+                           "-D", str(tmp_path), "-N1", "--gpus-per-node=1", "--comment", one, "--wrap",
+                           "PIPESWIFT_SITE_MODEL=%s PYTHONPATH=%s %s --emulate -- %s %s %s"
+                           % (published, os.environ.get("PYTHONPATH", str(ROOT)), launcher, sys.executable,
+                              script, " ".join(MEGATRON))]).strip().split(";")[0])
+    ids.append(undecided)
+    wait_for(slurm, undecided, "COMPLETED", 120)
+    assert "pswift-decision1;" not in fields(slurm, undecided).get("AdminComment", "")
+    said = [ln for ln in err.read_text().splitlines() if ln.startswith("pipeswift-launch: running ")]
+    assert said and "(no decision: best for the allocation by the site model of " in said[0], err.read_text()

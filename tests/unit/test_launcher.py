@@ -127,7 +127,7 @@ def test_local_mode_and_emulation(capsys):
                          sleep=slept.append)
     assert rc == 0 and len(slept) == 1 and 0 < slept[0] < 1
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("pipeswift-launch: running 2gpu=1x2 ") and "(no decision: best for the allocation)" in err[0]
+    assert err[0].startswith("pipeswift-launch: running 2gpu=1x2 ") and "(no decision: best for the allocation by the cost model alone)" in err[0]
     assert err[1].startswith("pipeswift-launch: emulating: predicted ")
 
 

@@ -430,7 +430,19 @@ def test_check_reads_the_script_from_stdin_and_the_gpu_type_from_the_environment
     done, calls = _psbatch(["--pipeswift=check"], tmp_path, stdin=CHECKED.encode(),
                            extra_env={"PIPESWIFT_GPU_TYPE": "H100-80GB"})
     assert done.returncode == 0 and calls == []
-    assert "Predicted run time on H100-80GB, 4 GPUs per node" in done.stdout.decode()
+    assert "Predicted run time on H100-80GB, 4 GPUs per node, by the cost model alone" in done.stdout.decode()
+
+
+def test_check_predicts_with_the_site_model_the_controller_publishes(tmp_path):
+    from pipeswift_slurm.core import site_model
+
+    published = tmp_path / "site-model.json"
+    site_model.write(str(published), site_model.SiteModel({}, "H100-80GB", written_at=1.7e9))
+    done, calls = _psbatch(["--pipeswift=check"], tmp_path, stdin=CHECKED.encode(),
+                           extra_env={site_model.ENV: str(published)})
+    assert done.returncode == 0 and calls == []
+    assert "Predicted run time on H100-80GB, 4 GPUs per node, by the site model of 2023-11-14T22:13:20Z" \
+        in done.stdout.decode()
 
 
 @pytest.mark.parametrize("script, why", [

@@ -20,7 +20,6 @@ import sqlite3
 import statistics
 from collections import defaultdict
 from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
 
 import pytest

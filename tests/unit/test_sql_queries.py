@@ -12,7 +12,6 @@ import statistics
 import subprocess
 from collections import defaultdict
 from datetime import datetime, timezone
-from decimal import Decimal
 from pathlib import Path
 
 import pytest

@@ -5,7 +5,6 @@ history's Prometheus text counts them (``pipeswift_jobs_pending_over_wait_bound`
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pipeswift_slurm.core.files import write_atomic
 from pipeswift_slurm.submit import plan, psbatch, sbatch_args
 
 SOURCE = Path(__file__).resolve().with_name("psbatch.c")
@@ -170,16 +171,9 @@ def build(out: str | os.PathLike[str], cc: Optional[str] = None, python: Optiona
 
 
 def _install(exe: Path, target: Path) -> None:
-    tmp_path = None
     try:
-        fd, tmp_path = tempfile.mkstemp(prefix=".psbatch-", dir=target.parent)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(exe.read_bytes())
-            os.fchmod(fh.fileno(), 0o755)
-        os.replace(tmp_path, target)
+        write_atomic(target, exe.read_bytes(), 0o755)
     except OSError as exc:
-        if tmp_path and os.path.exists(tmp_path):
-            os.unlink(tmp_path)
         raise BuildError("cannot write %s: %s" % (target, exc.strerror or exc)) from None
 
 
