@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from pipeswift_slurm.core.calibration import Observation, OnlineCalibrator, fit_bias, lookup_bias
 from pipeswift_slurm.core.estimator import Estimator
-from pipeswift_slurm.core.site_model import SiteModel
+from pipeswift_slurm.core.site_model import SiteModel, SiteModelError
+from pipeswift_slurm.core.site_model import read as read_site_model
 from pipeswift_slurm.core.site_model import write as write_site_model
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,16 @@ class StoreCalibration:
         """Write the site model with ``bias`` to ``publish_file`` when it changed (or the
         file is gone); a failure is logged and tried again next tick, never raised: the
         launchers then plan with what the file held before, or the cost model alone."""
-        if not self.publish_file or (bias == self._published and os.path.exists(self.publish_file)):
+        if not self.publish_file:
+            return
+        if self._published is None:  # a cron tick is a new process: what the file holds
+            try:
+                held = read_site_model(self.publish_file)
+                if dataclasses.replace(held, bias={}, written_at=0.0) == self.site:
+                    self._published = dict(held.bias)
+            except SiteModelError:
+                pass
+        if bias == self._published and os.path.exists(self.publish_file):
             return
         try:
             write_site_model(self.publish_file, dataclasses.replace(self.site, bias=dict(bias), written_at=now))

@@ -137,6 +137,11 @@ def test_the_refit_publishes_only_what_changed_and_a_bad_folder_never_stops_it(t
     store.bias["gpt-1.3b"] = 1.5
     calibration.refit(300.0, estimator)
     assert site_model.read(str(path)) == SiteModel({"gpt-1.3b": 1.5}, "H100-80GB", written_at=300.0)
+    next_tick = StoreCalibration(store, publish_file=str(path), site=SiteModel(gpu_type="H100-80GB"))
+    next_tick.refit(360.0, estimator)  # cron's next tick, a new process: the file already holds it
+    assert site_model.read(str(path)).written_at == 300.0
+    StoreCalibration(store, publish_file=str(path), site=SiteModel(gpu_type="A100-80GB")).refit(420.0, estimator)
+    assert site_model.read(str(path)) == SiteModel({"gpt-1.3b": 1.5}, "A100-80GB", written_at=420.0)  # site changed
     assert StoreCalibration(store).publish_file == ""  # publishing is opt-in
     gone = StoreCalibration(store, publish_file=str(tmp_path / "no-such-folder" / "m.json"))
     with caplog.at_level(logging.WARNING):
