@@ -20,6 +20,7 @@ import click
 from pipeswift_slurm.cli.common import Obj, echo_json, fail, pass_obj
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
+from pipeswift_slurm.slurm.config import DEFAULT_PATH as DEFAULT_CONFIG_PATH
 
 DEFAULT_DB = "/var/lib/pipeswift/pipeswift.sqlite"
 BY_CHOICES = ("hour", "day", "user", "size", "partition")
@@ -317,10 +318,36 @@ _command(
 _command("all", "day", (_LIMIT,))
 
 
+def _gpu_of_partition(obj: Obj, gpu_type: Optional[str]) -> Callable[[str], Any]:
+    """Partition -> the GpuType ``explain`` predicts on: ``--gpu-type`` for every partition,
+    else what the controller's config plans that partition on (a bad config: exit 2)."""
+    if gpu_type:
+        gpu = obj.gpu(gpu_type)
+        return lambda partition: gpu
+    from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
+    from pipeswift_slurm.slurm.config import ConfigError, load_config
+
+    try:
+        cfg = load_config()
+    except ConfigError as exc:
+        fail(str(exc))
+    kinds = dict(cfg.partition_gpu_types)
+
+    def gpu_of(partition: str) -> Any:
+        name = kinds.get(partition) or cfg.gpu_type
+        try:
+            return get_gpu_type(name, cfg.hardware_file or obj.hardware)
+        except HardwareError as exc:
+            fail("%s: GPU type of partition %s: %s" % (cfg.source, partition, exc))
+    return gpu_of
+
+
 @click.command()
 @click.argument("job_id", type=int)
 @_db_option
-@click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True, help="The cluster's GPU type.")
+@click.option("--gpu-type", help="The GPU type to predict on. Default: the job's partition's in the controller's"
+              " config ([slurm.partition_gpu_types], else [slurm] gpu_type; $PIPESWIFT_CONFIG or %s), else %s."
+              % (DEFAULT_CONFIG_PATH, DEFAULT_GPU_TYPE))
 @click.option("--gpus-per-node", type=click.IntRange(min=1), help="Default: from the last tick (else 8).")
 @click.option(
     "--top", type=click.IntRange(min=1), default=8, show_default=True, help="Candidate configs listed."
@@ -328,7 +355,7 @@ _command("all", "day", (_LIMIT,))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
 @pass_obj
 def explain(
-    obj: Obj, job_id: int, db: str, gpu_type: str, gpus_per_node: Optional[int], top: int, as_json: bool
+    obj: Obj, job_id: int, db: str, gpu_type: Optional[str], gpus_per_node: Optional[int], top: int, as_json: bool
 ) -> None:
     """Why a job waits or runs as it does: state and reason, predicted start and end, the
     candidate configs with their predicted run times, and the chosen one."""
@@ -337,10 +364,9 @@ def explain(
     from pipeswift_slurm.reports.explain import UnknownJob, explain_job
     from pipeswift_slurm.reports.render import explain_text
 
-    gpu = obj.gpu(gpu_type)
     store = open_history(db)
     try:
-        expl = explain_job(store, job_id, gpu, gpus_per_node, top)
+        expl = explain_job(store, job_id, _gpu_of_partition(obj, gpu_type), gpus_per_node, top)
     except UnknownJob:
         fail(
             "job %d is not in the history DB %s (the controller has not seen it yet, or wrong --db)"

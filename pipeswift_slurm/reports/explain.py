@@ -226,7 +226,8 @@ def explain_job(
     Args:
         store: a Store (read only).
         job_id: the Slurm job id.
-        gpu: the cluster's GpuType (for the cost model).
+        gpu: the GpuType to predict on, or a function of the job's partition that gives it
+            (a mixed cluster).
         gpus_per_node: GPUs per node (default: from the last tick snapshot, else 8).
         top: candidate configs listed (the chosen and requested ones are always kept).
 
@@ -236,6 +237,8 @@ def explain_job(
     row = reads.job_row(store, job_id)
     if row is None:
         raise UnknownJob(job_id)
+    if callable(gpu):
+        gpu = gpu(row["partition"] or "")
     cluster = _cluster(store, gpus_per_node)
     decisions = store.decisions_for(job_id)
     calibration = {k: v[0] for k, v in store.calibration().items()}

@@ -238,3 +238,21 @@ def test_cli_unknown_job_is_one_line_exit_2(history):
 def test_cli_missing_db_exit_2(tmp_path):
     result = CliRunner().invoke(pipeswift, ["explain", "1", "--db", str(tmp_path / "nope.sqlite")])
     assert result.exit_code == 2 and "no history database" in result.output
+
+
+def test_cli_explain_predicts_on_the_partitions_gpu_type_from_the_controllers_config(history, tmp_path, monkeypatch):
+    path, _ = history
+    config = tmp_path / "config.toml"
+    config.write_text('[slurm]\ngpu_type = "A100-80GB"\n[slurm.partition_gpu_types]\ngpu = "H100-80GB"\n')
+    monkeypatch.setenv("PIPESWIFT_CONFIG", str(config))
+    result = CliRunner().invoke(pipeswift, ["explain", "1", "--db", path])
+    assert result.exit_code == 0 and "candidate configs on H100-80GB" in result.output, result.output
+    result = CliRunner().invoke(pipeswift, ["explain", "1", "--db", path, "--gpu-type", "A100-40GB"])
+    assert result.exit_code == 0 and "candidate configs on A100-40GB" in result.output, result.output
+    config.write_text('[slurm]\ngpu_type = "A100-80GB"\n')  # a partition the map does not name
+    result = CliRunner().invoke(pipeswift, ["explain", "1", "--db", path])
+    assert result.exit_code == 0 and "candidate configs on A100-80GB" in result.output, result.output
+    config.write_text('[slurm]\ngpus_per_node = "eight"\n')
+    result = CliRunner().invoke(pipeswift, ["explain", "1", "--db", path])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "gpus_per_node" in result.output
