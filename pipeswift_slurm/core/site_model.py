@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -109,7 +111,10 @@ def read(path: str) -> SiteModel:
         SiteModelError: the file cannot be read, is too large, or is not a site model.
     """
     try:
-        with open(path, "rb") as handle:
+        # non-blocking, and a plain file once open: a FIFO or a device must not hang a job's start
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise SiteModelError("not a plain file")
             raw = handle.read(MAX_BYTES + 1)
     except OSError as exc:
         raise SiteModelError("cannot read it (%s)" % (exc.strerror or exc)) from None

@@ -73,7 +73,9 @@ def test_a_bad_file_is_refused_with_its_reason(text: str, says: str) -> None:
 def test_an_unusable_file_costs_one_warning_and_the_cost_model_alone(tmp_path: Path, caplog) -> None:
     big = tmp_path / "big.json"
     big.write_bytes(b" " * (site_model.MAX_BYTES + 1))
-    for path in (str(tmp_path / "missing.json"), str(big)):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer: opening it for reading must not wait for one
+    for path in (str(tmp_path / "missing.json"), str(big), str(fifo), str(tmp_path), "/dev/zero"):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             estimator, basis = job_side_estimator({site_model.ENV: path}, 8)
