@@ -56,10 +56,6 @@ class SiteModel:
     hardware_file: str = ""
     written_at: float = 0.0
 
-    def gpu_type_for(self, partition: str) -> str:
-        """The GPU type jobs of ``partition`` run on ('' when the model does not say)."""
-        return self.partition_gpu_types.get(partition, "") or self.gpu_type
-
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "version": VERSION, "written_at": self.written_at,
                            "gpu_type": self.gpu_type, "partition_gpu_types": dict(self.partition_gpu_types),

@@ -15,6 +15,18 @@ def test_shipped_example_config_loads():
     assert cfg.policy_knobs["wait_bound_s"] == 172800
 
 
+def test_the_examples_calibration_keys_load_when_uncommented(tmp_path):
+    text = EXAMPLE.read_text()
+    for key in ("exclude_partitions", "measure_dir", "publish_file"):
+        assert "# %s = " % key in text
+        text = text.replace("# %s = " % key, "%s = " % key)
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    cfg = load_config(str(path))
+    assert cfg.calibration_exclude_partitions == ("debug",)
+    assert (cfg.measure_dir, cfg.publish_file) == ("/var/spool/pipeswift/measure", "/shared/pipeswift/site-model.json")
+
+
 @pytest.mark.parametrize("text, needle", [
     ("[slurm]\ngpus_per_node = 'eight'\n", "gpus_per_node"),
     ("[slurm]\nbogus = 1\n", "bogus"),
