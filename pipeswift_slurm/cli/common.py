@@ -97,7 +97,7 @@ def load_layer_profile(path: Optional[str], gpu: Optional[GpuType] = None, job: 
     if not path:
         return None
     from pipeswift_slurm.core.layer_profile import layer_profile_mismatch, layer_profile_refusal
-    from pipeswift_slurm.measure.profile_file import ProfileFormatError, read_profile_toml
+    from pipeswift_slurm.core.profile_file import ProfileFormatError, read_profile_toml
 
     try:
         loaded = read_profile_toml(path)

@@ -174,7 +174,7 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     # the GPUs per node here only seed the estimator: each tick plans with the cluster's own
     estimator = Estimator(CostModel(gpu, layer_profile=layer_profile), gpn)
     site = SiteModel(gpu_type=cfg.gpu_type, partition_gpu_types=dict(cfg.partition_gpu_types),
-                     hardware_file=cfg.hardware_file or obj.hardware or "")
+                     hardware_file=cfg.hardware_file or obj.hardware or "", layer_profile=cfg.layer_profile or "")
     calibration = (StoreCalibration(store, cfg.calibration_exclude_partitions, cfg.measure_dir, cfg.publish_file, site)
                    if store is not None else None)
     if calibration is not None:
@@ -182,15 +182,18 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions,
                                   gpus_per_node=cfg.gpus_per_node)
     return Controller(backend, policy, estimator, store, settings,
-                      calibration=calibration if cfg.calibrate else None, partition_costs=partition_costs(cfg, obj))
+                      calibration=calibration if cfg.calibrate else None,
+                      partition_costs=partition_costs(cfg, obj, layer_profile))
 
 
-def partition_costs(cfg: Any, obj: Obj) -> dict[str, Any]:
+def partition_costs(cfg: Any, obj: Obj, layer_profile: Any = None) -> dict[str, Any]:
     """Partition -> the cost model of its GPU type, for a mixed cluster
     (``[slurm.partition_gpu_types]``; the partitions of ``[slurm] partitions`` not named
-    there run ``gpu_type``); empty when the config names none."""
+    there run ``gpu_type``), with the site's layer profile where it was measured on that
+    type; empty when the config names none."""
     from pipeswift_slurm.core.costmodel import CostModel
     from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
+    from pipeswift_slurm.core.layer_profile import layer_profile_mismatch
 
     if not cfg.partition_gpu_types:
         return {}
@@ -198,8 +201,9 @@ def partition_costs(cfg: Any, obj: Obj) -> dict[str, Any]:
     out = {}
     for name in list(cfg.partitions) + [p for p in kinds if p not in cfg.partitions]:
         try:
-            out[name] = CostModel(get_gpu_type(kinds[name], cfg.hardware_file or obj.hardware)
-                                  if name in kinds else site_gpu(cfg, obj))
+            gpu = get_gpu_type(kinds[name], cfg.hardware_file or obj.hardware) if name in kinds else site_gpu(cfg, obj)
+            same = layer_profile is not None and layer_profile_mismatch(layer_profile, gpu.name) is None
+            out[name] = CostModel(gpu, layer_profile=layer_profile if same else None)
         except HardwareError as exc:
             fail("%s: [slurm.partition_gpu_types] %s: %s" % (cfg.source, name, exc))
     return out

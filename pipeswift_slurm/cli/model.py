@@ -269,7 +269,7 @@ def profile(obj: Obj, gpu_type: Optional[str], micro_batch_sizes: str, out_path:
         import torch  # noqa: F401
     except ImportError:
         fail("profiling needs torch: pip install 'pipeswift-slurm[megatron]'", 1)
-    from pipeswift_slurm.measure.profile_file import profile_to_dict
+    from pipeswift_slurm.core.profile_file import profile_to_dict
     from pipeswift_slurm.measure.profiler import ProfileLabelError, main_profile
 
     try:

@@ -82,7 +82,7 @@ class CostModel:
     estimates are memoised on the instance (keyed by shape, training settings and layout),
     so repeated planning, and predicting the ends of running jobs every tick, are cheap.
 
-    ``layer_profile`` (``measure.profile_file.LayerProfile``) must have been measured on
+    ``layer_profile`` (``core.profile_file.LayerProfile``) must have been measured on
     ``gpu`` (else LayerProfileMismatch); it replaces the table's layer time for the jobs
     whose precision and layer shape it measured, and only those (a site-wide profile covers
     the jobs of its model; ``check_layer_profile`` refuses the others for one-job callers).

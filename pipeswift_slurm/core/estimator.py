@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Hashable, Mapping, Optional, Protocol
+from typing import Any, Hashable, Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.calibration import lookup_bias
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
@@ -165,7 +165,8 @@ def job_side_estimator(env: Mapping[str, str], gpus_per_node: int, learned: bool
     from emulated runs) and the GPU type of the job's partition (``$SLURM_JOB_PARTITION``,
     where the site model names one). Otherwise the type is ``$PIPESWIFT_GPU_TYPE``, else the
     site model's, else the default; the hardware table ``$PIPESWIFT_HARDWARE``, else the site
-    model's. An unusable file or an unknown type logs one warning and falls back."""
+    model's; the site model's layer profile where it was measured on that type. An unusable
+file or an unknown type logs one warning and falls back."""
     from pipeswift_slurm.core import site_model
     from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, HardwareError, get_gpu_type
 
@@ -182,7 +183,24 @@ def job_side_estimator(env: Mapping[str, str], gpus_per_node: int, learned: bool
     except HardwareError as exc:
         log.warning("%s; using %s", exc, DEFAULT_GPU_TYPE)
         gpu = get_gpu_type(DEFAULT_GPU_TYPE)
+    cost = CostModel(gpu, layer_profile=_site_layer_profile(site.layer_profile if site else "", gpu.name))
     if site is None or not learned:
-        return Estimator(CostModel(gpu), gpus_per_node), "the cost model alone"
+        return Estimator(cost, gpus_per_node), "the cost model alone"
     written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(site.written_at))
-    return Estimator(CostModel(gpu), gpus_per_node, site.bias), "the site model of %s" % written
+    return Estimator(cost, gpus_per_node, site.bias), "the site model of %s" % written
+
+
+def _site_layer_profile(path: str, gpu_name: str) -> Any:
+    """The site model's layer profile where it was measured on ``gpu_name`` (the controller
+    plans that GPU type with it), else None; a file that cannot be read logs one warning."""
+    if not path:
+        return None
+    from pipeswift_slurm.core.layer_profile import layer_profile_mismatch
+    from pipeswift_slurm.core.profile_file import ProfileFormatError, read_profile_toml
+
+    try:
+        loaded = read_profile_toml(path)
+    except ProfileFormatError as exc:
+        log.warning("the site model's layer profile: %s; using the GPU table", exc)
+        return None
+    return loaded if layer_profile_mismatch(loaded, gpu_name) is None else None

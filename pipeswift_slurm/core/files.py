@@ -1,12 +1,14 @@
-"""Writing a file that readers may open at any moment: the one atomic writer of the package
-(a temporary file in the same folder, renamed over the target), used by the Prometheus
-metrics file, the launcher's measurement reports, the site model the controller publishes
-and psbatch's compiled front end.
+"""Files that one side writes and another reads. ``write_atomic``, the one atomic writer
+of the package (a temporary file in the same folder, renamed over the target), serves the
+Prometheus metrics file, the launcher's measurement reports, the site model the controller
+publishes and psbatch's compiled front end. ``read_plain`` reads a file a job is pointed at
+(the site model, the layer profile it names) without ever waiting on it.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Union
@@ -29,3 +31,20 @@ def write_atomic(path: Union[str, Path], content: Union[str, bytes], mode: int =
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_plain(path: Union[str, Path], max_bytes: int) -> bytes:
+    """The bytes of the plain file at ``path``, at most ``max_bytes``: opened non-blocking
+    and checked once open, so a FIFO or a device named there fails at once instead of
+    hanging the reader.
+
+    Raises:
+        OSError: it cannot be opened, is not a plain file, or is larger than ``max_bytes``.
+    """
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError("not a plain file")
+        raw = handle.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise OSError("larger than %d bytes" % max_bytes)
+    return raw

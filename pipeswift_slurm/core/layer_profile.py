@@ -1,7 +1,6 @@
 """Whether a measured layer profile (``pipeswift profile``) may stand in for the GPU table:
 the GPU type it ran on, its precision and its layer shape must be the ones predicted for.
-Pure: the profile is read duck-typed (``measure.profile_file.LayerProfile``'s fields), so
-the core imports nothing from ``measure``.
+Pure: the profile is read duck-typed (``core.profile_file.LayerProfile``'s fields).
 """
 
 from __future__ import annotations

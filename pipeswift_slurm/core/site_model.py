@@ -1,6 +1,7 @@
 """The site model the controller publishes for the jobs' side: what it learned of run times
-(the calibration's bias map: per class, per family and the layout terms) and which GPU type
-each partition runs, in one small JSON file (``[calibration] publish_file``).
+(the calibration's bias map: per class, per family and the layout terms), which GPU type
+each partition runs and the hardware and layer-profile files it plans with, in one small
+JSON file (``[calibration] publish_file``).
 
 ``pipeswift-launch`` plans a job the controller made no decision for (Slurm started it
 before a tick, or its decision does not fit the allocation), and ``psbatch
@@ -19,12 +20,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from pipeswift_slurm.core.files import write_atomic
+from pipeswift_slurm.core.files import read_plain, write_atomic
 
 FORMAT = "pipeswift-site-model"
 VERSION = 1
@@ -47,6 +46,8 @@ class SiteModel:
         gpu_type: the site's GPU type (``[slurm] gpu_type``).
         partition_gpu_types: partition -> GPU type where it differs (a mixed cluster).
         hardware_file: the site's hardware table (``[slurm] hardware_file``), '' for none.
+        layer_profile: the site's measured layer profile (``[slurm] layer_profile``), '' for
+            none; it stands in for the GPU table where it was measured on the job's GPU type.
         written_at: when the controller wrote it (epoch seconds).
     """
 
@@ -54,12 +55,14 @@ class SiteModel:
     gpu_type: str = ""
     partition_gpu_types: Mapping[str, str] = field(default_factory=dict)
     hardware_file: str = ""
+    layer_profile: str = ""
     written_at: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "version": VERSION, "written_at": self.written_at,
                            "gpu_type": self.gpu_type, "partition_gpu_types": dict(self.partition_gpu_types),
-                           "hardware_file": self.hardware_file, "bias": dict(self.bias)}, sort_keys=True)
+                           "hardware_file": self.hardware_file, "layer_profile": self.layer_profile,
+                           "bias": dict(self.bias)}, sort_keys=True)
 
 
 def _name(value: Any, what: str) -> str:
@@ -97,7 +100,8 @@ def parse(text: str) -> SiteModel:
         raise SiteModelError("written_at must be a number")
     return SiteModel(ratios, _name(data.get("gpu_type", ""), "gpu_type"),
                      {_name(p, "a partition"): _name(t, "a GPU type") for p, t in kinds.items()},
-                     _name(data.get("hardware_file", ""), "hardware_file"), float(written_at))
+                     _name(data.get("hardware_file", ""), "hardware_file"),
+                     _name(data.get("layer_profile", ""), "layer_profile"), float(written_at))
 
 
 def read(path: str) -> SiteModel:
@@ -107,15 +111,9 @@ def read(path: str) -> SiteModel:
         SiteModelError: the file cannot be read, is too large, or is not a site model.
     """
     try:
-        # non-blocking, and a plain file once open: a FIFO or a device must not hang a job's start
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise SiteModelError("not a plain file")
-            raw = handle.read(MAX_BYTES + 1)
+        raw = read_plain(path, MAX_BYTES)  # a FIFO or a device must not hang a job's start
     except OSError as exc:
         raise SiteModelError("cannot read it (%s)" % (exc.strerror or exc)) from None
-    if len(raw) > MAX_BYTES:
-        raise SiteModelError("larger than %d MiB" % (MAX_BYTES >> 20))
     return parse(raw.decode("utf-8", errors="replace"))
 
 

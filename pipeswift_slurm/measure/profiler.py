@@ -1,7 +1,7 @@
 """Per-layer profiler: median forward+backward time of one transformer layer of a job's shape,
 per candidate micro-batch size, on the local device (``profile_layer``), and what
 ``pipeswift profile`` does with it (``main_profile``: label it with the device's GPU type
-and precision, write the file of ``measure.profile_file``).
+and precision, write the file of ``core.profile_file``).
 
 The layer is megatron-core's ``TransformerLayer`` when megatron-core is installed (the
 Transformer-Engine spec on GPU when TE is present, else the local spec), or a plain torch layer
@@ -31,7 +31,7 @@ from pipeswift_slurm.core.flops import layer_fwd_flops
 from pipeswift_slurm.core.hardware import builtin_gpu_types, gpu_type_for_device
 from pipeswift_slurm.core.layer_profile import CPU_GPU_TYPE, LAYER_SHAPE_KEYS
 from pipeswift_slurm.core.model import ModelShape
-from pipeswift_slurm.measure.profile_file import (
+from pipeswift_slurm.core.profile_file import (
     BACKEND_MEGATRON,
     BACKEND_TORCH,
     DTYPES,

@@ -6,7 +6,7 @@ import pytest
 from tiny_megatron import megatron_missing
 
 from pipeswift_slurm.core.model import ModelShape
-from pipeswift_slurm.measure.profile_file import read_profile_toml
+from pipeswift_slurm.core.profile_file import read_profile_toml
 from pipeswift_slurm.measure.profiler import layer_flops_fwd_bwd, main_profile, profile_layer
 
 pytestmark = [pytest.mark.megatron, pytest.mark.e2e]

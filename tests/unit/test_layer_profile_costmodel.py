@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from pipeswift_slurm.cli.main import pipeswift
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.layer_profile import LayerProfileMismatch
-from pipeswift_slurm.measure.profile_file import LayerProfile, MicroBatchTiming, write_profile_toml
+from pipeswift_slurm.core.profile_file import LayerProfile, MicroBatchTiming, write_profile_toml
 
 
 def _layer_profile(shape, ms_at_1=30.0, **changes):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pipeswift_slurm.core.model import ModelShape
-from pipeswift_slurm.measure.profile_file import (
+from pipeswift_slurm.core.profile_file import (
     LayerProfile,
     MicroBatchTiming,
     ProfileFormatError,
@@ -53,9 +53,9 @@ def test_lookup_and_shape_match():
     assert not profile.matches(ModelShape(24, 2048, 16, 4096, 8192, 128, 16))
 
 
-@pytest.mark.parametrize("module", ["profiler", "profile_file"])
+@pytest.mark.parametrize("module", ["measure.profiler", "core.profile_file"])
 def test_import_does_not_load_torch(module):
-    code = f"import sys, pipeswift_slurm.measure.{module}; assert 'torch' not in sys.modules, 'torch imported'"
+    code = f"import sys, pipeswift_slurm.{module}; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

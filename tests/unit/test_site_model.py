@@ -43,7 +43,7 @@ def _publish(tmp_path: Path, model: SiteModel) -> dict[str, str]:
 
 
 def test_round_trip_and_readable_by_all(tmp_path: Path) -> None:
-    model = SiteModel({"gpt-1.3b": 1.2, "gpt-1.3b tp=2": 0.8}, "A100-80GB", {"h100": "H100-80GB"}, "", 1.7e9)
+    model = SiteModel({"gpt-1.3b": 1.2, "gpt-1.3b tp=2": 0.8}, "A100-80GB", {"h100": "H100-80GB"}, written_at=1.7e9)
     env = _publish(tmp_path, model)
     assert site_model.read(env[site_model.ENV]) == model
     assert stat.S_IMODE(os.stat(env[site_model.ENV]).st_mode) == 0o644
@@ -148,3 +148,46 @@ def test_the_refit_publishes_only_what_changed_and_a_bad_folder_never_stops_it(t
     with caplog.at_level(logging.WARNING):
         assert gone.refit(400.0, estimator).bias_by_class == {"gpt-1.3b": 1.5}
     assert "cannot publish the site model" in caplog.text
+
+
+def test_the_sites_layer_profile_reaches_a_jobs_own_plan_on_its_gpu_type_only(tmp_path: Path, caplog) -> None:
+    from dataclasses import replace
+
+    from pipeswift_slurm.core.costmodel import CostModel
+    from pipeswift_slurm.core.hardware import get_gpu_type
+    from pipeswift_slurm.core.profile_file import LayerProfile, MicroBatchTiming, write_profile_toml
+
+    profile = launcher.job_profile(MEGATRON, ProfileRequest(()), ALLOC)
+    s = profile.shape
+    measured = LayerProfile("A100-80GB", "cuda:0 (NVIDIA A100-SXM4-80GB)", "torch", "sdpa", "bf16", s.hidden_size,
+                            s.seq_length, s.num_attention_heads, s.num_query_groups, s.kv_channels,
+                            s.ffn_hidden_size, s.swiglu, (MicroBatchTiming(1, 30.0, 1.0), MicroBatchTiming(2, 60.0, 1.0)))
+    path = tmp_path / "layer-a100.toml"
+    write_profile_toml(measured, path)
+    env = _publish(tmp_path, SiteModel({}, "A100-80GB", {"h100": "H100-80GB"}, layer_profile=str(path)))
+    cfg = profile.requested
+    controller = CostModel(get_gpu_type("A100-80GB"), layer_profile=replace(measured, source=str(path)))
+    assert estimator_from_env(env, 8).cost.iter_time_s(profile, cfg) == controller.iter_time_s(profile, cfg)
+    assert controller.iter_time_s(profile, cfg) != CostModel(get_gpu_type("A100-80GB")).iter_time_s(profile, cfg)
+    on_h100 = estimator_from_env({**env, "SLURM_JOB_PARTITION": "h100"}, 8).cost
+    assert on_h100.gpu.name == "H100-80GB" and on_h100.layer_profile is None  # measured on another type
+    path.write_text("not toml = = =")
+    with caplog.at_level(logging.WARNING):
+        assert estimator_from_env(env, 8).cost.layer_profile is None
+    assert "layer profile" in caplog.text and "using the GPU table" in caplog.text
+
+
+def test_the_controller_plans_each_partition_of_the_profiles_gpu_type_with_it(tmp_path: Path) -> None:
+    from pipeswift_slurm.cli.common import Obj
+    from pipeswift_slurm.cli.controller import partition_costs
+    from pipeswift_slurm.core.profile_file import LayerProfile, MicroBatchTiming
+    from pipeswift_slurm.slurm.config import load_config
+
+    config = tmp_path / "c.toml"
+    config.write_text('[slurm]\npartitions = ["gpu"]\ngpu_type = "A100-80GB"\n'
+                      '[slurm.partition_gpu_types]\na100 = "A100-80GB"\nh100 = "H100-80GB"\n')
+    measured = LayerProfile("A100-80GB", "cuda:0", "torch", "sdpa", "bf16", 2048, 2048, 16, 16, 128, 8192, False,
+                            (MicroBatchTiming(1, 30.0, 1.0),))
+    costs = partition_costs(load_config(str(config)), Obj(0, None), measured)
+    assert {name: cost.layer_profile is measured for name, cost in costs.items()} == \
+        {"gpu": True, "a100": True, "h100": False}

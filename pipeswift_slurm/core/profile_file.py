@@ -4,8 +4,9 @@ form (``write_profile_toml`` / ``read_profile_toml``, ``format_version = 1``).
 A profile records the device it ran on (``device``, and ``gpu_type``: the hardware-table
 key of that GPU, or "cpu"), the precision (``dtype``) and the layer shape, so that the cost
 model can refuse a profile of another GPU type, precision or shape
-(``core.costmodel.layer_profile_mismatch``). Pure data and text: no torch, so the CLI can
-read profiles on any machine.
+(``core.layer_profile.layer_profile_mismatch``). Pure data and text: no torch, so the CLI,
+the controller and a job's launcher (the site model names the site's profile) read
+profiles on any machine.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeswift_slurm.core.files import read_plain
 from pipeswift_slurm.core.layer_profile import LAYER_SHAPE_KEYS
 from pipeswift_slurm.core.model import ModelShape
 
 FORMAT_VERSION = 1
+MAX_BYTES = 1 << 20  # a profile is a few hundred bytes; a job may be pointed at any file
 BACKEND_MEGATRON = "megatron-core"
 BACKEND_TORCH = "torch"
 DTYPES = ("bf16", "fp16", "fp32")
@@ -136,8 +139,8 @@ def read_profile_toml(path: str | Path) -> LayerProfile:
     import tomllib  # here, not at the top: GPU boxes may write profiles on an older Python
 
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(read_plain(path, MAX_BYTES).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ProfileFormatError(f"{path}: cannot read profile: {exc}") from exc
     version = data.get("format_version")
     if version != FORMAT_VERSION:
