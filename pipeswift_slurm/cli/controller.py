@@ -204,7 +204,7 @@ def partition_costs(cfg: Any, obj: Obj, layer_profile: Any = None) -> dict[str, 
     out = {}
     for name in list(cfg.partitions) + [p for p in kinds if p not in cfg.partitions]:
         try:
-            gpu = get_gpu_type(kinds[name], cfg.hardware_file or obj.hardware) if name in kinds else site_gpu(cfg, obj)
+            gpu = get_gpu_type(cfg.gpu_type_of(name), cfg.hardware_file or obj.hardware)
             same = layer_profile is not None and layer_profile_mismatch(layer_profile, gpu.name) is None
             out[name] = CostModel(gpu, layer_profile=layer_profile if same else None)
         except HardwareError as exc:

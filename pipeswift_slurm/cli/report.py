@@ -331,12 +331,9 @@ def _gpu_of_partition(obj: Obj, gpu_type: Optional[str]) -> Callable[[str], Any]
         cfg = load_config()
     except ConfigError as exc:
         fail(str(exc))
-    kinds = dict(cfg.partition_gpu_types)
-
     def gpu_of(partition: str) -> Any:
-        name = kinds.get(partition) or cfg.gpu_type
         try:
-            return get_gpu_type(name, cfg.hardware_file or obj.hardware)
+            return get_gpu_type(cfg.gpu_type_of(partition), cfg.hardware_file or obj.hardware)
         except HardwareError as exc:
             fail("%s: GPU type of partition %s: %s" % (cfg.source, partition, exc))
     return gpu_of

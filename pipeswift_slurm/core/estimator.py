@@ -170,21 +170,20 @@ file or an unknown type logs one warning and falls back."""
     from pipeswift_slurm.core import site_model
     from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, HardwareError, get_gpu_type
 
-    site, problem = site_model.from_env(env)
+    published, problem = site_model.from_env(env)
     if problem:
         log.warning("%s", problem)
-    partition = env.get("SLURM_JOB_PARTITION", "")
-    by_partition = site.partition_gpu_types.get(partition, "") if site is not None and partition else ""
-    name = by_partition or env.get("PIPESWIFT_GPU_TYPE") or (site.gpu_type if site is not None else "") \
-        or DEFAULT_GPU_TYPE
-    hardware = env.get("PIPESWIFT_HARDWARE") or (site.hardware_file if site is not None else "") or None
+    site = published or site_model.SiteModel()  # an empty one names nothing
+    name = site.partition_gpu_types.get(env.get("SLURM_JOB_PARTITION", ""), "") or env.get("PIPESWIFT_GPU_TYPE") \
+        or site.gpu_type or DEFAULT_GPU_TYPE
+    hardware = env.get("PIPESWIFT_HARDWARE") or site.hardware_file or None
     try:
         gpu = get_gpu_type(name, hardware)
     except HardwareError as exc:
         log.warning("%s; using %s", exc, DEFAULT_GPU_TYPE)
         gpu = get_gpu_type(DEFAULT_GPU_TYPE)
-    cost = CostModel(gpu, layer_profile=_site_layer_profile(site.layer_profile if site else "", gpu.name))
-    if site is None or not learned:
+    cost = CostModel(gpu, layer_profile=_site_layer_profile(site.layer_profile, gpu.name))
+    if published is None or not learned:
         return Estimator(cost, gpus_per_node), "the cost model alone"
     written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(site.written_at))
     return Estimator(cost, gpus_per_node, site.bias), "the site model of %s" % written

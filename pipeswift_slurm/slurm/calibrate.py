@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from pipeswift_slurm.core.calibration import Observation, OnlineCalibrator, fit_bias, lookup_bias
@@ -104,26 +103,22 @@ class StoreCalibration:
         self.publish_file = publish_file
         self.site = site
         self._user_factors: Optional[dict[str, float]] = None
-        self._published: Optional[dict[str, float]] = None
 
     def publish(self, bias: Mapping[str, float], now: float) -> None:
-        """Write the site model with ``bias`` to ``publish_file`` when it changed (or the
-        file is gone); a failure is logged and tried again next tick, never raised: the
-        launchers then plan with what the file held before, or the cost model alone."""
+        """Write the site model with ``bias`` to ``publish_file`` unless the file already
+        holds it (compared with the file itself: a cron tick is a new process); a failure is
+        logged and tried again next tick, never raised: the launchers then plan with what
+        the file held before, or the cost model alone."""
         if not self.publish_file:
             return
-        if self._published is None:  # a cron tick is a new process: what the file holds
-            try:
-                held = read_site_model(self.publish_file)
-                if dataclasses.replace(held, bias={}, written_at=0.0) == self.site:
-                    self._published = dict(held.bias)
-            except SiteModelError:
-                pass
-        if bias == self._published and os.path.exists(self.publish_file):
-            return
+        wanted = dataclasses.replace(self.site, bias=dict(bias), written_at=0.0)
         try:
-            write_site_model(self.publish_file, dataclasses.replace(self.site, bias=dict(bias), written_at=now))
-            self._published = dict(bias)
+            if dataclasses.replace(read_site_model(self.publish_file), written_at=0.0) == wanted:
+                return
+        except SiteModelError:
+            pass  # none yet, or not one: write it
+        try:
+            write_site_model(self.publish_file, dataclasses.replace(wanted, written_at=now))
         except OSError as exc:
             log.warning("cannot publish the site model to %s (%s); the launchers keep the last one",
                         self.publish_file, exc.strerror or exc)

@@ -65,6 +65,11 @@ class ControllerConfig:
     publish_file: str = ""  # [calibration] publish_file: the site model for the launchers
     source: str = "(defaults)"
 
+    def gpu_type_of(self, partition: str) -> str:
+        """The GPU type the controller plans ``partition`` on (``[slurm.partition_gpu_types]``,
+        else ``gpu_type``)."""
+        return dict(self.partition_gpu_types).get(partition) or self.gpu_type
+
     @property
     def from_file(self) -> bool:
         """Whether a config file was read (without one, ticks are dry runs: ``load_config``)."""
