@@ -92,6 +92,26 @@ def test_the_bench_on_a_tiny_trace_of_one_window(tmp_path: Path, capsys: pytest.
     assert json.loads(again.read_text())["groups"] == data["groups"]
 
 
+@pytest.mark.parametrize("dated, epoch", [(False, 0.0), (True, None)])
+def test_dated_runs_each_window_at_the_traces_own_dates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       dated: bool, epoch: Any) -> None:
+    """``--dated`` runs a window as ``pipeswift simulate`` does (time 0 at the trace's own
+    dates: ``start_epoch_s`` None), the default from time 0; the setting is recorded."""
+    seen: list[Any] = []
+    real = pw.run_comparison
+
+    def spy(spec: Any) -> Any:
+        seen.append(spec.start_epoch_s)
+        return real(spec)
+
+    monkeypatch.setattr(pw, "run_comparison", spy)
+    out = tmp_path / "o.json"
+    argv = ["--workload", str(tiny_trace(tmp_path / "t.csv")), "--loads", "0.9", "--flex", "1.0", "--layouts", "user",
+            "--workers", "1", "--out", str(out)] + (["--dated"] if dated else [])
+    assert pw.main(argv) == 0
+    assert seen == [epoch] and json.loads(out.read_text())["settings"]["dated"] is dated
+
+
 def _run(vc: str, day: float, jct: dict[str, float], small: dict[str, float], wait_h: dict[str, float]) -> dict:
     return {"vc": vc, "start_day": day, "load": 0.9, "flex": 1.0, "layouts": "user", "gpus": 32, "jobs": 10,
             "wall_s": 1.0, "policies": {p: {"mean_jct_s": jct[p], "small_mean_jct_s": small.get(p),
