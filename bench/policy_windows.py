@@ -378,8 +378,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--dated", action="store_true", help="run each window at the trace's own dates, as"
-                        " `pipeswift simulate` does (default: from time 0): the same jobs at another phase of"
-                        " Slurm's rounding, to measure how much a window's figures move by chance")
+                        " `pipeswift simulate` does (default: from time 0): the same jobs at other absolute times,"
+                        " to measure how much a window's figures move by chance")
     parser.add_argument("--out", help="write the JSON here (the goal table then goes to stdout); each run is"
                         " also appended to OUT.partial.jsonl as it ends")
     parser.add_argument("--from-partial", metavar="JSONL", help="summarize the runs of a partial file (of a grid"
