@@ -139,12 +139,25 @@ def _load(config_path: Optional[str], overrides: dict[str, Any]) -> Any:
     return cfg
 
 
+def partition_gpu(cfg: Any, obj: Obj, partition: str = "") -> Any:
+    """The GpuType the config plans ``partition`` on (``ControllerConfig.gpu_type_of``; ''
+    or a partition not named: ``[slurm] gpu_type``), from the config's hardware file, else
+    ``--hardware``'s.
+
+    Raises:
+        HardwareError: an unknown GPU type or an unreadable hardware file.
+    """
+    from pipeswift_slurm.core.hardware import get_gpu_type
+
+    return get_gpu_type(cfg.gpu_type_of(partition), cfg.hardware_file or obj.hardware)
+
+
 def site_gpu(cfg: Any, obj: Obj) -> Any:
     """The config's GPU type (with its hardware file, else ``--hardware``'s)."""
-    from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
+    from pipeswift_slurm.core.hardware import HardwareError
 
     try:
-        return get_gpu_type(cfg.gpu_type, cfg.hardware_file or obj.hardware)
+        return partition_gpu(cfg, obj)
     except HardwareError as exc:
         fail("%s: [slurm] gpu_type: %s" % (cfg.source, exc))
 
@@ -195,8 +208,8 @@ def partition_costs(cfg: Any, obj: Obj, layer_profile: Any = None) -> dict[str, 
     there run ``gpu_type``), with the site's layer profile where it was measured on that
     type; empty when the config names none."""
     from pipeswift_slurm.core.costmodel import CostModel
-    from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
-    from pipeswift_slurm.core.layer_profile import layer_profile_mismatch
+    from pipeswift_slurm.core.hardware import HardwareError
+    from pipeswift_slurm.core.layer_profile import profile_for_gpu
 
     if not cfg.partition_gpu_types:
         return {}
@@ -204,9 +217,8 @@ def partition_costs(cfg: Any, obj: Obj, layer_profile: Any = None) -> dict[str, 
     out = {}
     for name in list(cfg.partitions) + [p for p in kinds if p not in cfg.partitions]:
         try:
-            gpu = get_gpu_type(cfg.gpu_type_of(name), cfg.hardware_file or obj.hardware)
-            same = layer_profile is not None and layer_profile_mismatch(layer_profile, gpu.name) is None
-            out[name] = CostModel(gpu, layer_profile=layer_profile if same else None)
+            gpu = partition_gpu(cfg, obj, name)
+            out[name] = CostModel(gpu, layer_profile=profile_for_gpu(layer_profile, gpu.name))
         except HardwareError as exc:
             fail("%s: [slurm.partition_gpu_types] %s: %s" % (cfg.source, name, exc))
     return out

@@ -324,7 +324,8 @@ def _gpu_of_partition(obj: Obj, gpu_type: Optional[str]) -> Callable[[str], Any]
     if gpu_type:
         gpu = obj.gpu(gpu_type)
         return lambda partition: gpu
-    from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type
+    from pipeswift_slurm.cli.controller import partition_gpu
+    from pipeswift_slurm.core.hardware import HardwareError
     from pipeswift_slurm.slurm.config import ConfigError, load_config
 
     try:
@@ -333,7 +334,7 @@ def _gpu_of_partition(obj: Obj, gpu_type: Optional[str]) -> Callable[[str], Any]
         fail(str(exc))
     def gpu_of(partition: str) -> Any:
         try:
-            return get_gpu_type(cfg.gpu_type_of(partition), cfg.hardware_file or obj.hardware)
+            return partition_gpu(cfg, obj, partition)
         except HardwareError as exc:
             fail("%s: GPU type of partition %s: %s" % (cfg.source, partition, exc))
     return gpu_of

@@ -150,11 +150,6 @@ class Estimator:
             * self.bias(profile.job_class, est.config, profile.requested) * profile.run_time_factor
 
 
-def estimator_from_env(env: Mapping[str, str], gpus_per_node: int, learned: bool = True) -> Estimator:
-    """``job_side_estimator``'s Estimator."""
-    return job_side_estimator(env, gpus_per_node, learned)[0]
-
-
 def job_side_estimator(env: Mapping[str, str], gpus_per_node: int, learned: bool = True) -> tuple[Estimator, str]:
     """(Estimator, what it rests on, in words) where no controller config is at hand: inside
     a job (the launcher) and on a submit host (``psbatch --pipeswift=check``).
@@ -194,7 +189,7 @@ def _site_layer_profile(path: str, gpu_name: str) -> Any:
     plans that GPU type with it), else None; a file that cannot be read logs one warning."""
     if not path:
         return None
-    from pipeswift_slurm.core.layer_profile import layer_profile_mismatch
+    from pipeswift_slurm.core.layer_profile import profile_for_gpu
     from pipeswift_slurm.core.profile_file import ProfileFormatError, read_profile_toml
 
     try:
@@ -202,4 +197,4 @@ def _site_layer_profile(path: str, gpu_name: str) -> Any:
     except ProfileFormatError as exc:
         log.warning("the site model's layer profile: %s; using the GPU table", exc)
         return None
-    return loaded if layer_profile_mismatch(loaded, gpu_name) is None else None
+    return profile_for_gpu(loaded, gpu_name)

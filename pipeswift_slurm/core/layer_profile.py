@@ -43,6 +43,14 @@ def layer_profile_mismatch(layer_profile: Any, gpu_name: str, job: JobProfile | 
     return None
 
 
+def profile_for_gpu(layer_profile: Any, gpu_name: str) -> Any:
+    """``layer_profile`` where it was measured on ``gpu_name`` (a site-wide profile stands in
+    for the table on that GPU type only), else None; None stays None."""
+    if layer_profile is None or layer_profile_mismatch(layer_profile, gpu_name) is not None:
+        return None
+    return layer_profile
+
+
 def layer_profile_refusal(layer_profile: Any, reason: str, gpu_name: str) -> str:
     """One line for a refused layer profile: which file, what differs, what to do."""
     source = getattr(layer_profile, "source", "") or "layer profile"

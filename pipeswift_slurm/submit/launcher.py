@@ -357,9 +357,9 @@ def _emulate(cfg: Optional[ExecConfig], profile: Optional[JobProfile], alloc: Al
     if cfg is None or profile is None:
         _say("emulating: no config to predict; finishing at once")
         return 0
-    from pipeswift_slurm.core.estimator import estimator_from_env
+    from pipeswift_slurm.core.estimator import job_side_estimator
 
-    run_s = estimator_from_env(env, alloc.gpus_per_node, learned=False).run_time_s(profile, cfg)
+    run_s = job_side_estimator(env, alloc.gpus_per_node, learned=False)[0].run_time_s(profile, cfg)
     _say("emulating: predicted %.1f s x scale %g = sleeping %.3f s" % (run_s, scale, run_s * scale))
     sleep(max(0.0, run_s * scale))
     return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeswift_slurm.core import site_model
-from pipeswift_slurm.core.estimator import estimator_from_env, job_side_estimator
+from pipeswift_slurm.core.estimator import job_side_estimator
 from pipeswift_slurm.core.layout_fit import feature_key
 from pipeswift_slurm.core.site_model import SiteModel, SiteModelError
 from pipeswift_slurm.core.token import ProfileRequest
@@ -85,12 +85,12 @@ def test_an_unusable_file_costs_one_warning_and_the_cost_model_alone(tmp_path: P
 
 def test_the_gpu_type_is_the_partitions_then_the_environments_then_the_sites(tmp_path: Path) -> None:
     env = _publish(tmp_path, SiteModel({}, "A100-80GB", {"h100": "H100-80GB"}))
-    name = lambda extra: estimator_from_env({**env, **extra}, 8).cost.gpu.name  # noqa: E731
+    name = lambda extra: job_side_estimator({**env, **extra}, 8)[0].cost.gpu.name  # noqa: E731
     assert name({}) == "A100-80GB"
     assert name({"SLURM_JOB_PARTITION": "h100"}) == "H100-80GB"
     assert name({"SLURM_JOB_PARTITION": "h100", "PIPESWIFT_GPU_TYPE": "A100-40GB"}) == "H100-80GB"
     assert name({"SLURM_JOB_PARTITION": "gpu", "PIPESWIFT_GPU_TYPE": "A100-40GB"}) == "A100-40GB"
-    assert estimator_from_env({"SLURM_JOB_PARTITION": "h100"}, 8).cost.gpu.name == "A100-80GB"  # no site model
+    assert job_side_estimator({"SLURM_JOB_PARTITION": "h100"}, 8)[0].cost.gpu.name == "A100-80GB"  # no site model
 
 
 def test_the_launchers_own_plan_keeps_a_layout_the_site_measured_faster(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_the_launchers_own_plan_keeps_a_layout_the_site_measured_faster(tmp_path
     # an emulated run sleeps the cost model's time: what calibration learned from emulated
     # runs must not feed back into what they sleep
     learned, basis = job_side_estimator(env, 8)
-    unlearned = estimator_from_env(env, 8, learned=False)
+    unlearned = job_side_estimator(env, 8, learned=False)[0]
     assert math.isclose(learned.run_time_s(profile, profile.requested),
                         0.8 * unlearned.run_time_s(profile, profile.requested))
 
@@ -130,7 +130,7 @@ def test_the_refit_publishes_only_what_changed_and_a_bad_folder_never_stops_it(t
     path = tmp_path / "site-model.json"
     store = _Store({"gpt-1.3b": 1.25})
     calibration = StoreCalibration(store, publish_file=str(path), site=SiteModel(gpu_type="H100-80GB"))
-    estimator = estimator_from_env({}, 8)
+    estimator = job_side_estimator({}, 8)[0]
     calibration.refit(100.0, estimator)
     assert site_model.read(str(path)) == SiteModel({"gpt-1.3b": 1.25}, "H100-80GB", written_at=100.0)
     calibration.refit(200.0, estimator)
@@ -167,13 +167,13 @@ def test_the_sites_layer_profile_reaches_a_jobs_own_plan_on_its_gpu_type_only(tm
     env = _publish(tmp_path, SiteModel({}, "A100-80GB", {"h100": "H100-80GB"}, layer_profile=str(path)))
     cfg = profile.requested
     controller = CostModel(get_gpu_type("A100-80GB"), layer_profile=replace(measured, source=str(path)))
-    assert estimator_from_env(env, 8).cost.iter_time_s(profile, cfg) == controller.iter_time_s(profile, cfg)
+    assert job_side_estimator(env, 8)[0].cost.iter_time_s(profile, cfg) == controller.iter_time_s(profile, cfg)
     assert controller.iter_time_s(profile, cfg) != CostModel(get_gpu_type("A100-80GB")).iter_time_s(profile, cfg)
-    on_h100 = estimator_from_env({**env, "SLURM_JOB_PARTITION": "h100"}, 8).cost
+    on_h100 = job_side_estimator({**env, "SLURM_JOB_PARTITION": "h100"}, 8)[0].cost
     assert on_h100.gpu.name == "H100-80GB" and on_h100.layer_profile is None  # measured on another type
     path.write_text("not toml = = =")
     with caplog.at_level(logging.WARNING):
-        assert estimator_from_env(env, 8).cost.layer_profile is None
+        assert job_side_estimator(env, 8)[0].cost.layer_profile is None
     assert "layer profile" in caplog.text and "using the GPU table" in caplog.text
 
 
