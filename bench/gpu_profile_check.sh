@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
-# Per-layer profiler on a lent GPU (e.g. one H200): fwd+bwd of one transformer layer, bf16,
-# CUDA-event timing, 2 warm-ups + median of 5, for two shapes at micro-batch sizes 1,2,4,8:
-#   gpt-1.3b  h=2048 s=2048 a=16 ffn=8192 (GPT-3 1.3B layer)
-#   gpt-7b    h=4096 s=4096 a=32 ffn=16384 (a 7B-class GPT layer at 4k context)
-# Writes $OUT/profile_<name>.toml (the file `pipeswift profile` writes, read by the cost model),
-# $OUT/gpu_profile_check.json (all figures + environment) and $OUT/gpu_profile_check.log.
-# Installs nothing: it needs torch with CUDA; megatron-core's TransformerLayer is used when it
-# imports (TE spec if transformer_engine imports, else the local spec), else a plain torch layer.
-# Prints figures; never passes/fails on speed. Budget: < 3 minutes (usually ~1).
+# `pipeswift profile` on a lent GPU (e.g. one H200), then the measured layer time against the
+# cost model's table (bench/profile_vs_model.py). For each shape below, the CLI times fwd+bwd of
+# one transformer layer (bf16, CUDA events, 2 warm-ups + median of 5) at micro-batch sizes
+# $MBS and writes $OUT/profile_<shape>_$TAG.toml. Shapes (the layers of published models):
+#   gpt-1.3b      h=2048  s=2048 a=16          ffn=8192  GeLU    (small: the efficiency knee)
+#   gpt3-175b     h=12288 s=2048 a=96          ffn=49152 GeLU
+#   llama31-8b    h=4096  s=8192 a=32 groups=8 ffn=14336 SwiGLU
+#   nemotron4-15b h=6144  s=4096 a=48 groups=8 ffn=24576 (squared ReLU, profiled as GeLU)
+#   llama31-70b   h=8192  s=8192 a=64 groups=8 ffn=28672 SwiGLU
+# The layer is megatron-core's TransformerLayer when megatron-core imports (Transformer-Engine
+# spec when transformer_engine imports, else the local spec with unfused attention), else a
+# plain torch layer (SDPA attention): run it once without and once with megatron-core on the
+# path, with TAG naming which. Installs nothing. Prints figures; never passes/fails on speed.
+# Writes $OUT/profile_vs_model_$TAG.json and $OUT/gpu_profile_check_$TAG.log.
 #
-# Usage (repository root):  OUT=./out bash bench/gpu_profile_check.sh
-# Env: OUT (default ./out), PYTHON (default python3), MBS (default 1,2,4,8),
-#      ALLOW_CPU=1 to run anyway without a GPU, SMOKE=1 to swap in tiny shapes (checks the script).
-set -euo pipefail
+# Usage (repository root):  OUT=./out TAG=torch bash bench/gpu_profile_check.sh
+# Env: OUT (default ./out), TAG (default run), PYTHON (default python3), MBS (default 1,2,4,8),
+#      SHAPES (default all, comma-separated names), ALLOW_CPU=1 to run without a GPU (the
+#      comparison is then skipped: a CPU says nothing about a GPU type), SMOKE=1 for one tiny shape.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./out}"
+TAG="${TAG:-run}"
 PYTHON="${PYTHON:-python3}"
 MBS="${MBS:-1,2,4,8}"
 mkdir -p "$OUT"
+LOG="$OUT/gpu_profile_check_$TAG.log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 if ! cuda=$("$PYTHON" -c 'import torch; print(torch.cuda.is_available())' 2>/dev/null); then
     echo "gpu_profile_check: torch is not importable with $PYTHON; nothing to measure" >&2
@@ -27,56 +36,47 @@ if [[ "$cuda" != "True" && "${ALLOW_CPU:-0}" != "1" ]]; then
     echo "gpu_profile_check: torch sees no CUDA device (set ALLOW_CPU=1 to run on the CPU)" >&2
     exit 3
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee "$OUT/nvidia-smi.csv" || true
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>/dev/null || true
+    "$PYTHON" -c 'import importlib.util as u, sys, torch
+from pipeswift_slurm.measure.profiler import megatron_available
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "megatron-core", megatron_available(), "transformer_engine", u.find_spec("transformer_engine") is not None)'
+} 2>&1 | tee "$LOG"
 
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OUT="$OUT" MBS="$MBS" SMOKE="${SMOKE:-0}" timeout 170 "$PYTHON" - <<'PY' 2>&1 | tee "$OUT/gpu_profile_check.log"
-import importlib.util, json, logging, os, sys, time
+common=(--micro-batch-size 1 --global-batch-size 64 --bf16 --train-iters 10)
+declare -A shape_args=(
+    [gpt-1.3b]="--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048"
+    [gpt3-175b]="--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048"
+    [llama31-8b]="--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --swiglu --seq-length 8192 --max-position-embeddings 8192"
+    [nemotron4-15b]="--num-layers 32 --hidden-size 6144 --ffn-hidden-size 24576 --num-attention-heads 48 --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096"
+    [llama31-70b]="--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 --group-query-attention --num-query-groups 8 --swiglu --seq-length 8192 --max-position-embeddings 8192"
+    [smoke]="--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256"
+)
+if [[ "${SMOKE:-0}" == "1" ]]; then
+    SHAPES=smoke
+fi
+IFS=, read -r -a names <<< "${SHAPES:-gpt-1.3b,gpt3-175b,llama31-8b,nemotron4-15b,llama31-70b}"
 
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
-import torch
-from pipeswift_slurm.core.model import ModelShape
-from pipeswift_slurm.measure.profiler import main_profile, megatron_available, profile_to_dict
+written=()
+for name in "${names[@]}"; do
+    if [[ -z "${shape_args[$name]:-}" ]]; then
+        echo "gpu_profile_check: unknown shape $name (known: ${!shape_args[*]})" >&2
+        exit 2
+    fi
+    file="$OUT/profile_${name}_$TAG.toml"
+    echo "== $name ($TAG)" | tee -a "$LOG"
+    # shellcheck disable=SC2086  # the shape's arguments are words
+    if timeout 100 "$PYTHON" -m pipeswift_slurm.cli profile --micro-batch-sizes "$MBS" --out "$file" \
+            -- ${shape_args[$name]} "${common[@]}" 2>&1 | grep -v -E "UserWarning|warnings\.warn\(" | tee -a "$LOG"; then
+        [[ -f "$file" ]] && written+=("$file")
+    else
+        echo "$name: pipeswift profile failed (exit ${PIPESTATUS[0]})" | tee -a "$LOG"
+    fi
+done
 
-out, mbs = os.environ["OUT"], [int(x) for x in os.environ["MBS"].split(",")]
-shapes = {
-    "gpt-1.3b": ModelShape(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048,
-                           ffn_hidden_size=8192, kv_channels=128, num_query_groups=16),
-    "gpt-7b": ModelShape(num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096,
-                         ffn_hidden_size=16384, kv_channels=128, num_query_groups=32),
-}
-if os.environ["SMOKE"] == "1":
-    shapes = {name: ModelShape(num_layers=2, hidden_size=h, num_attention_heads=4, seq_length=h,
-                               ffn_hidden_size=4 * h, kv_channels=h // 4, num_query_groups=4)
-              for name, h in (("smoke-128", 128), ("smoke-256", 256))}
-summary = {"python": sys.version.split()[0], "torch": torch.__version__,
-           "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-           "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "megatron_core": megatron_available(),
-           "transformer_engine": importlib.util.find_spec("transformer_engine") is not None,
-           "micro_batch_sizes": mbs, "profiles": {}}
-print("environment:", json.dumps(summary), flush=True)
-for name, shape in shapes.items():
-    start_s = time.perf_counter()
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    try:
-        profile = main_profile(shape, mbs, None, os.path.join(out, f"profile_{name}.toml"))
-    except Exception as exc:  # report and go on to the next shape
-        summary["profiles"][name] = {"error": repr(exc)}
-        print(f"{name}: FAILED {exc!r}", flush=True)
-        continue
-    entry = profile_to_dict(profile)
-    entry["wall_s"] = round(time.perf_counter() - start_s, 1)
-    if torch.cuda.is_available():
-        entry["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    summary["profiles"][name] = entry
-    print(f"\n{name}: backend={profile.backend} spec={profile.layer_spec} dtype={profile.dtype} "
-          f"device={profile.device}")
-    print(f"{'mbs':>4} {'fwd_bwd_ms':>11} {'TFLOP/s':>8} {'ms/sample':>10}")
-    for t in profile.timings:
-        print(f"{t.micro_batch_size:4d} {t.fwd_bwd_ms:11.3f} {t.tflops:8.1f} "
-              f"{t.fwd_bwd_ms / t.micro_batch_size:10.3f}", flush=True)
-with open(os.path.join(out, "gpu_profile_check.json"), "w") as fh:
-    json.dump(summary, fh, indent=1)
-print(f"\nwrote {out}/gpu_profile_check.json and profile_*.toml")
-PY
+if [[ "$cuda" == "True" && ${#written[@]} -gt 0 ]]; then
+    "$PYTHON" bench/profile_vs_model.py "${written[@]}" > "$OUT/profile_vs_model_$TAG.json" \
+        && echo "wrote $OUT/profile_vs_model_$TAG.json" | tee -a "$LOG"
+fi
+echo "profiles written: ${#written[@]} of ${#names[@]}" | tee -a "$LOG"

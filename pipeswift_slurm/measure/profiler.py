@@ -245,7 +245,9 @@ def _build_megatron_layer(shape: ModelShape, dev, torch_dtype):
         params_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16, fp16=torch_dtype == torch.float16,
         pipeline_dtype=torch_dtype, use_cpu_initialization=dev.type == "cpu",
         hidden_dropout=0.0, attention_dropout=0.0)
-    layer = TransformerLayer(config, spec.submodules, layer_number=1).to(dev)
+    # cast wholly to the job's precision, as Megatron's Float16Module does (the local spec's norms
+    # are built in fp32, which CUDA refuses beside bf16 inputs)
+    layer = TransformerLayer(config, spec.submodules, layer_number=1).to(device=dev, dtype=torch_dtype)
     s, h = shape.seq_length, shape.hidden_size
     # The local spec needs an explicit mask on CPU (its default mask is built on "cuda").
     mask = None if use_te else torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool, device=dev), diagonal=1)

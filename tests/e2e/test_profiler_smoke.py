@@ -62,3 +62,29 @@ def test_profiler_leaves_no_process_state_behind():
     if not torch.cuda.is_available():
         with pytest.raises((AssertionError, RuntimeError)):
             torch.cuda.current_device()
+
+
+def test_megatron_layer_runs_wholly_in_the_jobs_precision():
+    """Megatron casts its model to bf16 (Float16Module); megatron-core 0.16.1's local layer
+    keeps its norms in fp32 otherwise, which a CPU tolerates and CUDA refused on the H200
+    ("expected scalar type BFloat16 but found Float"): every weight must be bf16."""
+    import torch
+
+    from pipeswift_slurm.measure.profiler import _build_megatron_layer, _megatron_runtime
+
+    built = {}
+    import megatron.core.transformer.transformer_layer as transformer_layer
+
+    original = transformer_layer.TransformerLayer.to
+
+    def keep(self, *args, **kwargs):
+        built["layer"] = original(self, *args, **kwargs)
+        return built["layer"]
+
+    with _megatron_runtime(False):
+        transformer_layer.TransformerLayer.to = keep
+        try:
+            _build_megatron_layer(TINY, torch.device("cpu"), torch.bfloat16)
+        finally:
+            transformer_layer.TransformerLayer.to = original
+    assert {p.dtype for p in built["layer"].parameters()} == {torch.bfloat16}
