@@ -101,3 +101,23 @@ def test_cpu_profile_cannot_be_filed_as_a_gpu(tmp_path, gpt_argv):
                                                    "--", *gpt_argv])
     assert result.exit_code == 2 and "no GPU" in result.output and "H200-141GB" in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("spec, device, noted", [("local", "cuda:0 (NVIDIA H200)", True),
+                                                 ("sdpa", "cuda:0 (NVIDIA H200)", False),
+                                                 ("local", "cpu (2 threads)", False)])
+def test_profile_says_when_it_measured_unfused_attention_on_a_gpu(monkeypatch, gpt_argv, spec, device, noted):
+    """On the H200, megatron-core's local spec (no Transformer Engine) ran 1.2-3.9 x slower
+    than a flash-attention layer (docs/benchmarks.md): the CLI says so when it measured one
+    on a GPU, and only then. The measuring itself is replaced (it needs a GPU)."""
+    pytest.importorskip("torch")
+    from pipeswift_slurm.measure import profiler
+
+    def measured(shape, sizes, gpu_type, out_path, dtype=None):
+        return replace(_layer_profile(shape), layer_spec=spec, device=device,
+                       timings=(MicroBatchTiming(1, 10.0, 100.0),))
+
+    monkeypatch.setattr(profiler, "main_profile", measured)
+    result = CliRunner().invoke(pipeswift, ["profile", "--micro-batch-sizes", "1", "--", *gpt_argv])
+    assert result.exit_code == 0, result.output
+    assert ("unfused" in result.output) == noted
