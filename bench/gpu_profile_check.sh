@@ -80,3 +80,4 @@ if [[ "$cuda" == "True" && ${#written[@]} -gt 0 ]]; then
         && echo "wrote $OUT/profile_vs_model_$TAG.json" | tee -a "$LOG"
 fi
 echo "profiles written: ${#written[@]} of ${#names[@]}" | tee -a "$LOG"
+[[ ${#written[@]} -gt 0 ]]  # no profile at all: fail the run
