@@ -88,3 +88,30 @@ def test_megatron_layer_runs_wholly_in_the_jobs_precision():
         finally:
             transformer_layer.TransformerLayer.to = original
     assert {p.dtype for p in built["layer"].parameters()} == {torch.bfloat16}
+
+
+def test_the_gpu_check_script_runs_pipeswift_profile_end_to_end(tmp_path):
+    """bench/gpu_profile_check.sh (run on a lent GPU for docs/benchmarks.md) on this machine:
+    with SMOKE=1 ALLOW_CPU=1 it runs the `pipeswift profile` CLI on one tiny shape and writes
+    its profile; without ALLOW_CPU on a machine with no GPU it refuses (exit 3)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "MBS": "1", "SMOKE": "1",
+           "ALLOW_CPU": "1", "TAG": "ci"}
+    done = subprocess.run(["bash", str(root / "bench" / "gpu_profile_check.sh")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    profile = read_profile_toml(tmp_path / "profile_smoke_ci.toml")
+    assert profile.hidden_size == 256 and [t.micro_batch_size for t in profile.timings] == [1]
+    assert "profiles written: 1 of 1" in done.stdout
+    if not torch.cuda.is_available():
+        env.pop("ALLOW_CPU")
+        refused = subprocess.run(["bash", str(root / "bench" / "gpu_profile_check.sh")], env=env,
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 3 and "no CUDA device" in refused.stderr
