@@ -4,6 +4,8 @@
 # one transformer layer (bf16, CUDA events, 2 warm-ups + median of 5) at micro-batch sizes
 # $MBS and writes $OUT/profile_<shape>_$TAG.toml. Shapes (the layers of published models):
 #   gpt-1.3b      h=2048  s=2048 a=16          ffn=8192  GeLU    (small: the efficiency knee)
+# and, with SHAPES=knee, GPT-3's smaller sizes for the knee: gpt-350m (h 1024), gpt-760m (h 1536),
+# gpt-1.3b, gpt-2.7b (h 2560), gpt-6.7b (h 4096), all at s=2048.
 #   gpt3-175b     h=12288 s=2048 a=96          ffn=49152 GeLU
 #   llama31-8b    h=4096  s=8192 a=32 groups=8 ffn=14336 SwiGLU
 #   nemotron4-15b h=6144  s=4096 a=48 groups=8 ffn=24576 (squared ReLU, profiled as GeLU)
@@ -46,7 +48,11 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torc
 
 common=(--micro-batch-size 1 --global-batch-size 64 --bf16 --train-iters 10)
 declare -A shape_args=(
+    [gpt-350m]="--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048"
+    [gpt-760m]="--num-layers 24 --hidden-size 1536 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048"
     [gpt-1.3b]="--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048"
+    [gpt-2.7b]="--num-layers 32 --hidden-size 2560 --num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048"
+    [gpt-6.7b]="--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048"
     [gpt3-175b]="--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048"
     [llama31-8b]="--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --swiglu --seq-length 8192 --max-position-embeddings 8192"
     [nemotron4-15b]="--num-layers 32 --hidden-size 6144 --ffn-hidden-size 24576 --num-attention-heads 48 --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096"
@@ -55,6 +61,8 @@ declare -A shape_args=(
 )
 if [[ "${SMOKE:-0}" == "1" ]]; then
     SHAPES=smoke
+elif [[ "${SHAPES:-}" == "knee" ]]; then
+    SHAPES=gpt-350m,gpt-760m,gpt-1.3b,gpt-2.7b,gpt-6.7b
 fi
 IFS=, read -r -a names <<< "${SHAPES:-gpt-1.3b,gpt3-175b,llama31-8b,nemotron4-15b,llama31-70b}"
 
