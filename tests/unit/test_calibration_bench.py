@@ -4,14 +4,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
-from typing import Any
 
 import pytest
 
+from bench_script import load_bench
 from pipeswift_slurm.core.calibration import family_of
 from pipeswift_slurm.sim import workload
 from pipeswift_slurm.sim.workload import (
@@ -25,16 +23,7 @@ from pipeswift_slurm.sim.workload import (
     to_megatron_job,
 )
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "calibration_bias.py"
 FAMILIES = ((10 ** 9, ("gpt-1.3b", "llama-1b", "gpt-2.7b", "llama-3b")),)
-
-
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("calibration_bias_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_extra_models_stay_out_of_the_default_zoo() -> None:
@@ -75,7 +64,7 @@ def test_synthetic_trace_mix_is_optional() -> None:
 
 
 def test_bench_smoke_prints_the_json_and_learns_toward_the_truth(capsys) -> None:
-    bench = load_bench()
+    bench = load_bench("calibration_bias.py")
     bench.main(["--seeds", "1", "--jobs", "80", "--nodes", "2"])
     out = json.loads(capsys.readouterr().out)
     assert {"bench", "scenario", "class_bias", "workload", "calibration", "seeds", "summary",

@@ -2,25 +2,17 @@
 minimises the median |step time error| of every other published row of its GPU type (no
 neighbouring value does better), and the error on the rows held out stays near the fitted."""
 
-import importlib.util
 import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench_script import load_bench
 from pipeswift_slurm.core.hardware import get_gpu_type
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_CSV = ROOT.parent / "shared" / "reference" / "published" / "megatron_published.csv"
-
-
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("fit_efficiency", ROOT / "bench" / "fit_efficiency.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _check(bench: Any, load: Any, gpu: str, held_out_max: float) -> None:
@@ -37,14 +29,14 @@ def _check(bench: Any, load: Any, gpu: str, held_out_max: float) -> None:
 
 
 def test_a100_constants_are_the_fit_of_the_repository_rows() -> None:
-    bench = _bench()
+    bench = load_bench("fit_efficiency.py")
     _check(bench, lambda hw: bench.compare(bench.REPO, hw), "A100-80GB", 0.06)
 
 
 def test_hopper_and_blackwell_constants_are_the_fit_of_the_shared_rows() -> None:
     if not SHARED_CSV.is_file():
         pytest.skip("%s absent" % SHARED_CSV)
-    bench = _bench()
+    bench = load_bench("fit_efficiency.py")
     for gpu, held_out_max in (("H100-80GB", 0.03), ("GB200-186GB", 0.05)):
         _check(bench, lambda hw: bench.compare_shared(SHARED_CSV, hw)[0], gpu, held_out_max)
     assert get_gpu_type("B200-180GB").eff_max == get_gpu_type("GB200-186GB").eff_max

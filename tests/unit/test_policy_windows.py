@@ -3,28 +3,19 @@ tiny trace of one window, and ratios and goals computed by hand. No timed assert
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench_script import load_bench
 from pipeswift_slurm.sim.workload import TraceRow, WorkloadError
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "policy_windows.py"
 DAY = 86400.0
 
 
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("policy_windows_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pw = load_bench()
+pw = load_bench("policy_windows.py")
 
 
 def tiny_trace(path: Path) -> Path:

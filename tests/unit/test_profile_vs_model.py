@@ -7,13 +7,12 @@ rather than hidden). bench/profile_vs_model.py is what computes the comparison."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from bench_script import load_bench
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.hardware import get_gpu_type
 from pipeswift_slurm.core.profile_file import read_profile_toml
@@ -22,15 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILES = sorted((ROOT / "tests" / "data" / "profiles" / "h200").glob("*.toml"))
 
 
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("profile_vs_model_bench", ROOT / "bench" / "profile_vs_model.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pvm = load_bench()
+pvm = load_bench("profile_vs_model.py")
 
 
 def test_the_five_h200_profiles_are_there_and_were_measured_on_an_h200() -> None:
