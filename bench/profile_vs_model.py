@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from pipeswift_slurm.core.costmodel import CostModel  # noqa: E402
 from pipeswift_slurm.core.flops import layer_fwd_flops  # noqa: E402
 from pipeswift_slurm.core.hardware import HardwareError, get_gpu_type  # noqa: E402
-from pipeswift_slurm.core.layer_profile import CPU_GPU_TYPE, LAYER_SHAPE_KEYS  # noqa: E402
+from pipeswift_slurm.core.layer_profile import LAYER_SHAPE_KEYS, measured_on_cpu  # noqa: E402
 from pipeswift_slurm.core.model import ExecConfig, JobProfile, ModelShape, TrainingPlan  # noqa: E402
 from pipeswift_slurm.core.profile_file import LayerProfile, ProfileFormatError, read_profile_toml  # noqa: E402
 
@@ -36,7 +36,7 @@ def compare_profile(profile: LayerProfile) -> dict[str, Any]:
     job = JobProfile(shape=shape, plan=TrainingPlan(global_batch_size=1, train_iters=1, precision=profile.dtype),
                      requested=ExecConfig(tp=1, pp=1, dp=1, micro_batch_size=1, num_micro_batches=1))
     model = CostModel(gpu)  # the table alone: no layer profile
-    peak = gpu.fp32_tflops if profile.dtype == "fp32" else gpu.peak_tflops
+    peak = gpu.peak_tflops_for(profile.dtype)
     rows = []
     for timing in profile.timings:
         cfg = ExecConfig(tp=1, pp=1, dp=1, micro_batch_size=timing.micro_batch_size, num_micro_batches=1)
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
         except (OSError, ProfileFormatError) as exc:
             print(f"profile_vs_model: {path}: {exc}; give a file written by pipeswift profile --out", file=sys.stderr)
             return 2
-        if profile.gpu_type.lower() == CPU_GPU_TYPE or profile.device.lower().startswith(CPU_GPU_TYPE):
+        if measured_on_cpu(profile):
             print(f"profile_vs_model: {path}: measured on the CPU; compare a profile measured on a GPU", file=sys.stderr)
             return 2
         try:

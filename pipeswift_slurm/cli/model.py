@@ -269,6 +269,7 @@ def profile(obj: Obj, gpu_type: Optional[str], micro_batch_sizes: str, out_path:
         import torch  # noqa: F401
     except ImportError:
         fail("profiling needs torch: pip install 'pipeswift-slurm[megatron]'", 1)
+    from pipeswift_slurm.core.layer_profile import measured_on_cpu
     from pipeswift_slurm.core.profile_file import profile_to_dict
     from pipeswift_slurm.measure.profiler import ProfileLabelError, main_profile
 
@@ -280,7 +281,7 @@ def profile(obj: Obj, gpu_type: Optional[str], micro_batch_sizes: str, out_path:
         echo_json(profile_to_dict(result))
         return
     click.echo("%s on %s (%s, %s):" % (result.backend, result.device, result.layer_spec, result.dtype))
-    if result.layer_spec == "local" and not result.device.startswith("cpu"):
+    if result.layer_spec == "local" and not measured_on_cpu(result):
         click.echo("note: megatron-core's local spec computes attention unfused (no Transformer Engine here);"
                    " on an H200 it ran 1.2 to 3.9 x slower than a flash-attention layer (docs/benchmarks.md)."
                    " If your jobs run with Transformer Engine, profile on a node that has it.", err=True)

@@ -134,8 +134,7 @@ class CostModel:
             return hit
         shape, plan, gpu = profile.shape, profile.plan, self.gpu
         fwd_flops = layer_fwd_flops(shape, cfg.micro_batch_size) / (cfg.tp * cfg.cp)
-        peak = gpu.fp32_tflops if plan.precision == "fp32" else gpu.peak_tflops
-        rate = peak * 1e12 * gpu.efficiency(fwd_flops / 1e9)
+        rate = gpu.peak_tflops_for(plan.precision) * 1e12 * gpu.efficiency(fwd_flops / 1e9)
         measured = self._measured_fwd_s(profile, cfg)
         value_bytes = self._bytes_per_value(plan.precision)
         elementwise = elementwise_fwd_values(shape, cfg, plan.sequence_parallel and cfg.tp > 1) * value_bytes \
@@ -177,8 +176,7 @@ class CostModel:
         shape = profile.shape
         flops = (6.0 * cfg.micro_batch_size * shape.seq_length * shape.hidden_size
                  * shape.padded_vocab_size(cfg.tp) / (cfg.tp * cfg.cp))
-        peak = self.gpu.fp32_tflops if profile.plan.precision == "fp32" else self.gpu.peak_tflops
-        return flops / (peak * 1e12 * self.gpu.efficiency(flops / 3e9))
+        return flops / (self.gpu.peak_tflops_for(profile.plan.precision) * 1e12 * self.gpu.efficiency(flops / 3e9))
 
     def _p2p_s(self, profile: JobProfile, cfg: ExecConfig) -> float:
         """One activation transfer at a stage boundary: b*s*h values (scattered over tp),

@@ -75,6 +75,11 @@ class GpuType:
     gpus_per_node: int = 8
     nvlink_domain_gpus: int = 8
 
+    def peak_tflops_for(self, precision: str) -> float:
+        """The data-sheet peak a job training in ``precision`` can reach: fp32 (TF32 where the
+        GPU has it) or the bf16/fp16 tensor peak."""
+        return self.fp32_tflops if precision == "fp32" else self.peak_tflops
+
     def efficiency(self, work_gflop: float) -> float:
         """Achieved fraction of peak for a layer whose per-GPU forward work is ``work_gflop``."""
         return self.eff_max * work_gflop / (work_gflop + self.work_half_gflop)

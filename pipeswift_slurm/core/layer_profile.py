@@ -21,16 +21,19 @@ class LayerProfileMismatch(ValueError):
     names the file, what differs and what to do."""
 
 
+def measured_on_cpu(layer_profile: Any) -> bool:
+    """A profile measured on the CPU (``gpu_type`` "cpu" or a ``device`` that starts with
+    "cpu"), whatever its label says: it never describes a GPU type."""
+    return bool(layer_profile.gpu_type.lower() == CPU_GPU_TYPE or layer_profile.device.lower().startswith(CPU_GPU_TYPE))
+
+
 def layer_profile_mismatch(layer_profile: Any, gpu_name: str, job: JobProfile | None = None) -> str | None:
     """Why ``layer_profile`` cannot stand in for the table on ``gpu_name`` (for ``job`` when
-    given: its precision and layer shape), or None when it can.
-
-    A profile measured on the CPU (``gpu_type`` "cpu" or a ``device`` that starts with
-    "cpu") never describes a GPU type, whatever its label says.
+    given: its precision and layer shape), or None when it can; a profile ``measured_on_cpu``
+    describes no GPU type.
     """
     lp = layer_profile
-    on_cpu = lp.gpu_type.lower() == CPU_GPU_TYPE or lp.device.lower().startswith(CPU_GPU_TYPE)
-    if lp.gpu_type.lower() != gpu_name.lower() or on_cpu != (gpu_name.lower() == CPU_GPU_TYPE):
+    if lp.gpu_type.lower() != gpu_name.lower() or measured_on_cpu(lp) != (gpu_name.lower() == CPU_GPU_TYPE):
         return f"it was measured on {lp.device} (filed as GPU type {lp.gpu_type!r}), not on GPU type {gpu_name}"
     if job is None:
         return None
