@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import click
 
-from pipeswift_slurm.cli.common import Obj, echo_json, fail, pass_obj
+from pipeswift_slurm.cli.common import Obj, echo_json, fail, output_file, pass_obj
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.slurm.config import DEFAULT_PATH as DEFAULT_CONFIG_PATH
@@ -212,6 +212,9 @@ def run_report(kind: str, o: dict[str, Any]) -> None:
     """Compute one report kind and write every output asked for."""
     from pipeswift_slurm.reports import render as rr
 
+    for key, what in (("plot", "--plot"), ("html_out", "--html"), ("prometheus", "--prometheus")):
+        if o.get(key):
+            output_file(o[key], what)  # before any work, not after the tables
     store = open_history(o["db"])
     window = _window(store, o.get("since"), o.get("until"))
     if o.get("prometheus"):
@@ -299,9 +302,11 @@ def _command(kind: str, default_by: Optional[str], extra: tuple[Callable[..., An
     report.command(kind, help=_DOCS[kind])(fn)
 
 
-_LIMIT = click.option(
-    "--limit", type=click.IntRange(min=1), help="Most decisions listed (default 50; 20 in 'all')."
+_LIMIT = click.option(  # clamped: a larger limit lists the same rows, and SQLite's LIMIT is 64-bit
+    "--limit", type=click.IntRange(min=1, max=2**31, clamp=True),
+    help="Most decisions listed (default 50; 20 in 'all').",
 )
+JOB_ID = click.IntRange(min=0, max=2**32 - 1)  # Slurm's job ids are 32 bits
 _command("queue-ratio", "hour")
 _command("jct", "size")
 _command("waits", "size")
@@ -310,7 +315,7 @@ _command(
     "decisions",
     None,
     (
-        click.option("--job", type=int, help="Only this job's decisions."),
+        click.option("--job", type=JOB_ID, help="Only this job's decisions."),
         click.option("--all-kinds", is_flag=True, help="Also list decisions that changed nothing."),
         _LIMIT,
     ),
@@ -341,7 +346,7 @@ def _gpu_of_partition(obj: Obj, gpu_type: Optional[str]) -> Callable[[str], Any]
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @_db_option
 @click.option("--gpu-type", help="The GPU type to predict on. Default: the job's partition's in the controller's"
               " config ([slurm.partition_gpu_types], else [slurm] gpu_type; $PIPESWIFT_CONFIG or %s), else %s."

@@ -18,9 +18,9 @@ def node_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     """Fewest nodes that hold ``gpus`` with an equal count per node: (nodes, gpus per node)."""
     if gpus_per_node <= 0 or gpus <= gpus_per_node:
         return 1, gpus
-    for nodes in range(-(-gpus // gpus_per_node), gpus + 1):
-        if gpus % nodes == 0 and gpus // nodes <= gpus_per_node:
-            return nodes, gpus // nodes
+    for per_node in range(gpus_per_node, 0, -1):  # the most per node that divides: fewest nodes
+        if gpus % per_node == 0:
+            return gpus // per_node, per_node
     return gpus, 1
 
 

@@ -95,7 +95,7 @@ def partition_names(text: str, what: str = "parts") -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _int(value: str, what: str) -> int:
+def token_int(value: str, what: str) -> int:
     if not value or len(value) > 14 or not all("0" <= c <= "9" for c in value) or int(value) > MAX_TOKEN_INT:
         raise TokenError("%s=%r is not a whole number in digits 0-9 up to %d" % (what, value[:40], MAX_TOKEN_INT))
     return int(value)
@@ -142,10 +142,10 @@ def decode_profile(text: str) -> ProfileRequest:
     gpus = None
     if "gpus" in kv:
         lo, _, hi = kv["gpus"].partition("-")
-        gpus = (_int(lo, "gpus"), _int(hi or lo, "gpus"))
-    allowed = tuple(_int(p, "pp") for p in kv["pp"].split(",")) if kv.get("pp") else None
-    mbmin = _int(kv["mbmin"], "mbmin") if "mbmin" in kv else None
-    world = _int(kv["world"], "world") if kv.get("world") else None
+        gpus = (token_int(lo, "gpus"), token_int(hi or lo, "gpus"))
+    allowed = tuple(token_int(p, "pp") for p in kv["pp"].split(",")) if kv.get("pp") else None
+    mbmin = token_int(kv["mbmin"], "mbmin") if "mbmin" in kv else None
+    world = token_int(kv["world"], "world") if kv.get("world") else None
     partitions = partition_names(kv["parts"]) if kv.get("parts") else ()
     return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world, partitions)
 
@@ -181,7 +181,7 @@ def decode_decision(text: str) -> tuple[ExecConfig, int]:
     kv = _kv(text, DECISION_PREFIX)
     values: dict[str, Optional[int]] = {}
     for key, attr in _CONFIG_KEYS.items():
-        values[attr] = _int(kv[key], key) if kv.get(key) else None
+        values[attr] = token_int(kv[key], key) if kv.get(key) else None
     for required in ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches"):
         if values[required] is None:
             raise TokenError("decision token lacks %s" % required)
@@ -194,4 +194,4 @@ def decode_decision(text: str) -> tuple[ExecConfig, int]:
         decoder_first_pipeline_num_layers=values["decoder_first_pipeline_num_layers"],
         decoder_last_pipeline_num_layers=values["decoder_last_pipeline_num_layers"],
     )
-    return cfg, _int(kv.get("at", "0"), "at")
+    return cfg, token_int(kv.get("at", "0"), "at")

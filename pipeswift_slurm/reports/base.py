@@ -241,6 +241,15 @@ def parse_time(value: Optional[str], latest_s: Optional[float] = None) -> Option
     """
     if value is None or value == "":
         return None
+    epoch_s = _parse_time(value, latest_s)
+    try:  # a time the reports can show (not nan, inf, or past year 9999)
+        datetime.fromtimestamp(epoch_s, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        raise ReportError("%r is not a time between the years 1 and 9999" % value[:40]) from None
+    return epoch_s
+
+
+def _parse_time(value: str, latest_s: Optional[float]) -> float:
     text_ = value.strip()
     rel = _RELATIVE.match(text_)
     if rel:

@@ -9,6 +9,8 @@ neither. Must not import logging, SQLAlchemy, click, the store or any backend.
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
 from pipeswift_slurm.submit.jobscript import Command, read_header
@@ -127,7 +129,9 @@ def read_source(argv: Sequence[str], stdin: object) -> Source:
     if wraps:
         return Source(wraps[-1] or "", None)
     if scan.script_index is not None:
-        try:
+        try:  # a plain file only, else not even opened: a pipe's bytes (``<(...)``, a FIFO) are sbatch's
+            if not stat.S_ISREG(os.stat(argv[scan.script_index]).st_mode):
+                return Source(None, None)
             with open(argv[scan.script_index], "rb") as fh:
                 data = fh.read(MAX_SCRIPT_BYTES + 1)
         except OSError:

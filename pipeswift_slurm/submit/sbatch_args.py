@@ -178,9 +178,20 @@ def strip_own_options(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, s
     return [a for i, a in enumerate(argv) if i not in drop], pairs
 
 
+def _count(text: str) -> int:
+    """A count in an own option: at least 1, in digits as the profile token carries it
+    (``token.token_int``, what the controller reads back). Raises ValueError."""
+    from pipeswift_slurm.core.token import token_int
+
+    value = token_int(text, "value")
+    if value < 1:
+        raise ValueError("below 1")
+    return value
+
+
 def _parse_range(text: str) -> tuple[int, int]:
-    lo, _, hi = text.partition("-")
-    return int(lo), int(hi or lo)
+    lo, sep, hi = text.partition("-")
+    return _count(lo), _count(hi if sep else lo)
 
 
 def own_options(pairs: Sequence[tuple[str, str]]) -> OwnOptions:
@@ -200,13 +211,13 @@ def own_options(pairs: Sequence[tuple[str, str]]) -> OwnOptions:
                 values["off"] = value == "off"
             elif key == "gpus":
                 lo, hi = _parse_range(value)
-                if not 1 <= lo <= hi:
+                if lo > hi:
                     raise ValueError("empty range")
                 values["gpus"] = (lo, hi)
             elif key == "min-micro-batch":
-                values["min_micro_batch_size"] = int(value)
+                values["min_micro_batch_size"] = _count(value)
             elif key == "pp":
-                values["allowed_pp"] = tuple(int(p) for p in value.split(","))
+                values["allowed_pp"] = tuple(_count(p) for p in value.split(","))
             elif key == "class":
                 values["job_class"] = value
             elif key == "partitions":

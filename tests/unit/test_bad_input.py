@@ -47,6 +47,15 @@ def read_only_folder(tmp: Path) -> Path:
     return folder
 
 
+def history(tmp: Path) -> str:
+    """An empty history database (the schema, no ticks)."""
+    from pipeswift_slurm.store.history import Store
+
+    path = tmp / "h.sqlite"
+    Store.from_url("sqlite:///%s" % path)
+    return str(path)
+
+
 SIM = ["simulate", "--policy", "fifo", "--jobs", "5", "--gpus", "16"]
 CASES: dict[str, Callable[[Path], list[str]]] = {
     # Bad input that gave a traceback or hung
@@ -80,6 +89,12 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "plan --gpus 1-100000000": lambda t: ["plan", "--gpus", "1-100000000", "--", *SHAPE],
     "plan --gpus 1-10^5000": lambda t: ["plan", "--gpus", "1-1" + "0" * 5000, "--", *SHAPE],
     "plan global batch 10^15": lambda t: ["plan", "--gpus", "8", "--", *SHAPE, "--global-batch-size", "1" + "0" * 15],
+    "explain job id 10^23": lambda t: ["explain", "9" * 23, "--db", history(t)],
+    "report decisions --job 10^23": lambda t: ["report", "decisions", "--job", "9" * 23, "--db", history(t)],
+    "report --since 1e400": lambda t: ["report", "jct", "--since", "1e400", "--db", history(t)],
+    "report --html in a missing folder": lambda t: ["report", "jct", "--html", str(t / "missing" / "r.html"),
+                                                    "--db", history(t)],
+    "report --plot under a file": lambda t: ["report", "jct", "--plot", str(a_file(t) / "sub"), "--db", history(t)],
     # Accepted silently although wrong
     "estimate Arabic digits": lambda t: ["estimate", "--", *SHAPE, "--num-layers", "\u0662\u0664"],
     "estimate fullwidth digits": lambda t: ["estimate", "--", *SHAPE, "--num-layers", "\uff12\uff14"],

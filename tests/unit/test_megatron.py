@@ -239,6 +239,22 @@ def test_rule_world_size_matches_nodes_times_gpus(profile: JobProfile) -> None:
     assert flags(check_config(profile, bad, job_limits=False)) == ["--nodes"]
 
 
+def test_node_shape_tries_per_node_counts_not_node_counts() -> None:
+    """node_shape once tried every node count up to the GPU count: a prime count near the
+    131,072-GPU bound cost that many divisions, and ``plan --gpus 1-131072`` ran for hours."""
+
+    class Counted(int):
+        divisions = 0
+
+        def __mod__(self, other: Any) -> Any:
+            Counted.divisions += 1
+            return int(self) % other
+
+    assert node_shape(Counted(131_071), 8) == (131_071, 1) and Counted.divisions <= 8
+    assert [node_shape(g, 8) for g in (7, 8, 12, 24, 26, 131_072)] == [(1, 7), (1, 8), (2, 6), (3, 8), (13, 2),
+                                                                        (16_384, 8)]
+
+
 def test_rule_heads_divisible_by_tp(profile: JobProfile) -> None:
     assert check_config(profile, cfg_on(tp=4), job_limits=False) == []
     problems = check_config(profile, cfg_on(tp=3), job_limits=False)

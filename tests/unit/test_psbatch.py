@@ -72,6 +72,17 @@ def test_own_options_values_and_errors():
             sbatch_args.own_options(bad)
 
 
+def test_own_options_refuse_what_the_profile_token_cannot_carry():
+    """A count below 1, past the token's bound or not in digits was once recorded as written
+    (``pp=-1,2``, ``mbmin=-5``: a token the controller cannot read, so the job silently
+    stayed rigid) or read loosely (``gpus=2-`` as 2): now the job goes unchanged, with a warning."""
+    for key, value in (("pp", "0"), ("pp", "-1,2"), ("min-micro-batch", "-5"), ("min-micro-batch", "0"),
+                       ("min-micro-batch", "1" + "0" * 20), ("pp", "1" + "0" * 20), ("gpus", "2-"),
+                       ("gpus", "+4"), ("gpus", "\u0664")):
+        with pytest.raises(sbatch_args.PsbatchError, match="bad value"):
+            sbatch_args.own_options([(key, value)])
+
+
 # ---------------------------------------------------------------- script text
 
 
@@ -376,6 +387,24 @@ def test_internal_error_falls_back_to_unchanged_submission(tmp_path):
     assert done.returncode == 0
     assert done.stderr.decode() == "psbatch: warning: psbatch internal error (RuntimeError: boom); submitted unchanged\n"
     assert calls[0]["argv"] == ["t.sh"]
+
+
+def test_a_script_that_is_a_pipe_is_left_to_sbatch(tmp_path):
+    """``psbatch <(...)`` or a FIFO: psbatch once read the pipe (or waited on a FIFO with no
+    writer), so sbatch got an empty script. It now reads plain files only."""
+    data = b"#!/bin/bash\npython pretrain_gpt.py --num-layers 4\n"
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)
+    os.close(write_end)
+    try:
+        assert psbatch.read_source(["-J", "x", "/dev/fd/%d" % read_end], None) == (None, None)
+        assert os.read(read_end, 1000) == data  # every byte left for sbatch
+    finally:
+        os.close(read_end)
+    os.mkfifo(tmp_path / "fifo")
+    done, calls = _psbatch(["--pipeswift-gpus=2", "fifo"], tmp_path)  # no writer: no hang either
+    assert done.returncode == 0 and calls[0]["argv"] == ["fifo"]
+    assert done.stderr.decode() == "psbatch: warning: cannot read the job script; submitted unchanged\n"
 
 
 def test_opt_out_and_sbatch_missing(tmp_path):

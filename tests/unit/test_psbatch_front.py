@@ -258,6 +258,25 @@ def test_not_megatron_passes_through(bins, case):
 
 
 @needs_cc
+@needs_cc
+@pytest.mark.parametrize("job", [PLAIN, MEGATRON])
+def test_a_script_that_is_a_fifo_is_left_to_sbatch(bins, tmp_path, job):
+    """The front end once read a FIFO (or ``<(...)``) script itself, so sbatch then found it
+    empty, or waited forever for a writer. A pipe's bytes are now sbatch's alone."""
+    import threading
+
+    fifo, got = tmp_path / "job.fifo", tmp_path / "got"
+    os.mkfifo(fifo)
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text('#!/bin/sh\nfor a; do last="$a"; done\ncat "$last" > "%s"\n' % got)
+    sbatch.chmod(0o755)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(job), daemon=True)
+    writer.start()
+    done = subprocess.run([bins.fast, str(fifo)], capture_output=True, env=_env(PIPESWIFT_SBATCH=str(sbatch)),
+                          stdin=subprocess.DEVNULL, timeout=20, check=False)
+    assert done.returncode == 0 and got.read_bytes() == job, done.stderr
+
+
 def test_header_is_the_python_tables():
     text = fast_build.header_text("/opt/py/bin/python3")
     for name in sbatch_args.LONG_REQUIRED:

@@ -523,6 +523,13 @@ def test_parse_time_rejects(text):
         R.parse_time(text, latest_s=0.0)
 
 
+@pytest.mark.parametrize("text", ["nan", "inf", "1e400", "9" * 23, "-99999999999999999999d"])
+def test_parse_time_rejects_times_the_reports_cannot_show(text):
+    """Such a --since/--until was taken, and printing the window raised OverflowError."""
+    with pytest.raises(R.ReportError, match="between the years 1 and 9999"):
+        R.parse_time(text, latest_s=0.0)
+
+
 # ---------------------------------------------------------------- the sql/ files agree
 
 

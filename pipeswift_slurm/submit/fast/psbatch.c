@@ -139,6 +139,7 @@ int main(int argc, char **argv)
     int i, script = -1, reads_stdin = 1, python_needed = fast && (!strcmp(fast, "off") || !strcmp(fast, "0")
                                                                   || !strcmp(fast, "no") || !strcmp(fast, "false"));
     off_t start = -1;
+    struct stat st;
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     self[n > 0 ? n : 0] = '\0';
     for (i = 1; i < argc && script < 0; i++) { /* sbatch_args.scan_argv, as far as this needs it */
@@ -167,12 +168,11 @@ int main(int argc, char **argv)
     }
     for (i = 1; i < argc && !python_needed; i++)
         python_needed = marked(argv[i], strlen(argv[i]));
-    if (!python_needed && script > 0 && script < argc) {
-        int fd = open(argv[script], O_RDONLY | O_CLOEXEC);
+    if (!python_needed && script > 0 && script < argc) { /* a plain file only: a pipe's bytes are sbatch's */
+        int fd = stat(argv[script], &st) == 0 && S_ISREG(st.st_mode) ? open(argv[script], O_RDONLY | O_CLOEXEC) : -1;
         if (fd >= 0 && slurp(fd, PSB_MAX_SCRIPT_BYTES) == 0 && text_len <= PSB_MAX_SCRIPT_BYTES)
             python_needed = marked(text, text_len);
     } else if (!python_needed && (script < 0 || script > argc) && reads_stdin && !isatty(0) && fcntl(0, F_GETFD) >= 0) {
-        struct stat st;
         if (fstat(0, &st) == 0 && S_ISREG(st.st_mode))
             start = lseek(0, 0, SEEK_CUR);
         if (slurp(0, (size_t)-2) != 0 || restore_stdin(start) != 0)
