@@ -185,12 +185,13 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     gpn = cfg.gpus_per_node or 8
     layer_profile = load_layer_profile(cfg.layer_profile, gpu, what="%s: [slurm] layer_profile" % cfg.source)
     # the GPUs per node here only seed the estimator: each tick plans with the cluster's own
-    estimator = Estimator(CostModel(gpu, layer_profile=layer_profile), gpn)
+    estimator = Estimator(CostModel(gpu, layer_profile=layer_profile), gpn, own_layout_first=cfg.own_layout_first)
     # the files a job's own plan reads too, by absolute paths (a job runs elsewhere)
     hardware, profile_path = cfg.hardware_file or obj.hardware, cfg.layer_profile
     site = SiteModel(gpu_type=cfg.gpu_type, partition_gpu_types=dict(cfg.partition_gpu_types),
                      hardware_file=os.path.abspath(hardware) if hardware else "",
-                     layer_profile=os.path.abspath(profile_path) if profile_path else "")
+                     layer_profile=os.path.abspath(profile_path) if profile_path else "",
+                     own_layout_first=cfg.own_layout_first)
     calibration = (StoreCalibration(store, cfg.calibration_exclude_partitions, cfg.measure_dir, cfg.publish_file, site)
                    if store is not None else None)
     if calibration is not None:

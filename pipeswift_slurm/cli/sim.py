@@ -284,6 +284,9 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Users' own layouts: the workload's (zoo defaults), or expert: the planner's fastest"
               " at the job's GPU count.")
 @click.option("--learn", is_flag=True, help="Calibrate online with layout terms from finished jobs (issue 25).")
+@click.option("--own-layout-first", is_flag=True,
+              help="With --learn: change no user's layout of a model class before a run in one was measured"
+              " ([calibration] own_layout_first; on when --config sets it).")
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
 @click.option("--db", help="Write the controller history of pipeswift (else of the first policy) to this SQLite"
@@ -294,7 +297,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
              gpu_type: Optional[str], load: Optional[float], policy_text: str, seed: int, start_day: float,
              window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
              wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, truth_shape_noise: float,
-             truth_user_favour: float, learn: bool, drop_oversized: bool,
+             truth_user_favour: float, learn: bool, own_layout_first: bool, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
              config_path: Optional[str], start_epoch_s: Optional[float], sacct_file: Optional[str] = None,
              history_db: Optional[str] = None, slurm_config: Optional[str] = None,
@@ -306,6 +309,8 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
 
     if workload and (sacct_file or history_db):
         fail("--workload and --%s: give one workload to replay" % ("sacct" if sacct_file else "history"))
+    if own_layout_first and not learn:
+        fail("--own-layout-first needs --learn: without learning no user's layout is ever measured")
 
     policies = _policies(policy_text)
     for path, what in ((json_out, "--json"), (plot, "--plot")):
@@ -321,6 +326,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
         no_requeue = () if cfg.allow_requeue else (site[0],)
         gpus_per_node = gpus_per_node or cfg.gpus_per_node or None
         gpu = gpu or site_gpu(cfg, obj)
+        own_layout_first = own_layout_first or cfg.own_layout_first
     knobs = _knobs(knob_items, policies)
     if site is not None:
         knobs[site[0]] = {**site[1], **knobs.get(site[0], {})}
@@ -331,7 +337,8 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
                    noise_sigma=truth_noise, shape_sigma=truth_shape_noise, user_favour=truth_user_favour,
-                   cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn, layouts=layouts,
+                   cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn,
+                   own_layout_first=own_layout_first, layouts=layouts,
                    slurm=load_slurm_settings(slurm_config), partition_flex=partition_flex,
                    partitions=_partitions(partition_items, obj),
                    partition_truth=_bias(partition_truth, "--truth-partition-factor"),

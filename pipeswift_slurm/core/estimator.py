@@ -16,7 +16,7 @@ from typing import Any, Hashable, Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.calibration import lookup_bias
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
-from pipeswift_slurm.core.layout_fit import is_feature_key, layout_factor
+from pipeswift_slurm.core.layout_fit import is_feature_key, layout_factor, own_layout_measured, unmeasured_factor
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.planner import LayoutFactor, Planner
 
@@ -52,20 +52,24 @@ class Estimator:
         gpus_per_node: GPUs per node.
         bias: map from job_class to the ratio actual/predicted run time (1 = unbiased).
         planner: share a planner (and its cache) with another estimator.
+        own_layout_first: bet against no user's layout of a class before a run in one was
+            measured (``[calibration] own_layout_first``; ``layout_factor``).
     """
 
     def __init__(self, cost: CostModel, gpus_per_node: int,
-                 bias: Optional[Mapping[str, float]] = None, planner: Optional[Planner] = None):
+                 bias: Optional[Mapping[str, float]] = None, planner: Optional[Planner] = None,
+                 own_layout_first: bool = False):
         self.cost = cost
         self.gpus_per_node = gpus_per_node
         self.bias_by_class = dict(bias or {})
         self.planner = planner or Planner(cost, gpus_per_node)
+        self.own_layout_first = own_layout_first
         # classes with learned layout terms: their do-no-harm weighs the corrected times
         self._layout_classes = frozenset(k.rpartition(" ")[0] for k in self.bias_by_class if is_feature_key(k))
 
     def with_bias(self, bias: Mapping[str, float]) -> "Estimator":
         """A copy with another bias map, sharing the planner cache."""
-        return Estimator(self.cost, self.gpus_per_node, bias, self.planner)
+        return Estimator(self.cost, self.gpus_per_node, bias, self.planner, self.own_layout_first)
 
     def with_gpus_per_node(self, gpus_per_node: int) -> "Estimator":
         """A copy that plans for nodes of ``gpus_per_node`` GPUs (a new planner: configs,
@@ -79,7 +83,7 @@ class Estimator:
         planner settings and a planner of its own (a partition of other GPUs)."""
         planner = Planner(cost, gpus_per_node, vary_tp=self.planner.vary_tp, max_vp=self.planner.max_vp,
                           do_no_harm=self.planner.do_no_harm)
-        return Estimator(cost, gpus_per_node, self.bias_by_class, planner)
+        return Estimator(cost, gpus_per_node, self.bias_by_class, planner, self.own_layout_first)
 
     def bias(self, job_class: str, config: Optional[ExecConfig] = None,
              requested: Optional[ExecConfig] = None) -> float:
@@ -102,7 +106,10 @@ class Estimator:
     def layout_factor(self, profile: JobProfile) -> LayoutFactor:
         """What the site's runs taught about the layouts of ``profile``'s class (its learned
         layout terms, ``layout_fit.layout_factor``), for the planner's do-no-harm rule;
-        None when the class has none."""
+        None when the class has none. With ``own_layout_first``, a class none of whose runs in
+        a user's own layout was measured keeps its users' layouts (``unmeasured_factor``)."""
+        if self.own_layout_first and not own_layout_measured(self.bias_by_class, profile.job_class):
+            return unmeasured_factor(profile.requested)
         if profile.job_class not in self._layout_classes:
             return None
         bias, job_class, requested = self.bias_by_class, profile.job_class, profile.requested
@@ -181,7 +188,8 @@ file or an unknown type logs one warning and falls back."""
     if published is None or not learned:
         return Estimator(cost, gpus_per_node), "the cost model alone"
     written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(site.written_at))
-    return Estimator(cost, gpus_per_node, site.bias), "the site model of %s" % written
+    return Estimator(cost, gpus_per_node, site.bias, own_layout_first=site.own_layout_first), \
+        "the site model of %s" % written
 
 
 def _site_layer_profile(path: str, gpu_name: str) -> Any:

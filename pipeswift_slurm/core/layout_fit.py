@@ -26,7 +26,7 @@ Keys: a term is stored as ``"<job_class> <feature>=<value>"`` beside the class k
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pipeswift_slurm.core.megatron_rules import same_layout
 
@@ -75,6 +75,22 @@ def layout_factor(bias: Mapping[str, float], job_class: str, config: Any, reques
     for key in feature_keys(job_class, layout_features(config, requested)):
         out *= bias.get(key, 1.0)
     return out
+
+
+def own_layout_measured(bias: Mapping[str, float], job_class: str) -> bool:
+    """Whether the site has measured a run of ``job_class`` in its user's own layout (the
+    class has an ``own=1`` term)."""
+    return feature_key(job_class, "own", 1) in bias
+
+
+def unmeasured_factor(requested: Any) -> Callable[[Any], float]:
+    """The do-no-harm factor of a class whose users' layouts the site has not measured yet,
+    where the site asks for that first (``[calibration] own_layout_first``): the user's
+    layout (``requested``, at any GPU count) counts as predicted, every other as infinitely
+    slower, so ``planner.keep_user_layout`` keeps the user's layout wherever it is valid
+    (resizes in it stay open) until a run in it was measured. Without that run the learned
+    terms cannot tell how the user's layout really runs beside the model's choice."""
+    return lambda config: 1.0 if same_layout(config, requested) else math.inf
 
 
 def user_capped(users: Sequence[str], weights: Sequence[float], cap: float = USER_CAP_RUNS) -> list[float]:

@@ -49,6 +49,8 @@ class SiteModel:
         layer_profile: the site's measured layer profile (``[slurm] layer_profile``), '' for
             none; it stands in for the GPU table where it was measured on the job's GPU type.
         written_at: when the controller wrote it (epoch seconds).
+        own_layout_first: the controller bets against no user's layout of a class before
+            a run in one was measured (``[calibration] own_layout_first``).
     """
 
     bias: Mapping[str, float] = field(default_factory=dict)
@@ -57,12 +59,13 @@ class SiteModel:
     hardware_file: str = ""
     layer_profile: str = ""
     written_at: float = 0.0
+    own_layout_first: bool = False
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "version": VERSION, "written_at": self.written_at,
                            "gpu_type": self.gpu_type, "partition_gpu_types": dict(self.partition_gpu_types),
                            "hardware_file": self.hardware_file, "layer_profile": self.layer_profile,
-                           "bias": dict(self.bias)}, sort_keys=True)
+                           "bias": dict(self.bias), "own_layout_first": self.own_layout_first}, sort_keys=True)
 
 
 def _name(value: Any, what: str) -> str:
@@ -98,10 +101,13 @@ def parse(text: str) -> SiteModel:
     written_at = data.get("written_at", 0.0)
     if isinstance(written_at, bool) or not isinstance(written_at, (int, float)) or not math.isfinite(written_at):
         raise SiteModelError("written_at must be a number")
+    own_first = data.get("own_layout_first", False)  # absent in files of older releases
+    if not isinstance(own_first, bool):
+        raise SiteModelError("own_layout_first must be true or false")
     return SiteModel(ratios, _name(data.get("gpu_type", ""), "gpu_type"),
                      {_name(p, "a partition"): _name(t, "a GPU type") for p, t in kinds.items()},
                      _name(data.get("hardware_file", ""), "hardware_file"),
-                     _name(data.get("layer_profile", ""), "layer_profile"), float(written_at))
+                     _name(data.get("layer_profile", ""), "layer_profile"), float(written_at), own_first)
 
 
 def read(path: str) -> SiteModel:

@@ -78,6 +78,9 @@ class RunSpec:
     do_no_harm: bool = True
     # ``simulate --learn``: calibration with layout terms, online (sim/learning.py)
     learn: bool = False
+    # with ``learn``: no user's layout of a class is bet against before a run in one was
+    # measured (``[calibration] own_layout_first``, ``Estimator.own_layout_first``)
+    own_layout_first: bool = False
     # a site's own history (sim/replay.py History, from --sacct or --history) replayed
     # instead of ``workload``; its own times are kept (``load`` is not applied)
     history: Any = None
@@ -210,8 +213,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
                      multi_partition_jobs=sum(1 for j in jobs if j.partitions))
     alone = alone_s(jobs, truth)
     cost = CostModel(gpu)
-    estimator = Estimator(cost, spec.gpus_per_node, planner=Planner(cost, spec.gpus_per_node,
-                                                                   do_no_harm=spec.do_no_harm))
+    estimator = Estimator(cost, spec.gpus_per_node, planner=Planner(cost, spec.gpus_per_node, do_no_harm=spec.do_no_harm),
+                          own_layout_first=spec.own_layout_first and spec.learn)
     settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s,
                            slurm=spec.slurm, partitions=spec.partitions)
     metrics, results = [], []

@@ -63,6 +63,7 @@ class ControllerConfig:
     calibration_exclude_partitions: tuple[str, ...] = ()
     measure_dir: str = ""  # [calibration] measure_dir: where launchers report iteration times
     publish_file: str = ""  # [calibration] publish_file: the site model for the launchers
+    own_layout_first: bool = False  # [calibration] own_layout_first: needs measure_dir
     source: str = "(defaults)"
 
     def gpu_type_of(self, partition: str) -> str:
@@ -85,7 +86,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
     "controller": {"dry_run": ("dry_run", bool), "allow_requeue": ("allow_requeue", bool),
                    "lock_file": ("lock_file", str), "calibrate": ("calibrate", bool)},
     "calibration": {"exclude_partitions": ("calibration_exclude_partitions", list),
-                    "measure_dir": ("measure_dir", str), "publish_file": ("publish_file", str)},
+                    "measure_dir": ("measure_dir", str), "publish_file": ("publish_file", str),
+                    "own_layout_first": ("own_layout_first", bool)},
 }
 
 
@@ -156,6 +158,10 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
     if "backend" in values:
         check_backend(chosen, values["backend"])
     cfg = ControllerConfig(**values)
+    if cfg.own_layout_first and not cfg.measure_dir:
+        raise ConfigError("%s: [calibration] own_layout_first needs measure_dir (where launchers report the"
+                          " layouts that ran): without it no user's layout is ever measured and no layout"
+                          " would ever change" % chosen)
     _check_policy(cfg)
     _check_gpu_types(cfg)
     return cfg

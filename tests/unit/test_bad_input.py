@@ -69,6 +69,7 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "simulate --truth-bias gpt=0": lambda t: [*SIM, "--truth-bias", "gpt=0"],
     "simulate --load nan": lambda t: [*SIM, "--load", "nan"],
     "simulate --load inf": lambda t: [*SIM, "--load", "inf"],
+    "simulate --own-layout-first without --learn": lambda t: [*SIM, "--own-layout-first"],
     "simulate --flex nan": lambda t: [*SIM, "--flex", "nan"],
     "simulate --tick-interval inf": lambda t: [*SIM, "--tick-interval", "inf"],
     "simulate --gpus 1000000007": lambda t: ["simulate", "--policy", "fifo", "--jobs", "5", "--gpus", "1000000007"],

@@ -17,7 +17,7 @@ def test_shipped_example_config_loads():
 
 def test_the_examples_calibration_keys_load_when_uncommented(tmp_path):
     text = EXAMPLE.read_text()
-    for key in ("exclude_partitions", "measure_dir", "publish_file"):
+    for key in ("exclude_partitions", "measure_dir", "publish_file", "own_layout_first"):
         assert "# %s = " % key in text
         text = text.replace("# %s = " % key, "%s = " % key)
     path = tmp_path / "c.toml"
@@ -25,6 +25,17 @@ def test_the_examples_calibration_keys_load_when_uncommented(tmp_path):
     cfg = load_config(str(path))
     assert cfg.calibration_exclude_partitions == ("debug",)
     assert (cfg.measure_dir, cfg.publish_file) == ("/var/spool/pipeswift/measure", "/shared/pipeswift/site-model.json")
+    assert cfg.own_layout_first is True
+
+
+def test_own_layout_first_without_measure_dir_is_refused(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[calibration]\nown_layout_first = true\n")
+    with pytest.raises(ConfigError, match=r"\[calibration\] own_layout_first needs measure_dir"):
+        load_config(str(path))
+    path.write_text("[calibration]\nown_layout_first = 1\n")
+    with pytest.raises(ConfigError, match="own_layout_first must be a bool"):
+        load_config(str(path))
 
 
 @pytest.mark.parametrize("text, needle", [

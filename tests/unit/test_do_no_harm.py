@@ -157,3 +157,46 @@ def test_a_layout_the_site_measured_faster_is_kept_by_policies_and_launcher() ->
     assert est.best(profile, 8).config != profile.requested  # the shared planner kept no learned choice
     alloc = launcher.Allocation(*node_shape(8, 8))
     assert launcher.best_config(profile, alloc, learned) == profile.requested
+
+
+def test_own_layout_first_keeps_a_class_unmeasured_in_its_users_layouts_until_one_is_measured() -> None:
+    # tp4 pp1 is predicted 62 % slower than the fastest: the model alone replaces it on every
+    # count. A site with own_layout_first keeps it (and still resizes it in that layout) until
+    # a run of the class in a user's own layout was measured (its ``own=1`` term); then the
+    # model's bet is back. The switch is carried through with_bias and for_hardware.
+    profile = replace(_profile(4, 1), job_class="gpt-1.3b").with_range(8, 16)
+    plain = _estimator()
+    assert plain.best(profile, 8).config != profile.requested
+    first = Estimator(CostModel(A100), 8, own_layout_first=True)
+    assert first.best(profile, 8).config == profile.requested
+    options = first.option_run_times_s(profile, 8, 16)
+    assert {gpus for gpus, _, _ in options} == {8, 16}  # 12: dp 3 does not divide the batch
+    assert all((cfg.tp, cfg.pp, cfg.micro_batch_size) == (4, 1, 1) for _, cfg, _ in options)
+    other_class = first.with_bias({feature_key("gpt-other", "own", 1): 1.0})
+    assert other_class.own_layout_first and other_class.best(profile, 8).config == profile.requested
+    measured = first.with_bias({feature_key("gpt-1.3b", "own", 1): 1.0})
+    assert measured.best(profile, 8).config == plain.best(profile, 8).config
+    assert first.for_hardware(CostModel(get_gpu_type("H100-80GB")), 8).own_layout_first
+    assert launcher.best_config(profile, launcher.Allocation(*node_shape(8, 8)), first) == profile.requested
+
+
+def test_simulated_site_with_own_layout_first_starts_each_class_in_its_users_layout() -> None:
+    # End to end through the controller's tick and the online calibration: under
+    # own_layout_first no job of a class runs another layout before a run of the class in a
+    # user's own layout has finished (the simulator learns from finished jobs); without it
+    # the model's bets start at once.
+    from pipeswift_slurm.core.megatron_rules import same_layout
+    from pipeswift_slurm.sim.runner import RunSpec, run_comparison
+
+    spec = RunSpec(gpus=32, synthetic_jobs=80, policies=("pipeswift",), seed=3, learn=True)
+    free = run_comparison(spec).results[0].records
+    first = run_comparison(replace(spec, own_layout_first=True)).results[0].records
+    assert any(not same_layout(r.config, r.requested) for r in free)
+    moved = 0
+    for rec in first:
+        if rec.config is None or same_layout(rec.config, rec.requested):
+            continue
+        moved += 1
+        assert any(o.job_class == rec.job_class and o.end_s is not None and o.end_s <= rec.run_started_s
+                   and same_layout(o.config, o.requested) for o in first), rec.job_id
+    assert moved < sum(1 for r in free if r.config is not None and not same_layout(r.config, r.requested))

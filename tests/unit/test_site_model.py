@@ -49,6 +49,9 @@ def test_round_trip_and_readable_by_all(tmp_path: Path) -> None:
     assert stat.S_IMODE(os.stat(env[site_model.ENV]).st_mode) == 0o644
     assert site_model.from_env(env) == (model, "")
     assert site_model.from_env({}) == (None, "")
+    first = SiteModel({"gpt-1.3b": 1.2}, "A100-80GB", own_layout_first=True)
+    assert site_model.parse(first.to_json()) == first
+    assert job_side_estimator(_publish(tmp_path, first), 8)[0].own_layout_first
 
 
 @pytest.mark.parametrize("text, says", [
@@ -63,6 +66,7 @@ def test_round_trip_and_readable_by_all(tmp_path: Path) -> None:
     ('{"format": "pipeswift-site-model", "version": 1, "bias": {"%s": 1.0}}' % ("x" * 300), "at most 200"),
     ('{"format": "pipeswift-site-model", "version": 1, "gpu_type": 3}', "gpu_type must be a string"),
     ('{"format": "pipeswift-site-model", "version": 1, "written_at": "now"}', "written_at"),
+    ('{"format": "pipeswift-site-model", "version": 1, "own_layout_first": "yes"}', "own_layout_first"),
 ])
 def test_a_bad_file_is_refused_with_its_reason(text: str, says: str) -> None:
     with pytest.raises(SiteModelError, match=says):
