@@ -21,7 +21,7 @@ under slurm). Defaults: the window of docs/benchmarks.md.
 
 Usage: python bench/do_no_harm.py [--workload PATH] [--vc NAME] [--start-day D] [--days D]
        [--gpus N] [--load L] [--layouts user|expert] [--truth-user-favour F]
-       [--truth-shape-noise SIGMA] [--truth-noise SIGMA] [--seed N] [--learn [--own-layout-first]]
+       [--truth-shape-noise SIGMA] [--truth-noise SIGMA] [--seed N] [--learn [--own-layout-first] [--learn-history-days D]]
        [--policies slurm,pipeswift,...]
 """
 
@@ -77,6 +77,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="the workload's and the truth's draws")
     parser.add_argument("--learn", action="store_true",
                         help="calibrate online with layout terms from finished jobs (simulate --learn)")
+    parser.add_argument("--learn-history-days", type=float, default=0.0,
+                        help="with --learn: start from what the site learned on the trace's D days before the window")
     parser.add_argument("--own-layout-first", action="store_true",
                         help="with --learn: change no user's layout of a class before a run in one was measured")
     parser.add_argument("--policies", default=",".join(POLICIES),
@@ -93,7 +95,7 @@ def main() -> int:
                    window_days=args.days, load=args.load, drop_oversized=True, policies=policies,
                    layouts=args.layouts, user_favour=args.truth_user_favour, shape_sigma=args.truth_shape_noise,
                    noise_sigma=args.truth_noise, seed=args.seed, learn=args.learn,
-                   own_layout_first=args.own_layout_first)
+                   own_layout_first=args.own_layout_first, learn_history_days=args.learn_history_days)
     try:
         runs = {on: {m["policy"]: m for m in run_comparison(replace(spec, do_no_harm=on)).metrics}
                 for on in (True, False)}

@@ -6,17 +6,26 @@ finished runs (with and without the learned corrections). Pure."""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Any, Optional, Sequence
 
-from pipeswift_slurm.core.calibration import OnlineCalibrator
+from pipeswift_slurm.core.calibration import Observation, OnlineCalibrator
 from pipeswift_slurm.sim.truth import shape_key
 
 RUNS_BEFORE = 20
 
 
-def learner(estimator: Any) -> OnlineCalibrator:
-    """The online calibrator of ``--learn`` (layout terms on, refit every 5 finished jobs)."""
-    return OnlineCalibrator(estimator, layouts=True)
+def learner(estimator: Any, history: Sequence[Observation] = (), start_s: float = 0.0) -> OnlineCalibrator:
+    """The online calibrator of ``--learn`` (layout terms on, refit every 5 finished jobs);
+    with ``history`` (``runner.site_history``: what the site measured before the window,
+    in that run's own times), fitted on it before ``start_s``, the history's last end
+    moved to ``start_s``, so the window starts with what the site had learned."""
+    cal = OnlineCalibrator(estimator, layouts=True)
+    if history:
+        shift_s = start_s - max(obs.end_time for obs in history)
+        cal.observations.extend(replace(obs, end_time=obs.end_time + shift_s) for obs in history)
+        cal.refit(start_s - 1.0)
+    return cal
 
 
 def unseen_layout_errors(records: list[Any], calibrator: OnlineCalibrator,

@@ -81,6 +81,10 @@ class RunSpec:
     # with ``learn``: no user's layout of a class is bet against before a run in one was
     # measured (``[calibration] own_layout_first``, ``Estimator.own_layout_first``)
     own_layout_first: bool = False
+    # with ``learn``: the calibration starts from this many days of the site's history (the
+    # same policy on the trace's days before the window, learned from as it ran), as at a
+    # site that has run pipeswift that long; 0: a new install, nothing measured
+    learn_history_days: float = 0.0
     # a site's own history (sim/replay.py History, from --sacct or --history) replayed
     # instead of ``workload``; its own times are kept (``load`` is not applied)
     history: Any = None
@@ -102,6 +106,7 @@ class Comparison:
     results: list[SimResult]
     jobs: list[WorkloadJob]
     changed: Optional[dict[str, Any]] = None  # a history's replay: replay.what_changed
+    calibrators: dict[str, Any] = field(default_factory=dict)  # ``learn``: policy -> its OnlineCalibrator
 
 
 def trace_rows(spec: RunSpec) -> tuple[list[TraceRow], Optional[float]]:
@@ -217,7 +222,7 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
                           own_layout_first=spec.own_layout_first and spec.learn)
     settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s,
                            slurm=spec.slurm, partitions=spec.partitions)
-    metrics, results = [], []
+    metrics, results, calibrators = [], [], {}  # type: ignore[var-annotated]
     for name in spec.policies:
         base = name.split(":")[0]
         knobs = {**PRESETS.get(name, {}), **spec.policy_knobs.get(name, {})}
@@ -231,9 +236,11 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         tick_cb = (lambda now, rep, _n=name: on_tick(_n, now, rep)) if on_tick else None
         t0 = time.perf_counter()
         run_settings = replace(settings, allow_requeue=False) if name in spec.no_requeue else settings
-        cal = learner(estimator) if spec.learn else None
-        result = Simulation(jobs, policy, estimator, truth, run_settings, store=store, on_tick=tick_cb,
-                            calibrator=cal, truths=truths).run()
+        cal = learner(estimator, site_history(spec, name), min((j.submit_s for j in jobs), default=0.0)) \
+            if spec.learn else None
+        calibrators[name] = cal
+        result = Simulation(jobs, policy, cal.estimator() if cal else estimator, truth, run_settings, store=store,
+                            on_tick=tick_cb, calibrator=cal, truths=truths).run()
         result.policy = name
         result.makespan_s = max(0.0, result.makespan_s - facts["start_epoch_s"])  # a duration, from time 0
         log.info("%s: %d jobs simulated in %.1f s", name, len(jobs), time.perf_counter() - t0)
@@ -250,7 +257,21 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
     fifo = next((m for m in metrics if m["policy"] == "fifo"), None)
     facts["fifo_bound_kept"] = fifo["bound_kept"] if fifo else None
     changed = what_changed(jobs, results) if spec.history is not None else None
-    return Comparison(spec, facts, metrics, results, jobs, changed)
+    return Comparison(spec, facts, metrics, results, jobs, changed, calibrators)
+
+
+def site_history(spec: RunSpec, name: str) -> list[Any]:
+    """What the site measured before the window (``learn_history_days``): the calibration's
+    observations of policy ``name`` run, learning, on the trace's days before the window (as
+    many as the trace has); none without, for a generated workload or a replayed history."""
+    days = min(spec.learn_history_days, spec.start_day) if spec.workload and spec.history is None else 0.0
+    if days <= 0 or not spec.learn:
+        return []
+    before = replace(spec, start_day=spec.start_day - days, window_days=days, policies=(name,), learn_history_days=0.0)
+    try:
+        return list(run_comparison(before).calibrators[name].observations)
+    except WorkloadError:  # no job of the trace in those days
+        return []
 
 
 def mixed_spec(spec: RunSpec) -> RunSpec:

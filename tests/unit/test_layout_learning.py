@@ -132,3 +132,32 @@ def test_simulate_learn_reports_and_improves_layouts_it_has_seen() -> None:
     assert "unseen_layouts" in metrics
     off = run_comparison(RunSpec(synthetic_jobs=300, policies=("pipeswift",), shape_sigma=0.15, seed=3)).metrics[0]
     assert "seen_layouts" not in off
+
+
+def test_a_window_can_start_from_what_the_site_measured_on_the_days_before(tmp_path) -> None:
+    # learn_history_days: the same policy runs, learning, on the trace's days before the
+    # window; the window's calibration starts fitted on those runs (their last end moved to
+    # the window's start), so its first decisions already use what was measured.
+    from pipeswift_slurm.sim.runner import RunSpec, run_comparison, site_history
+
+    rng = random.Random(4)
+    lines = ["job_id,submit_time_s,duration_s,num_gpus,user,cluster"]
+    for i in range(120):
+        lines.append("j%d,%d,%d,%d,u%d,vc" % (i, i * 10080, rng.randint(1800, 14400), rng.choice((1, 2, 4, 8)), i % 5))
+    path = tmp_path / "two-weeks.csv"
+    path.write_text("\n".join(lines) + "\n")
+    spec = RunSpec(gpus=16, workload=str(path), start_day=7, window_days=7, policies=("pipeswift",), learn=True)
+    assert site_history(spec, "pipeswift") == []
+    warm = dataclasses.replace(spec, learn_history_days=7)
+    history = site_history(warm, "pipeswift")
+    assert len(history) > 20 and all(o.features for o in history)
+    assert site_history(dataclasses.replace(warm, learn=False), "pipeswift") == []
+    comp = run_comparison(warm)
+    cal = comp.calibrators["pipeswift"]
+    start_s = min(j.submit_s for j in comp.jobs)
+    assert cal.observations[:len(history)] == [dataclasses.replace(o, end_time=o.end_time - max(
+        h.end_time for h in history) + start_s) for o in history]
+    first_fit_s = cal._installed[1][0]
+    assert first_fit_s == start_s - 1.0
+    cold = run_comparison(spec).calibrators["pipeswift"]
+    assert cold._installed[1][0] > start_s  # a new install fits only once window jobs finished
