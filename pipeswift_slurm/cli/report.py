@@ -345,6 +345,17 @@ def _gpu_of_partition(obj: Obj, gpu_type: Optional[str]) -> Callable[[str], Any]
     return gpu_of
 
 
+def _own_layout_first() -> bool:
+    """The controller config's ``[calibration] own_layout_first`` (False without a usable
+    config: ``--gpu-type`` lets explain run without one)."""
+    from pipeswift_slurm.slurm.config import ConfigError, load_config
+
+    try:
+        return load_config().own_layout_first
+    except ConfigError:
+        return False
+
+
 @click.command()
 @click.argument("job_id", type=JOB_ID)
 @_db_option
@@ -369,7 +380,8 @@ def explain(
 
     store = open_history(db)
     try:
-        expl = explain_job(store, job_id, _gpu_of_partition(obj, gpu_type), gpus_per_node, top)
+        expl = explain_job(store, job_id, _gpu_of_partition(obj, gpu_type), gpus_per_node, top,
+                           _own_layout_first())
     except UnknownJob:
         fail(
             "job %d is not in the history DB %s (the controller has not seen it yet, or wrong --db)"

@@ -219,7 +219,8 @@ def _predicted(
 
 
 def explain_job(
-    store: Any, job_id: int, gpu: Any, gpus_per_node: Optional[int] = None, top: int = 8
+    store: Any, job_id: int, gpu: Any, gpus_per_node: Optional[int] = None, top: int = 8,
+    own_layout_first: bool = False,
 ) -> Explanation:
     """Explain one job from the history database.
 
@@ -230,6 +231,8 @@ def explain_job(
             (a mixed cluster).
         gpus_per_node: GPUs per node (default: from the last tick snapshot, else 8).
         top: candidate configs listed (the chosen and requested ones are always kept).
+        own_layout_first: the site's ``[calibration] own_layout_first`` (the candidates are
+            chosen as the controller chooses them).
 
     Raises:
         UnknownJob: the id is not in the database.
@@ -251,7 +254,7 @@ def explain_job(
     if profile is not None:
         candidates = _candidates(
             profile,
-            _estimator(gpu, cluster, calibration),
+            _estimator(gpu, cluster, calibration, own_layout_first),
             chosen or profile.requested,
             top,
             cluster.free_gpus if row["state"] == PENDING else None,
@@ -290,11 +293,11 @@ def explain_job(
     )
 
 
-def _estimator(gpu: Any, cluster: _Cluster, calibration: dict[str, float]) -> Any:
+def _estimator(gpu: Any, cluster: _Cluster, calibration: dict[str, float], own_layout_first: bool) -> Any:
     from pipeswift_slurm.core.costmodel import CostModel
     from pipeswift_slurm.core.estimator import Estimator
 
-    return Estimator(CostModel(gpu), cluster.gpus_per_node, calibration)
+    return Estimator(CostModel(gpu), cluster.gpus_per_node, calibration, own_layout_first=own_layout_first)
 
 
 def _why(

@@ -256,3 +256,27 @@ def test_cli_explain_predicts_on_the_partitions_gpu_type_from_the_controllers_co
     result = CliRunner().invoke(pipeswift, ["explain", "1", "--db", path])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert "gpus_per_node" in result.output
+
+
+def test_candidates_follow_the_sites_own_layout_first(history, tmp_path, monkeypatch):
+    # [calibration] own_layout_first: the class has no measured run in a user's layout, so
+    # the controller keeps the user's layout on every count, and explain lists it so
+    from pipeswift_slurm.core.megatron_rules import same_layout
+
+    path, _ = history
+    profile = _profile()
+    store = Store.from_url(path)
+    plain = explain_job(store, 1, GPU, top=20).candidates
+    first = explain_job(store, 1, GPU, top=20, own_layout_first=True).candidates
+    assert any(c.config != profile.requested.short() for c in plain if not c.chosen)
+    kept = Estimator(CostModel(GPU), 8, {profile.job_class: BIAS}, own_layout_first=True)
+    options = [kept.option(profile, g) for g in range(4, 17)]
+    expected = {found[0].short() for found in options if found}
+    assert expected and all(same_layout(found[0], profile.requested) for found in options if found)
+    assert {c.config for c in first if not c.chosen and not c.requested} <= expected
+    config = tmp_path / "config.toml"
+    config.write_text('[calibration]\nmeasure_dir = "%s"\nown_layout_first = true\n' % tmp_path)
+    monkeypatch.setenv("PIPESWIFT_CONFIG", str(config))
+    result = CliRunner().invoke(pipeswift, ["explain", "1", "--db", path, "--json", "--top", "20"])
+    assert result.exit_code == 0, result.output
+    assert [c["config"] for c in json.loads(result.output)["candidates"]] == [c.config for c in first]
