@@ -240,7 +240,7 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--jobs", "synthetic_jobs", type=click.IntRange(min=1), default=400, show_default=True,
               help="Jobs of the synthetic workload.")
 @click.option("--gpus", type=click.IntRange(min=1, max=MAX_GPUS), default=64, show_default=True)
-@click.option("--gpus-per-node", type=click.IntRange(min=1), help="[default: the --config's, else 8]")
+@click.option("--gpus-per-node", type=click.IntRange(min=1, max=MAX_GPUS), help="[default: the --config's, else 8]")
 @click.option("--gpu-type", help="[default: the --config's, else %s]" % DEFAULT_GPU_TYPE)
 @click.option("--partition", "partition_items", multiple=True, metavar="NAME=GPU_TYPE:NODESxGPUS",
               help="A mixed cluster, one partition per option (e.g. a100=A100-80GB:4x8); replaces --gpus,"
@@ -250,7 +250,7 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               " move them; the baselines keep each job where it was submitted).")
 @click.option("--truth-partition-factor", "partition_truth", multiple=True, metavar="NAME=RATIO",
               help="With --partition: every config really runs RATIO times the predicted iteration time there.")
-@click.option("--load", type=FiniteFloatRange(min=0.01), help="Rescale arrivals to this offered load (synthetic"
+@click.option("--load", type=FiniteFloatRange(min=0.01, max=100), help="Rescale arrivals to this offered load (synthetic"
               " default 0.9; traces keep their own times unless given).")
 @click.option("--policy", "policy_text", default="fifo,slurm,sjf,tiresias,pipeswift", show_default=True,
               help="Policies to compare. BASE:NAME runs BASE under that name, with the preset knobs of"

@@ -77,6 +77,8 @@ class ControllerConfig:
         return self.source != NO_FILE
 
 
+MAX_GPUS_PER_NODE = 1024  # a cap above any node's GPUs; a larger number is a typo
+
 _SCHEMA: dict[str, dict[str, tuple[str, type]]] = {
     "store": {"url": ("db_url", str)},
     "slurm": {"backend": ("backend", str), "partitions": ("partitions", list), "gpu_type": ("gpu_type", str),
@@ -115,6 +117,8 @@ def check_backend(source: str, name: str) -> None:
 def _check(path: str, section: str, key: str, value: Any, kind: type) -> Any:
     if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ConfigError("%s: [%s] %s must be a non-negative integer (got %r)" % (path, section, key, value))
+    if key == "gpus_per_node" and value > MAX_GPUS_PER_NODE:
+        raise ConfigError("%s: [%s] %s must be at most %d (got %r)" % (path, section, key, MAX_GPUS_PER_NODE, value))
     if kind is not int and not isinstance(value, kind):
         raise ConfigError("%s: [%s] %s must be a %s (got %r)" % (path, section, key, kind.__name__, value))
     if kind is list:

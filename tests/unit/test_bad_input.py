@@ -70,6 +70,7 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "simulate --load nan": lambda t: [*SIM, "--load", "nan"],
     "simulate --load inf": lambda t: [*SIM, "--load", "inf"],
     "simulate --own-layout-first without --learn": lambda t: [*SIM, "--own-layout-first"],
+    "simulate --load 1e308": lambda t: [*SIM, "--load", "1e308"],
     "simulate --flex nan": lambda t: [*SIM, "--flex", "nan"],
     "simulate --tick-interval inf": lambda t: [*SIM, "--tick-interval", "inf"],
     "simulate --gpus 1000000007": lambda t: ["simulate", "--policy", "fifo", "--jobs", "5", "--gpus", "1000000007"],

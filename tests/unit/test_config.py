@@ -40,6 +40,7 @@ def test_own_layout_first_without_measure_dir_is_refused(tmp_path):
 
 @pytest.mark.parametrize("text, needle", [
     ("[slurm]\ngpus_per_node = 'eight'\n", "gpus_per_node"),
+    ("[slurm]\ngpus_per_node = 99999999999999999999\n", "gpus_per_node"),
     ("[slurm]\nbogus = 1\n", "bogus"),
     ("[nonsense]\nx = 1\n", "nonsense"),
     ("[policy]\nname = 'magic'\n", "magic"),
