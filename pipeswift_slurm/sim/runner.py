@@ -222,7 +222,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
                           own_layout_first=spec.own_layout_first and spec.learn)
     settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s,
                            slurm=spec.slurm, partitions=spec.partitions)
-    metrics, results, calibrators = [], [], {}  # type: ignore[var-annotated]
+    metrics, results = [], []
+    calibrators: dict[str, Any] = {}
     for name in spec.policies:
         base = name.split(":")[0]
         knobs = {**PRESETS.get(name, {}), **spec.policy_knobs.get(name, {})}
@@ -238,8 +239,9 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         run_settings = replace(settings, allow_requeue=False) if name in spec.no_requeue else settings
         cal = learner(estimator, site_history(spec, name), min((j.submit_s for j in jobs), default=0.0)) \
             if spec.learn else None
-        calibrators[name] = cal
-        result = Simulation(jobs, policy, cal.estimator() if cal else estimator, truth, run_settings, store=store,
+        if cal is not None:
+            calibrators[name] = cal
+        result = Simulation(jobs, policy, cal.estimator() if cal is not None else estimator, truth, run_settings, store=store,
                             on_tick=tick_cb, calibrator=cal, truths=truths).run()
         result.policy = name
         result.makespan_s = max(0.0, result.makespan_s - facts["start_epoch_s"])  # a duration, from time 0
