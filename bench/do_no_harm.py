@@ -21,7 +21,8 @@ under slurm). Defaults: the window of docs/benchmarks.md.
 
 Usage: python bench/do_no_harm.py [--workload PATH] [--vc NAME] [--start-day D] [--days D]
        [--gpus N] [--load L] [--layouts user|expert] [--truth-user-favour F]
-       [--truth-shape-noise SIGMA] [--truth-noise SIGMA] [--seed N] [--learn [--own-layout-first] [--learn-history-days D]]
+       [--truth-shape-noise SIGMA] [--truth-noise SIGMA] [--seed N] [--learn [--own-layout-first] [--learn-history-days D]
+       [--learn-report-s S]]
        [--policies slurm,pipeswift,...]
 """
 
@@ -79,6 +80,9 @@ def main() -> int:
                         help="calibrate online with layout terms from finished jobs (simulate --learn)")
     parser.add_argument("--learn-history-days", type=float, default=0.0,
                         help="with --learn: start from what the site learned on the trace's D days before the window")
+    parser.add_argument("--learn-report-s", type=float, default=None,
+                        help="with --learn: learn from a job S seconds after it starts (the launcher's report)"
+                        " instead of when it finishes")
     parser.add_argument("--own-layout-first", action="store_true",
                         help="with --learn: change no user's layout of a class before a run in one was measured")
     parser.add_argument("--policies", default=",".join(POLICIES),
@@ -86,6 +90,9 @@ def main() -> int:
     args = parser.parse_args()
     if not Path(args.workload).is_file():
         print("bench/do_no_harm.py: %s: no such file (give --workload PATH)" % args.workload, file=sys.stderr)
+        return 2
+    if args.learn_report_s is not None and not 0 <= args.learn_report_s < float("inf"):
+        print("bench/do_no_harm.py: --learn-report-s must be a number of seconds >= 0", file=sys.stderr)
         return 2
     if not 0.1 <= args.truth_user_favour <= 10 or args.truth_shape_noise < 0 or args.truth_noise < 0:
         print("bench/do_no_harm.py: --truth-user-favour must be in 0.1..10, the noise sigmas >= 0", file=sys.stderr)
@@ -95,7 +102,8 @@ def main() -> int:
                    window_days=args.days, load=args.load, drop_oversized=True, policies=policies,
                    layouts=args.layouts, user_favour=args.truth_user_favour, shape_sigma=args.truth_shape_noise,
                    noise_sigma=args.truth_noise, seed=args.seed, learn=args.learn,
-                   own_layout_first=args.own_layout_first, learn_history_days=args.learn_history_days)
+                   own_layout_first=args.own_layout_first, learn_history_days=args.learn_history_days,
+                   learn_report_s=args.learn_report_s)
     try:
         runs = {on: {m["policy"]: m for m in run_comparison(replace(spec, do_no_harm=on)).metrics}
                 for on in (True, False)}

@@ -290,16 +290,22 @@ class OnlineCalibrator:
         half_life_s, trim, prior_jobs: the knobs of ``fit_bias``.
         layouts: learn the layout terms too (``simulate --learn``): each finished job
             reports the layout it ran, as the launcher does (``submit/iterlog.py``).
+        report_s: when set, a job is learned from this long after its run started, while
+            it runs, as the launcher's iteration-time report reaches a live controller
+            (its run's true time, which the simulator knows at the start); None: when it
+            finishes, from its elapsed time.
     """
 
     def __init__(self, base_estimator: Any, *, refit_every: int = 5, half_life_s: float = DEFAULT_HALF_LIFE_S,
-                 trim: float = DEFAULT_TRIM, prior_jobs: float = DEFAULT_PRIOR_JOBS, layouts: bool = False):
+                 trim: float = DEFAULT_TRIM, prior_jobs: float = DEFAULT_PRIOR_JOBS, layouts: bool = False,
+                 report_s: Optional[float] = None):
         if refit_every < 1:
             raise ValueError("refit_every must be >= 1")
         _check_knobs(half_life_s, trim, prior_jobs)
         self.base = base_estimator
         self.refit_every = refit_every
         self.layouts = layouts
+        self.report_s = report_s
         self.knobs = {"half_life_s": half_life_s, "trim": trim, "prior_jobs": prior_jobs}
         self.observations: list[Observation] = []
         self.fit: dict[str, ClassBias] = {}
@@ -321,13 +327,14 @@ class OnlineCalibrator:
         return float(estimator.bias(job_class, config, requested) if config is not None else estimator.bias(job_class))
 
     def observe(self, record: Any, bias_used: Optional[float] = None) -> bool:
-        """Learn from one finished JobRecord (once per job); False when not usable.
+        """Learn from one finished JobRecord, or with ``report_s`` a running one (once per
+        job); False when not usable.
 
-        Skipped: unfinished records, jobs that were requeued (their last run covered only
+        Skipped: unfinished records (without ``report_s``), jobs that were requeued (their last run covered only
         the remaining iterations, while predicted_run_s is a fresh start's), and invalid
         times. ``bias_used`` overrides the bias looked up from the install history.
         """
-        if record.end_s is None or record.job_id in self._seen:
+        if not self.reported(record, math.inf) or record.job_id in self._seen:
             return False
         self._seen.add(record.job_id)
         if record.restarts:
@@ -337,8 +344,10 @@ class OnlineCalibrator:
         requested = getattr(record, "requested", None)
         bias = bias_used if bias_used is not None else self.bias_in_force(record.job_class, record.run_started_s,
                                                                           config, requested)
+        finished = record.end_s is not None
         obs = Observation(record.job_class, record.predicted_run_s / bias if bias > 0 else float("nan"),
-                          record.end_s - record.run_started_s, record.end_s, getattr(record, "user", ""),
+                          record.end_s - record.run_started_s if finished else record.run_true_s,
+                          record.end_s if finished else record.run_started_s + self.report_s, getattr(record, "user", ""),
                           layout_features(config, requested) if config is not None else ())
         if not _is_valid(obs):
             self.skipped += 1
@@ -346,6 +355,14 @@ class OnlineCalibrator:
         self.observations.append(obs)
         self._since_fit += 1
         return True
+
+    def reported(self, record: Any, now: float) -> bool:
+        """Whether ``record`` can be learned from by ``now``: it finished, or (``report_s``)
+        its first run has run that long."""
+        if record.end_s is not None:
+            return bool(record.end_s <= now)
+        return self.report_s is not None and not record.restarts and getattr(record, "run_true_s", 0.0) > 0 \
+            and record.run_started_s + self.report_s <= now
 
     def refit(self, now: float) -> dict[str, ClassBias]:
         """Fit on every observation so far; the next ``estimator()`` uses it from ``now`` on."""
@@ -369,7 +386,7 @@ class OnlineCalibrator:
     def update(self, records: Iterable[Any], now: float) -> bool:
         """Observe newly finished records (end_s <= now); refit every ``refit_every``. True when refitted."""
         for record in records:
-            if record.end_s is not None and record.end_s <= now and record.job_id not in self._seen:
+            if record.job_id not in self._seen and self.reported(record, now):
                 self.observe(record)
         if self._since_fit >= self.refit_every:
             self.refit(now)

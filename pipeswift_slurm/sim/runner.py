@@ -85,6 +85,9 @@ class RunSpec:
     # same policy on the trace's days before the window, learned from as it ran), as at a
     # site that has run pipeswift that long; 0: a new install, nothing measured
     learn_history_days: float = 0.0
+    # with ``learn``: a job is learned from this many seconds after its run started, as the
+    # launcher's iteration-time report reaches a live controller; None: when it finishes
+    learn_report_s: Optional[float] = None
     # a site's own history (sim/replay.py History, from --sacct or --history) replayed
     # instead of ``workload``; its own times are kept (``load`` is not applied)
     history: Any = None
@@ -237,8 +240,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
         tick_cb = (lambda now, rep, _n=name: on_tick(_n, now, rep)) if on_tick else None
         t0 = time.perf_counter()
         run_settings = replace(settings, allow_requeue=False) if name in spec.no_requeue else settings
-        cal = learner(estimator, site_history(spec, name), min((j.submit_s for j in jobs), default=0.0)) \
-            if spec.learn else None
+        cal = learner(estimator, site_history(spec, name), min((j.submit_s for j in jobs), default=0.0),
+                      spec.learn_report_s) if spec.learn else None
         if cal is not None:
             calibrators[name] = cal
         result = Simulation(jobs, policy, cal.estimator() if cal is not None else estimator, truth, run_settings, store=store,

@@ -196,7 +196,7 @@ class OnlineCalibration:
         if len(records) != self._known:
             self._unfinished.update((k, r) for k, r in records.items() if k not in self.calibrator.seen)
             self._known = len(records)
-        done = [r for r in self._unfinished.values() if r.end_s is not None and r.end_s <= now]
+        done = [r for r in self._unfinished.values() if self.calibrator.reported(r, now)]
         for record in done:
             del self._unfinished[record.job_id]
         return done

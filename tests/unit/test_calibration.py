@@ -170,6 +170,27 @@ def test_online_calibrator_learns_only_from_finished_jobs_once(cost):
     assert cal.estimator() is cal.base
 
 
+def test_online_calibrator_with_report_s_learns_from_a_running_job_once_its_report_is_due(cost):
+    # report_s: the launcher's iteration-time report reaches the calibration report_s after
+    # the run started; the simulator knows the run's true time (run_true_s) at its start
+    cal = OnlineCalibrator(Estimator(cost, 8), refit_every=1, prior_jobs=0.0, half_life_s=math.inf, report_s=300.0)
+    running = _record(1, 1000.0, None, 100.0)
+    running.run_true_s = 150.0
+    requeued = _record(2, 1000.0, None, 100.0, restarts=1)
+    requeued.run_true_s = 50.0
+    waiting = _record(3, 0.0, None, 100.0)  # not started: no run time yet
+    assert not cal.update([running, requeued, waiting], now=1299.0)
+    assert cal.update([running, requeued, waiting], now=1300.0)
+    assert [(o.actual_run_s, o.end_time) for o in cal.observations] == [(150.0, 1300.0)]
+    assert cal.fit["gpt-<2B"].ratio == pytest.approx(1.5)
+    running.end_s = 1160.0
+    assert not cal.update([running], now=2000.0) and len(cal.observations) == 1  # once per job
+    at_end = OnlineCalibrator(Estimator(cost, 8), refit_every=1)  # report_s None: only at the end
+    unfinished = _record(4, 1000.0, None, 100.0)
+    unfinished.run_true_s = 150.0
+    assert not at_end.update([unfinished], now=10_000.0) and at_end.observations == []
+
+
 def test_online_calibrator_keeps_base_bias_for_unseen_classes(cost):
     base = Estimator(cost, 8, bias={"gpt-<80B": 0.9})
     cal = OnlineCalibrator(base, refit_every=1)

@@ -161,3 +161,15 @@ def test_a_window_can_start_from_what_the_site_measured_on_the_days_before(tmp_p
     assert first_fit_s == start_s - 1.0
     cold = run_comparison(spec).calibrators["pipeswift"]
     assert cold._installed[1][0] > start_s  # a new install fits only once window jobs finished
+
+
+def test_with_learn_report_s_the_simulation_learns_while_jobs_run() -> None:
+    # learn_report_s: each job reaches the calibration that long after it started (the
+    # launcher's report), not when it ends: the first fit comes sooner
+    from pipeswift_slurm.sim.runner import RunSpec, run_comparison
+
+    spec = RunSpec(gpus=16, synthetic_jobs=40, policies=("pipeswift",), learn=True)
+    at_end = run_comparison(spec).calibrators["pipeswift"]
+    reported = run_comparison(dataclasses.replace(spec, learn_report_s=600.0)).calibrators["pipeswift"]
+    assert reported._installed[1][0] < at_end._installed[1][0]
+    assert min(o.end_time for o in reported.observations) < min(o.end_time for o in at_end.observations)
