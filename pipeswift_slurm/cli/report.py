@@ -268,12 +268,13 @@ def _figures(kind: str, store: Any, window: Any, data: Any, o: dict[str, Any]) -
 
 
 def _write_prometheus(store: Any, window: Any, o: dict[str, Any]) -> None:
+    from pipeswift_slurm.core.files import write_atomic
     from pipeswift_slurm.reports import render as rr
     from pipeswift_slurm.reports.queries import full_report
 
     rep = full_report(store, window, "size", o["threshold"], o["wait_bound_h"] * 3600.0, 1)
     try:
-        rr.write_atomic(o["prometheus"], rr.prometheus_text(rep))
+        write_atomic(o["prometheus"], rr.prometheus_text(rep))
     except OSError as exc:
         fail("--prometheus %s: %s" % (o["prometheus"], exc), 1)
 

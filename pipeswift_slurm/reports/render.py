@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from typing import Any, Optional
 
 from pipeswift_slurm.core.fmt import duration, table
-from pipeswift_slurm.core.files import write_atomic  # noqa: F401
 from pipeswift_slurm.reports.metrics import Metrics, prometheus_text  # noqa: F401
 from pipeswift_slurm.reports.plots import draw_bias, draw_decisions, draw_jct_cdf, draw_queue_ratio  # noqa: F401
 from pipeswift_slurm.reports.plots import draw_waits, figure, png_bytes, save_png  # noqa: F401

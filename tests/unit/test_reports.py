@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from pipeswift_slurm.reports import render as RR
 from pipeswift_slurm.reports import queries as R
 from pipeswift_slurm.cli.main import pipeswift
+from pipeswift_slurm.core.files import write_atomic
 from pipeswift_slurm.core.megatron import profile_from_argv
 from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, Job, Node
 from pipeswift_slurm.store.history import CalibrationEntry, Store, make_engine
@@ -675,7 +676,7 @@ def test_prometheus_text_parses_and_matches(ctl_db, tmp_path):
     store = Store.from_url(path)
     full = R.full_report(store, by="size")
     out = tmp_path / "pipeswift.prom"
-    RR.write_atomic(str(out), RR.prometheus_text(full))
+    write_atomic(str(out), RR.prometheus_text(full))
     assert [p.name for p in tmp_path.iterdir()] == ["pipeswift.prom"]  # no temp file left
     s = parse_prometheus(out.read_text())
     assert s[("pipeswift_queue_ratio", ())] == pytest.approx(full.queue_ratio.overall.queue_ratio)
