@@ -324,37 +324,34 @@ _command(
 _command("all", "day", (_LIMIT,))
 
 
-def _gpu_of_partition(obj: Obj, gpu_type: Optional[str]) -> Callable[[str], Any]:
+def _controller_config(gpu_type: Optional[str]) -> Any:
+    """The controller's config, read once for ``explain``: a bad one is one line and exit 2,
+    unless ``--gpu-type`` lets explain run without it (then None)."""
+    from pipeswift_slurm.slurm.config import ConfigError, load_config
+
+    try:
+        return load_config()
+    except ConfigError as exc:
+        if gpu_type:
+            return None
+        fail(str(exc))
+
+
+def _gpu_of_partition(obj: Obj, gpu_type: Optional[str], cfg: Any) -> Callable[[str], Any]:
     """Partition -> the GpuType ``explain`` predicts on: ``--gpu-type`` for every partition,
-    else what the controller's config plans that partition on (a bad config: exit 2)."""
+    else what the controller's config ``cfg`` plans that partition on."""
     if gpu_type:
         gpu = obj.gpu(gpu_type)
         return lambda partition: gpu
     from pipeswift_slurm.cli.controller import partition_gpu
     from pipeswift_slurm.core.hardware import HardwareError
-    from pipeswift_slurm.slurm.config import ConfigError, load_config
 
-    try:
-        cfg = load_config()
-    except ConfigError as exc:
-        fail(str(exc))
     def gpu_of(partition: str) -> Any:
         try:
             return partition_gpu(cfg, obj, partition)
         except HardwareError as exc:
             fail("%s: GPU type of partition %s: %s" % (cfg.source, partition, exc))
     return gpu_of
-
-
-def _own_layout_first() -> bool:
-    """The controller config's ``[calibration] own_layout_first`` (False without a usable
-    config: ``--gpu-type`` lets explain run without one)."""
-    from pipeswift_slurm.slurm.config import ConfigError, load_config
-
-    try:
-        return load_config().own_layout_first
-    except ConfigError:
-        return False
 
 
 @click.command()
@@ -381,8 +378,9 @@ def explain(
 
     store = open_history(db)
     try:
-        expl = explain_job(store, job_id, _gpu_of_partition(obj, gpu_type), gpus_per_node, top,
-                           _own_layout_first())
+        cfg = _controller_config(gpu_type)
+        expl = explain_job(store, job_id, _gpu_of_partition(obj, gpu_type, cfg), gpus_per_node, top,
+                           own_layout_first=cfg is not None and cfg.own_layout_first)
     except UnknownJob:
         fail(
             "job %d is not in the history DB %s (the controller has not seen it yet, or wrong --db)"
