@@ -16,7 +16,8 @@ from typing import Any, Hashable, Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.calibration import lookup_bias
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
-from pipeswift_slurm.core.layout_fit import is_feature_key, layout_factor, own_layout_measured, unmeasured_factor
+from pipeswift_slurm.core.layout_fit import (is_feature_key, layout_factor, own_layout_measured, relaid_measured,
+                                             unmeasured_factor)
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.planner import LayoutFactor, Planner
 
@@ -54,22 +55,27 @@ class Estimator:
         planner: share a planner (and its cache) with another estimator.
         own_layout_first: bet against no user's layout of a class before a run in one was
             measured (``[calibration] own_layout_first``; ``layout_factor``).
+        explores: with ``own_layout_first``, bet on a class none of whose relaid runs was
+            measured yet (the controller, which lets one job of it at a time do so,
+            ``slurm/explore.py``); False where the jobs in flight are not known (the
+            launcher and psbatch: only the controller explores).
     """
 
     def __init__(self, cost: CostModel, gpus_per_node: int,
                  bias: Optional[Mapping[str, float]] = None, planner: Optional[Planner] = None,
-                 own_layout_first: bool = False):
+                 own_layout_first: bool = False, explores: bool = True):
         self.cost = cost
         self.gpus_per_node = gpus_per_node
         self.bias_by_class = dict(bias or {})
         self.planner = planner or Planner(cost, gpus_per_node)
         self.own_layout_first = own_layout_first
+        self.explores = explores
         # classes with learned layout terms: their do-no-harm weighs the corrected times
         self._layout_classes = frozenset(k.rpartition(" ")[0] for k in self.bias_by_class if is_feature_key(k))
 
     def with_bias(self, bias: Mapping[str, float]) -> "Estimator":
         """A copy with another bias map, sharing the planner cache."""
-        return Estimator(self.cost, self.gpus_per_node, bias, self.planner, self.own_layout_first)
+        return Estimator(self.cost, self.gpus_per_node, bias, self.planner, self.own_layout_first, self.explores)
 
     def with_gpus_per_node(self, gpus_per_node: int) -> "Estimator":
         """A copy that plans for nodes of ``gpus_per_node`` GPUs (a new planner: configs,
@@ -83,7 +89,7 @@ class Estimator:
         planner settings and a planner of its own (a partition of other GPUs)."""
         planner = Planner(cost, gpus_per_node, vary_tp=self.planner.vary_tp, max_vp=self.planner.max_vp,
                           do_no_harm=self.planner.do_no_harm)
-        return Estimator(cost, gpus_per_node, self.bias_by_class, planner, self.own_layout_first)
+        return Estimator(cost, gpus_per_node, self.bias_by_class, planner, self.own_layout_first, self.explores)
 
     def bias(self, job_class: str, config: Optional[ExecConfig] = None,
              requested: Optional[ExecConfig] = None) -> float:
@@ -107,8 +113,12 @@ class Estimator:
         """What the site's runs taught about the layouts of ``profile``'s class (its learned
         layout terms, ``layout_fit.layout_factor``), for the planner's do-no-harm rule;
         None when the class has none. With ``own_layout_first``, a class none of whose runs in
-        a user's own layout was measured keeps its users' layouts (``unmeasured_factor``)."""
-        if self.own_layout_first and not own_layout_measured(self.bias_by_class, profile.job_class):
+        a user's own layout was measured keeps its users' layouts (``unmeasured_factor``), as
+        does a job the controller holds to its layout (``JobProfile.keep_layout``) and, where
+        the estimator does not explore, a class none of whose relaid runs was measured."""
+        if profile.keep_layout or (self.own_layout_first and not (
+                own_layout_measured(self.bias_by_class, profile.job_class)
+                and (self.explores or relaid_measured(self.bias_by_class, profile.job_class)))):
             return unmeasured_factor(profile.requested)
         if profile.job_class not in self._layout_classes:
             return None
@@ -145,9 +155,9 @@ class Estimator:
 
     def option_run_times_key(self, profile: JobProfile, lo: int, hi: int) -> Hashable:
         """Equal for profiles that get equal ``option_run_times_s(profile, lo, hi)`` here:
-        one search (``Planner.offers_key``), length, class and run-time factor."""
+        one search (``Planner.offers_key``), length, class, run-time factor, layout kept."""
         return (self.planner.offers_key(profile, lo, hi), profile.plan.iterations, profile.job_class,
-                profile.run_time_factor)
+                profile.run_time_factor, profile.keep_layout)
 
     def _with_run_time_s(self, profile: JobProfile, est: Optional[Estimate]) -> Optional[tuple[ExecConfig, float]]:
         return None if est is None else (est.config, self._run_s(profile, est, self.cost.startup_s(profile)))
@@ -188,7 +198,7 @@ file or an unknown type logs one warning and falls back."""
     if published is None or not learned:
         return Estimator(cost, gpus_per_node), "the cost model alone"
     written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(site.written_at))
-    return Estimator(cost, gpus_per_node, site.bias, own_layout_first=site.own_layout_first), \
+    return Estimator(cost, gpus_per_node, site.bias, own_layout_first=site.own_layout_first, explores=False), \
         "the site model of %s" % written
 
 

@@ -93,6 +93,38 @@ def unmeasured_factor(requested: Any) -> Callable[[Any], float]:
     return lambda config: 1.0 if same_layout(config, requested) else math.inf
 
 
+def relaid_measured(bias: Mapping[str, float], job_class: str) -> bool:
+    """Whether the site has measured a run of ``job_class`` in a layout pipeswift chose (the
+    class has an ``own=0`` term)."""
+    return feature_key(job_class, "own", 0) in bias
+
+
+def exploration_holds(bias: Mapping[str, float], jobs: Sequence[tuple[int, str, bool, bool]]) -> frozenset[int]:
+    """The pending jobs whose users' layouts are kept while their class explores one layout
+    pipeswift chose (``[calibration] own_layout_first``): until a run of a class in such a
+    layout was measured (``relaid_measured``), the learned terms cannot tell it from the
+    users' layouts, so at most one job of the class bets on one at a time. A class with a
+    relaid run in flight keeps every pending job's layout; otherwise its first pending job
+    may be relaid and the others keep theirs.
+
+    Args:
+        bias: the bias map the controller plans with.
+        jobs: (job id, job class, running, relaid: runs in a layout other than its user's)
+            of the jobs the controller manages, pending ones in queue order (first submitted
+            first).
+    """
+    in_flight = {job_class for _, job_class, running, relaid in jobs if running and relaid}
+    explorer: set[str] = set()
+    held = set()
+    for job_id, job_class, running, _ in jobs:
+        if running or relaid_measured(bias, job_class):
+            continue
+        if job_class in in_flight or job_class in explorer:
+            held.add(job_id)
+        explorer.add(job_class)
+    return frozenset(held)
+
+
 def user_capped(users: Sequence[str], weights: Sequence[float], cap: float = USER_CAP_RUNS) -> list[float]:
     """Weights scaled so that each user's total is at most ``cap`` ('' = unknown user,
     left as it is)."""

@@ -173,13 +173,13 @@ class JobProfile:
     ``requested`` is the user's own configuration. ``min_gpus``..``max_gpus`` is the
     range the user allows the scheduler to choose from (equal bounds: rigid job);
     ``allowed_pp`` optionally restricts pipeline sizes. ``job_class`` keys calibration.
-    ``uneven_split_allowed`` lets the planner keep the user's first/last-stage split.
     ``run_time_factor`` scales every predicted run time of this one job: the controller
     raises it by its user's correction (users whose jobs ran longer than claimed) and
     lowers it so that the prediction at the job's own size stays within the job's own
     time limit (a claim cannot outlast what Slurm lets the job run). ``partitions`` are
     the partitions the request allows beside the job's own (a request, checked by the
-    controller against those it manages).
+    controller against those it manages). ``keep_layout``: the planner keeps the user's
+    layout (set by the controller only: ``layout_fit.exploration_holds``).
     """
 
     shape: ModelShape
@@ -193,6 +193,7 @@ class JobProfile:
     job_class: str = ""
     run_time_factor: float = 1.0
     partitions: tuple[str, ...] = ()
+    keep_layout: bool = False
 
     @property
     def flexible(self) -> bool:

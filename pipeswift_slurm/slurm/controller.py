@@ -27,6 +27,7 @@ from pipeswift_slurm.policy import Policy, wait_bound_of
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
 from pipeswift_slurm.slurm.calibrate import user_factor_of
 from pipeswift_slurm.slurm.decision_diff import evolve_decision, intent_outcome, unchanged_parts
+from pipeswift_slurm.slurm.explore import with_exploration_holds
 from pipeswift_slurm.slurm.factors import stable_factors
 from pipeswift_slurm.slurm.holds import own_holds_to_release
 from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
@@ -201,7 +202,8 @@ class Controller:
         report = TickReport(view=view)
         profiles = self._ingest(view)
         by_id = {j.job_id: j for j in view.jobs}
-        runnable = {job_id: p for job_id, p in profiles.items() if not not_runnable(by_id[job_id])}
+        runnable = with_exploration_holds(self.estimator, view.jobs, profiles, {
+            job_id: p for job_id, p in profiles.items() if not not_runnable(by_id[job_id])})
         report.over_wait_bound = over_wait_bound(view, runnable, wait_bound_of(self.policy),
                                                  self.settings.warn_wait_bound)
         t0 = self.clock()

@@ -188,7 +188,7 @@ def test_simulated_site_with_own_layout_first_starts_each_class_in_its_users_lay
     from pipeswift_slurm.core.megatron_rules import same_layout
     from pipeswift_slurm.sim.runner import RunSpec, run_comparison
 
-    spec = RunSpec(gpus=32, synthetic_jobs=80, policies=("pipeswift",), seed=3, learn=True)
+    spec = RunSpec(gpus=32, synthetic_jobs=80, policies=("pipeswift",), seed=1, learn=True)
     free = run_comparison(spec).results[0].records
     first = run_comparison(replace(spec, own_layout_first=True)).results[0].records
     assert any(not same_layout(r.config, r.requested) for r in free)
@@ -200,3 +200,71 @@ def test_simulated_site_with_own_layout_first_starts_each_class_in_its_users_lay
         assert any(o.job_class == rec.job_class and o.end_s is not None and o.end_s <= rec.run_started_s
                    and same_layout(o.config, o.requested) for o in first), rec.job_id
     assert moved < sum(1 for r in free if r.config is not None and not same_layout(r.config, r.requested))
+    # ... and a class explores one relaid job at a time until one has finished: a relaid job
+    # that starts while another of its class runs comes after a relaid run of it has ended
+    relaid = [r for r in first if r.config is not None and not same_layout(r.config, r.requested)]
+    for rec in relaid:
+        beside = [o for o in relaid if o is not rec and o.job_class == rec.job_class
+                  and o.run_started_s <= rec.run_started_s and (o.end_s is None or rec.run_started_s < o.end_s)]
+        assert not beside or any(o.job_class == rec.job_class and o.end_s is not None
+                                 and o.end_s <= rec.run_started_s for o in relaid), rec.job_id
+
+
+def test_a_job_held_to_its_layout_keeps_it_whatever_the_site_learned() -> None:
+    # keep_layout (set by the controller's exploration rule) keeps the user's layout on
+    # every count where it is valid, also where the model alone and the learned terms would
+    # replace it, and profiles that differ only in it do not share options
+    profile = replace(_profile(4, 1), job_class="gpt-1.3b").with_range(8, 16)
+    est = _estimator().with_bias({feature_key("gpt-1.3b", "own", 1): 1.0, feature_key("gpt-1.3b", "own", 0): 0.9})
+    assert est.best(profile, 8).config != profile.requested
+    held = replace(profile, keep_layout=True)
+    assert est.best(held, 8).config == profile.requested
+    assert all((cfg.tp, cfg.pp) == (4, 1) for _, cfg, _ in est.option_run_times_s(held, 8, 16))
+    assert est.option_run_times_key(held, 8, 16) != est.option_run_times_key(profile, 8, 16)
+    assert launcher.best_config(held, launcher.Allocation(*node_shape(8, 8)), est) == profile.requested
+
+
+def test_exploration_holds_one_relaid_job_per_unmeasured_class() -> None:
+    from pipeswift_slurm.core.layout_fit import exploration_holds
+
+    measured = {feature_key("a", "own", 0): 1.1}
+    jobs = [(1, "a", False, False), (2, "a", False, False),           # a: a relaid run was measured
+            (3, "b", False, False), (4, "b", False, False), (5, "b", False, False),  # b: 3 explores
+            (6, "c", True, True), (7, "c", False, False),             # c: a relaid run in flight
+            (8, "d", True, False), (9, "d", False, False), (10, "d", False, False)]  # d: user layout runs
+    assert exploration_holds(measured, jobs) == {4, 5, 7, 10}
+    assert exploration_holds(measured, []) == frozenset()
+
+
+def test_controller_marks_the_held_jobs_only_under_own_layout_first() -> None:
+    from pipeswift_slurm.core.model import Job
+    from pipeswift_slurm.slurm.explore import with_exploration_holds
+
+    profile = replace(_profile(4, 1), job_class="gpt-1.3b")
+    relaid = ExecConfig(tp=1, pp=1, dp=8, micro_batch_size=8, num_micro_batches=1, num_nodes=1, gpus_per_node=8)
+    jobs = [Job(3, "PENDING", 30.0), Job(1, "RUNNING", 5.0, config=relaid), Job(2, "PENDING", 20.0),
+            Job(4, "PENDING", 10.0)]
+    profiles = {1: profile, 2: profile, 3: profile, 4: replace(profile, job_class="gpt-other")}
+    runnable = {2: profile, 3: profile, 4: profiles[4]}
+    assert with_exploration_holds(_estimator(), jobs, profiles, runnable) is runnable
+    first = Estimator(CostModel(A100), 8, own_layout_first=True)
+    held = with_exploration_holds(first, jobs, profiles, runnable)
+    assert {j for j, p in held.items() if p.keep_layout} == {2, 3}
+    # the relaid run ends: the first pending job of the class (in submit order) may explore
+    done = with_exploration_holds(first, [j for j in jobs if j.job_id != 1], profiles, runnable)
+    assert {j for j, p in done.items() if p.keep_layout} == {3}
+
+
+def test_only_the_controller_explores_a_class_no_relaid_run_of_was_measured() -> None:
+    # The launcher (and psbatch) plan without knowing the jobs in flight: under
+    # own_layout_first they keep the user's layout until a relaid run of the class was
+    # measured (its own=0 term), where the controller's estimator may let one job explore.
+    profile = replace(_profile(4, 1), job_class="gpt-1.3b")
+    own = {feature_key("gpt-1.3b", "own", 1): 1.0}
+    controller = Estimator(CostModel(A100), 8, own, own_layout_first=True)
+    job_side = Estimator(CostModel(A100), 8, own, own_layout_first=True, explores=False)
+    assert controller.best(profile, 8).config != profile.requested
+    assert job_side.best(profile, 8).config == profile.requested
+    assert not job_side.with_bias(own).explores and not job_side.for_hardware(CostModel(A100), 4).explores
+    measured = job_side.with_bias({**own, feature_key("gpt-1.3b", "own", 0): 1.0})
+    assert measured.best(profile, 8).config == controller.best(profile, 8).config

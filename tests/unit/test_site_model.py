@@ -51,7 +51,8 @@ def test_round_trip_and_readable_by_all(tmp_path: Path) -> None:
     assert site_model.from_env({}) == (None, "")
     first = SiteModel({"gpt-1.3b": 1.2}, "A100-80GB", own_layout_first=True)
     assert site_model.parse(first.to_json()) == first
-    assert job_side_estimator(_publish(tmp_path, first), 8)[0].own_layout_first
+    estimator = job_side_estimator(_publish(tmp_path, first), 8)[0]
+    assert estimator.own_layout_first and not estimator.explores  # only the controller explores
 
 
 @pytest.mark.parametrize("text, says", [
