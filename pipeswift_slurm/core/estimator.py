@@ -16,7 +16,7 @@ from typing import Any, Hashable, Mapping, Optional, Protocol
 
 from pipeswift_slurm.core.calibration import lookup_bias
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
-from pipeswift_slurm.core.layout_fit import (is_feature_key, layout_factor, own_layout_measured, relaid_measured,
+from pipeswift_slurm.core.layout_fit import (is_feature_key, layout_factor, measured_factor, own_layout_measured,
                                              unmeasured_factor)
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.planner import LayoutFactor, Planner
@@ -55,10 +55,10 @@ class Estimator:
         planner: share a planner (and its cache) with another estimator.
         own_layout_first: bet against no user's layout of a class before a run in one was
             measured (``[calibration] own_layout_first``; ``layout_factor``).
-        explores: with ``own_layout_first``, bet on a class none of whose relaid runs was
-            measured yet (the controller, which lets one job of it at a time do so,
-            ``slurm/explore.py``); False where the jobs in flight are not known (the
-            launcher and psbatch: only the controller explores).
+        explores: with ``own_layout_first``, bet on layouts the site has not measured (the
+            controller, which lets one job of a class at a time do so, ``slurm/explore.py``);
+            False where the jobs in flight are not known (the launcher and psbatch: only the
+            controller explores).
     """
 
     def __init__(self, cost: CostModel, gpus_per_node: int,
@@ -113,13 +113,13 @@ class Estimator:
         """What the site's runs taught about the layouts of ``profile``'s class (its learned
         layout terms, ``layout_fit.layout_factor``), for the planner's do-no-harm rule;
         None when the class has none. With ``own_layout_first``, a class none of whose runs in
-        a user's own layout was measured keeps its users' layouts (``unmeasured_factor``), as
-        does a job the controller holds to its layout (``JobProfile.keep_layout``) and, where
-        the estimator does not explore, a class none of whose relaid runs was measured."""
-        if profile.keep_layout or (self.own_layout_first and not (
-                own_layout_measured(self.bias_by_class, profile.job_class)
-                and (self.explores or relaid_measured(self.bias_by_class, profile.job_class)))):
+        a user's own layout was measured keeps its users' layouts (``unmeasured_factor``); a
+        job the controller holds (``JobProfile.known_layouts_only``), and any job where the
+        estimator does not explore, runs only layouts the site measured (``measured_factor``)."""
+        if self.own_layout_first and not own_layout_measured(self.bias_by_class, profile.job_class):
             return unmeasured_factor(profile.requested)
+        if profile.known_layouts_only or (self.own_layout_first and not self.explores):
+            return measured_factor(self.bias_by_class, profile.job_class, profile.requested)
         if profile.job_class not in self._layout_classes:
             return None
         bias, job_class, requested = self.bias_by_class, profile.job_class, profile.requested
@@ -157,7 +157,7 @@ class Estimator:
         """Equal for profiles that get equal ``option_run_times_s(profile, lo, hi)`` here:
         one search (``Planner.offers_key``), length, class, run-time factor, layout kept."""
         return (self.planner.offers_key(profile, lo, hi), profile.plan.iterations, profile.job_class,
-                profile.run_time_factor, profile.keep_layout)
+                profile.run_time_factor, profile.known_layouts_only)
 
     def _with_run_time_s(self, profile: JobProfile, est: Optional[Estimate]) -> Optional[tuple[ExecConfig, float]]:
         return None if est is None else (est.config, self._run_s(profile, est, self.cost.startup_s(profile)))

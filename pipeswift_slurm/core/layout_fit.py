@@ -93,31 +93,42 @@ def unmeasured_factor(requested: Any) -> Callable[[Any], float]:
     return lambda config: 1.0 if same_layout(config, requested) else math.inf
 
 
-def relaid_measured(bias: Mapping[str, float], job_class: str) -> bool:
-    """Whether the site has measured a run of ``job_class`` in a layout pipeswift chose (the
-    class has an ``own=0`` term)."""
-    return feature_key(job_class, "own", 0) in bias
+def layout_measured(bias: Mapping[str, float], job_class: str, config: Any, requested: Any) -> bool:
+    """Whether the site measured what ``config`` of a ``job_class`` job that asked for
+    ``requested`` is made of: it is the user's layout, or the class has a learned term for
+    each of its layout features, ``own=0`` included (a run in a layout pipeswift chose)."""
+    return bool(same_layout(config, requested)) or all(
+        key in bias for key in feature_keys(job_class, layout_features(config, requested)))
+
+
+def measured_factor(bias: Mapping[str, float], job_class: str, requested: Any) -> Callable[[Any], float]:
+    """The do-no-harm factor of a job that may not explore (``exploration_holds``): the
+    learned ``layout_factor`` of a measured layout (``layout_measured``), and infinitely
+    slower for any other, so ``planner.keep_user_layout`` keeps the user's layout rather
+    than bet on a layout the site has not measured yet."""
+    return lambda config: layout_factor(bias, job_class, config, requested) \
+        if layout_measured(bias, job_class, config, requested) else math.inf
 
 
 def exploration_holds(bias: Mapping[str, float], jobs: Sequence[tuple[int, str, bool, bool]]) -> frozenset[int]:
-    """The pending jobs whose users' layouts are kept while their class explores one layout
-    pipeswift chose (``[calibration] own_layout_first``): until a run of a class in such a
-    layout was measured (``relaid_measured``), the learned terms cannot tell it from the
-    users' layouts, so at most one job of the class bets on one at a time. A class with a
-    relaid run in flight keeps every pending job's layout; otherwise its first pending job
-    may be relaid and the others keep theirs.
+    """The pending jobs that may run only measured layouts (``measured_factor``) while their
+    class explores one the site has not measured (``[calibration] own_layout_first``): until
+    a run in such a layout was measured, the learned terms cannot tell how it runs beside
+    the users' layouts, so at most one job of a class bets on one at a time. A class with
+    such a run in flight holds every pending job; otherwise its first pending job may
+    explore and the others are held.
 
     Args:
         bias: the bias map the controller plans with.
-        jobs: (job id, job class, running, relaid: runs in a layout other than its user's)
-            of the jobs the controller manages, pending ones in queue order (first submitted
-            first).
+        jobs: (job id, job class, running, exploring: runs a layout not measured, by
+            ``layout_measured``) of the jobs the controller manages, pending ones in queue
+            order (first submitted first).
     """
-    in_flight = {job_class for _, job_class, running, relaid in jobs if running and relaid}
+    in_flight = {job_class for _, job_class, running, exploring in jobs if running and exploring}
     explorer: set[str] = set()
     held = set()
     for job_id, job_class, running, _ in jobs:
-        if running or relaid_measured(bias, job_class):
+        if running:
             continue
         if job_class in in_flight or job_class in explorer:
             held.add(job_id)

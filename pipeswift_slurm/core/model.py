@@ -178,8 +178,8 @@ class JobProfile:
     lowers it so that the prediction at the job's own size stays within the job's own
     time limit (a claim cannot outlast what Slurm lets the job run). ``partitions`` are
     the partitions the request allows beside the job's own (a request, checked by the
-    controller against those it manages). ``keep_layout``: the planner keeps the user's
-    layout (set by the controller only: ``layout_fit.exploration_holds``).
+    controller against those it manages). ``known_layouts_only``: the planner keeps the
+    user's layout or one the site measured (the controller's ``layout_fit.exploration_holds``).
     """
 
     shape: ModelShape
@@ -193,7 +193,7 @@ class JobProfile:
     job_class: str = ""
     run_time_factor: float = 1.0
     partitions: tuple[str, ...] = ()
-    keep_layout: bool = False
+    known_layouts_only: bool = False
 
     @property
     def flexible(self) -> bool:

@@ -9,7 +9,7 @@ from pipeswift_slurm.core.costmodel import CostModel, Estimate
 from pipeswift_slurm.core.error_band import ErrorBand
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import get_gpu_type
-from pipeswift_slurm.core.layout_fit import feature_key
+from pipeswift_slurm.core.layout_fit import feature_key, layout_features
 from pipeswift_slurm.core.megatron import profile_from_argv
 from pipeswift_slurm.core.megatron_rules import node_shape, user_layout_at
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
@@ -210,30 +210,33 @@ def test_simulated_site_with_own_layout_first_starts_each_class_in_its_users_lay
                                  and o.end_s <= rec.run_started_s for o in relaid), rec.job_id
 
 
-def test_a_job_held_to_its_layout_keeps_it_whatever_the_site_learned() -> None:
-    # keep_layout (set by the controller's exploration rule) keeps the user's layout on
-    # every count where it is valid, also where the model alone and the learned terms would
-    # replace it, and profiles that differ only in it do not share options
+def test_a_held_job_runs_its_users_layout_or_one_the_site_measured() -> None:
+    # known_layouts_only (set by the controller's exploration rule) keeps the user's layout
+    # where the fastest layout has a feature the class never ran in a layout pipeswift chose;
+    # once each of its features was measured the bet is back, weighed by the learned terms;
+    # profiles that differ only in the flag do not share options
     profile = replace(_profile(4, 1), job_class="gpt-1.3b").with_range(8, 16)
-    est = _estimator().with_bias({feature_key("gpt-1.3b", "own", 1): 1.0, feature_key("gpt-1.3b", "own", 0): 0.9})
-    assert est.best(profile, 8).config != profile.requested
-    held = replace(profile, keep_layout=True)
+    own = {feature_key("gpt-1.3b", "own", 1): 1.0, feature_key("gpt-1.3b", "own", 0): 0.9}
+    est = _estimator().with_bias(own)
+    fastest = est.best(profile, 8).config
+    assert fastest != profile.requested
+    held = replace(profile, known_layouts_only=True)
     assert est.best(held, 8).config == profile.requested
     assert all((cfg.tp, cfg.pp) == (4, 1) for _, cfg, _ in est.option_run_times_s(held, 8, 16))
     assert est.option_run_times_key(held, 8, 16) != est.option_run_times_key(profile, 8, 16)
     assert launcher.best_config(held, launcher.Allocation(*node_shape(8, 8)), est) == profile.requested
+    ran = {feature_key("gpt-1.3b", f, v): 1.0 for f, v in layout_features(fastest)}
+    assert est.with_bias({**own, **ran}).best(held, 8).config == fastest
 
 
-def test_exploration_holds_one_relaid_job_per_unmeasured_class() -> None:
+def test_exploration_holds_one_unmeasured_bet_per_class() -> None:
     from pipeswift_slurm.core.layout_fit import exploration_holds
 
-    measured = {feature_key("a", "own", 0): 1.1}
-    jobs = [(1, "a", False, False), (2, "a", False, False),           # a: a relaid run was measured
-            (3, "b", False, False), (4, "b", False, False), (5, "b", False, False),  # b: 3 explores
-            (6, "c", True, True), (7, "c", False, False),             # c: a relaid run in flight
-            (8, "d", True, False), (9, "d", False, False), (10, "d", False, False)]  # d: user layout runs
-    assert exploration_holds(measured, jobs) == {4, 5, 7, 10}
-    assert exploration_holds(measured, []) == frozenset()
+    jobs = [(1, "b", False, False), (2, "b", False, False), (3, "b", False, False),  # b: 1 may explore
+            (4, "c", True, True), (5, "c", False, False),              # c: an unmeasured bet in flight
+            (6, "d", True, False), (7, "d", False, False), (8, "d", False, False)]  # d: a measured one runs
+    assert exploration_holds({}, jobs) == {2, 3, 5, 8}
+    assert exploration_holds({}, []) == frozenset()
 
 
 def test_controller_marks_the_held_jobs_only_under_own_layout_first() -> None:
@@ -249,22 +252,27 @@ def test_controller_marks_the_held_jobs_only_under_own_layout_first() -> None:
     assert with_exploration_holds(_estimator(), jobs, profiles, runnable) is runnable
     first = Estimator(CostModel(A100), 8, own_layout_first=True)
     held = with_exploration_holds(first, jobs, profiles, runnable)
-    assert {j for j, p in held.items() if p.keep_layout} == {2, 3}
-    # the relaid run ends: the first pending job of the class (in submit order) may explore
+    assert {j for j, p in held.items() if p.known_layouts_only} == {2, 3}
+    # once the running job's layout was measured, the first pending job of the class (in
+    # submit order) may explore; as when that run ends
+    ran = {feature_key("gpt-1.3b", f, v): 1.0 for f, v in layout_features(relaid, profile.requested)}
+    measured = with_exploration_holds(first.with_bias(ran), jobs, profiles, runnable)
     done = with_exploration_holds(first, [j for j in jobs if j.job_id != 1], profiles, runnable)
-    assert {j for j, p in done.items() if p.keep_layout} == {3}
+    assert {j for j, p in measured.items() if p.known_layouts_only} == {3}
+    assert {j for j, p in done.items() if p.known_layouts_only} == {3}
 
 
-def test_only_the_controller_explores_a_class_no_relaid_run_of_was_measured() -> None:
+def test_only_the_controller_explores_a_layout_the_site_has_not_measured() -> None:
     # The launcher (and psbatch) plan without knowing the jobs in flight: under
-    # own_layout_first they keep the user's layout until a relaid run of the class was
-    # measured (its own=0 term), where the controller's estimator may let one job explore.
+    # own_layout_first they run only the user's layout or measured ones, where the
+    # controller's estimator may let one job of the class explore.
     profile = replace(_profile(4, 1), job_class="gpt-1.3b")
     own = {feature_key("gpt-1.3b", "own", 1): 1.0}
     controller = Estimator(CostModel(A100), 8, own, own_layout_first=True)
     job_side = Estimator(CostModel(A100), 8, own, own_layout_first=True, explores=False)
-    assert controller.best(profile, 8).config != profile.requested
+    fastest = controller.best(profile, 8).config
+    assert fastest != profile.requested
     assert job_side.best(profile, 8).config == profile.requested
     assert not job_side.with_bias(own).explores and not job_side.for_hardware(CostModel(A100), 4).explores
-    measured = job_side.with_bias({**own, feature_key("gpt-1.3b", "own", 0): 1.0})
-    assert measured.best(profile, 8).config == controller.best(profile, 8).config
+    ran = {feature_key("gpt-1.3b", f, v): 1.0 for f, v in layout_features(fastest, profile.requested)}
+    assert job_side.with_bias({**own, **ran}).best(profile, 8).config == fastest
