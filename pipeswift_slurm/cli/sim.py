@@ -285,8 +285,9 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               " at the job's GPU count.")
 @click.option("--learn", is_flag=True, help="Calibrate online with layout terms from finished jobs (issue 25).")
 @click.option("--own-layout-first", is_flag=True,
-              help="With --learn: change no user's layout of a model class before a run in one was measured"
-              " ([calibration] own_layout_first; on when --config sets it).")
+              help="With --learn: change no user's layout of a model class before a run in one was measured,"
+              " then explore one unmeasured layout per class at a time ([calibration] own_layout_first;"
+              " on when --config sets it).")
 @click.option("--drop-oversized", is_flag=True, help="Drop jobs larger than the cluster instead of failing.")
 @click.option("--json", "json_out", help="Write JSON metrics to this file ('-' for stdout).")
 @click.option("--db", help="Write the controller history of pipeswift (else of the first policy) to this SQLite"

@@ -50,7 +50,8 @@ class SiteModel:
             none; it stands in for the GPU table where it was measured on the job's GPU type.
         written_at: when the controller wrote it (epoch seconds).
         own_layout_first: the controller bets against no user's layout of a class before
-            a run in one was measured (``[calibration] own_layout_first``).
+            a run in one was measured (``[calibration] own_layout_first``); launchers then
+            run users' layouts or measured ones only (only the controller explores).
     """
 
     bias: Mapping[str, float] = field(default_factory=dict)
