@@ -312,6 +312,12 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
         fail("--workload and --%s: give one workload to replay" % ("sacct" if sacct_file else "history"))
     if own_layout_first and not learn:
         fail("--own-layout-first needs --learn: without learning no user's layout is ever measured")
+    if not (workload or sacct_file or history_db):
+        given = [name for name, set_ in (("start-day", start_day), ("window-days", window_days),
+                                         ("vc", cluster_filter)) if set_]
+        if given:
+            fail("--%s selects from a trace: give --workload (or --sacct/--history), or leave it out for the"
+                 " synthetic workload" % given[0])
 
     policies = _policies(policy_text)
     for path, what in ((json_out, "--json"), (plot, "--plot")):

@@ -366,6 +366,12 @@ def test_bad_start_date_is_one_error_line(runner: CliRunner) -> None:
     assert_one_error_line(invoke(runner, "simulate", *SMALL, "--start", "May 1"), "--start", "YYYY-MM-DD")
 
 
+@pytest.mark.parametrize("option", [["--start-day", "3"], ["--window-days", "2"], ["--vc", "11cb48"]])
+def test_trace_selection_without_a_trace_is_one_error_line(runner: CliRunner, option: list[str]) -> None:
+    # the synthetic workload has no days or virtual clusters to select: refused, not ignored
+    assert_one_error_line(invoke(runner, "simulate", *SMALL, *option), option[0], "--workload")
+
+
 def test_flex_sets_the_share_of_flexible_jobs(runner: CliRunner, tmp_path: Path) -> None:
     """docs/results.md: ``--flex 0.5`` makes about half the jobs flexible (seeded)."""
     counts = {}
