@@ -264,11 +264,10 @@ def job_partitions(values: Mapping[str, Optional[str]], own: OwnOptions) -> tupl
 
 
 def gpu_count(text: Optional[str]) -> Optional[int]:
-    """The GPU count of ``[type:]N`` (None when absent or unreadable)."""
-    if not text:
-        return None
-    m = re.search(r"(\d+)$", text.strip())
-    return int(m.group(1)) if m else None
+    """The GPU count of ``[type:]N`` (None when absent or unreadable: ``-4`` or ``a100:x4`` is
+    no count, and a job asking for it is submitted as written, for sbatch to judge)."""
+    count = (text or "").strip().rpartition(":")[2]
+    return int(count) if count.isascii() and count.isdigit() else None
 
 
 def _gres_gpus(text: Optional[str]) -> Optional[int]:

@@ -131,6 +131,11 @@ def test_read_header_takes_the_old_slurm_directives_as_sbatch_does():
     ({"gpus": "5", "nodes": "2"}, (5, None)),
     ({"gpus-per-task": "1", "ntasks": "4"}, (4, 4)),
     ({"gpus-per-task": "2", "ntasks-per-node": "2", "nodes": "2"}, (8, 4)),
+    # not counts (sbatch refuses them): no world to plan for, so the job goes as written
+    ({"gpus": "-4"}, (None, None)),
+    ({"gpus": "a100:-4"}, (None, None)),
+    ({"gpus-per-node": "x4"}, (None, None)),
+    ({"gpus": "\u0664"}, (None, None)),
 ])
 def test_requested_world(values, expected):
     assert sbatch_args.requested_world(values) == expected
