@@ -347,8 +347,8 @@ class OnlineCalibrator:
         finished = record.end_s is not None
         obs = Observation(record.job_class, record.predicted_run_s / bias if bias > 0 else float("nan"),
                           record.end_s - record.run_started_s if finished else record.run_true_s,
-                          record.end_s if finished else record.run_started_s + self.report_s, getattr(record, "user", ""),
-                          layout_features(config, requested) if config is not None else ())
+                          record.end_s if finished else record.run_started_s + self.report_s,
+                          getattr(record, "user", ""), layout_features(config, requested) if config is not None else ())
         if not _is_valid(obs):
             self.skipped += 1
             return False

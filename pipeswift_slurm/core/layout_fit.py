@@ -124,15 +124,13 @@ def exploration_holds(bias: Mapping[str, float], jobs: Sequence[tuple[int, str, 
             ``layout_measured``) of the jobs the controller manages, pending ones in queue
             order (first submitted first).
     """
-    in_flight = {job_class for _, job_class, running, exploring in jobs if running and exploring}
-    explorer: set[str] = set()
+    taken = {job_class for _, job_class, running, exploring in jobs if running and exploring}
     held = set()
     for job_id, job_class, running, _ in jobs:
-        if running:
-            continue
-        if job_class in in_flight or job_class in explorer:
-            held.add(job_id)
-        explorer.add(job_class)
+        if not running:
+            if job_class in taken:
+                held.add(job_id)
+            taken.add(job_class)  # the class's first pending job explores; the rest wait
     return frozenset(held)
 
 

@@ -19,9 +19,10 @@ def learner(estimator: Any, history: Sequence[Observation] = (), start_s: float 
             report_s: Optional[float] = None) -> OnlineCalibrator:
     """The online calibrator of ``--learn`` (layout terms on, refit every 5 jobs learned
     from; ``report_s``: a job is learned from that long after it started, as the launcher's
-    report reaches a live controller, else when it finishes); with ``history`` (``runner.site_history``: what the site measured before the window,
-    in that run's own times), fitted on it before ``start_s``, the history's last end
-    moved to ``start_s``, so the window starts with what the site had learned."""
+    report reaches a live controller, else when it finishes); with ``history``
+    (``runner.site_history``: what the site measured before the window, in that run's own
+    times), fitted on it before ``start_s``, the history's last end moved to ``start_s``, so
+    the window starts with what the site had learned."""
     cal = OnlineCalibrator(estimator, layouts=True, report_s=report_s)
     if history:
         shift_s = start_s - max(obs.end_time for obs in history)

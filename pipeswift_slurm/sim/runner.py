@@ -221,7 +221,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
                      multi_partition_jobs=sum(1 for j in jobs if j.partitions))
     alone = alone_s(jobs, truth)
     cost = CostModel(gpu)
-    estimator = Estimator(cost, spec.gpus_per_node, planner=Planner(cost, spec.gpus_per_node, do_no_harm=spec.do_no_harm),
+    estimator = Estimator(cost, spec.gpus_per_node,
+                          planner=Planner(cost, spec.gpus_per_node, do_no_harm=spec.do_no_harm),
                           own_layout_first=spec.own_layout_first and spec.learn)
     settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s,
                            slurm=spec.slurm, partitions=spec.partitions)
@@ -244,8 +245,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
                       spec.learn_report_s) if spec.learn else None
         if cal is not None:
             calibrators[name] = cal
-        result = Simulation(jobs, policy, cal.estimator() if cal is not None else estimator, truth, run_settings, store=store,
-                            on_tick=tick_cb, calibrator=cal, truths=truths).run()
+        result = Simulation(jobs, policy, cal.estimator() if cal is not None else estimator, truth, run_settings,
+                            store=store, on_tick=tick_cb, calibrator=cal, truths=truths).run()
         result.policy = name
         result.makespan_s = max(0.0, result.makespan_s - facts["start_epoch_s"])  # a duration, from time 0
         log.info("%s: %d jobs simulated in %.1f s", name, len(jobs), time.perf_counter() - t0)
