@@ -174,6 +174,7 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     from pipeswift_slurm.slurm.calibrate import StoreCalibration
     from pipeswift_slurm.slurm.config import policy_knobs
     from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
+    from pipeswift_slurm.slurm.measured import folder_problem
 
     gpu = site_gpu(cfg, obj)
     try:
@@ -196,6 +197,8 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
                    if store is not None else None)
     if calibration is not None:
         estimator = estimator.with_bias(calibration.bias_map())
+    if cfg.measure_dir and cfg.calibrate and (problem := folder_problem(cfg.measure_dir)):
+        log.warning("%s: [calibration] measure_dir: %s", cfg.source, problem)
     settings = ControllerSettings(dry_run=cfg.dry_run, allow_requeue=cfg.allow_requeue, partitions=cfg.partitions,
                                   gpus_per_node=cfg.gpus_per_node)
     return Controller(backend, policy, estimator, store, settings,

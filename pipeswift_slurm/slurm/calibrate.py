@@ -80,7 +80,11 @@ class StoreCalibration:
 
     A finished job whose launcher measured its iteration time (``[calibration]
     measure_dir``, ``slurm/measured.py``) is learned from by that measurement, with the
-    layout that ran, so the layout terms are fitted too; others by their elapsed time.
+    layout that ran, so the layout terms are fitted too; others by their elapsed time, when
+    it is within ``measured.MEASURE_BOUND`` of the prediction (a run that ended at once or
+    ran far past its claim says more about its user than about the model: the per-user
+    correction weighs it). Either way one user's runs weigh at most
+    ``layout_fit.USER_CAP_RUNS`` in each term.
 
     After each refit the bias map is published for the jobs' side, when a file is set
     (``[calibration] publish_file``, ``core/site_model.py``): the launcher's own plan (a job
@@ -129,8 +133,12 @@ class StoreCalibration:
         if self.measure_dir:
             from pipeswift_slurm.slurm.measured import ingest
 
-            ingest(self.measure_dir, [j for j in jobs if j.partition not in self.exclude_partitions], profile_of,
-                   iter_time_s, self.store)
+            try:
+                ingest(self.measure_dir, [j for j in jobs if j.partition not in self.exclude_partitions], profile_of,
+                       iter_time_s, self.store)
+            except (ArithmeticError, TypeError, ValueError) as exc:  # what users wrote must not stop the tick
+                log.error("the launchers' reports were not taken in this tick (%s: %s); the tick goes on",
+                          type(exc).__name__, exc)
 
     def user_factor(self, user: str) -> float:
         """The per-user correction of ``user``'s claims (``user_factors``; 1 for a user
@@ -157,7 +165,7 @@ class StoreCalibration:
         """Refit the per-class bias from finished jobs; the estimator with the stored bias."""
         from pipeswift_slurm.store.queries import CalibrationEntry
 
-        from pipeswift_slurm.slurm.measured import observation, within_elapsed
+        from pipeswift_slurm.slurm.measured import observation, within_bound, within_elapsed
 
         measured = {m.job_id: m for m in self.store.measurements()} if self.measure_dir else {}
         obs = []
@@ -166,7 +174,11 @@ class StoreCalibration:
                 m = measured.get(f.job_id)
                 if m is not None and m.status == "ok" and not within_elapsed(m, f.run_s):
                     self.store.save_measurements([dataclasses.replace(m, status="exceeds elapsed")])
-                obs.append(observation(f, m) or Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time))
+                got = observation(f, m)
+                if got is None and within_bound(f.predicted_run_s, f.run_s):  # Slurm's elapsed time
+                    got = Observation(f.job_class, f.predicted_run_s, f.run_s, f.end_time, f.user)
+                if got is not None:
+                    obs.append(got)
         fitted = fit_bias(obs, now=now)
         self.store.save_calibration([CalibrationEntry(c.job_class, c.n_jobs, c.log_ratio, now)
                                      for c in fitted.values()])

@@ -122,9 +122,12 @@ def _check(path: str, section: str, key: str, value: Any, kind: type) -> Any:
     if kind is not int and not isinstance(value, kind):
         raise ConfigError("%s: [%s] %s must be a %s (got %r)" % (path, section, key, kind.__name__, value))
     if kind is list:
-        if not all(isinstance(v, str) for v in value):
-            raise ConfigError("%s: [%s] %s must be a list of strings" % (path, section, key))
+        if not all(isinstance(v, str) and v.strip() for v in value):
+            raise ConfigError("%s: [%s] %s must be a list of names (strings, none empty)" % (path, section, key))
         return tuple(value)
+    if key == "measure_dir" and value and not os.path.isabs(value):
+        raise ConfigError("%s: [%s] %s must be an absolute path (got %r): the launchers write there from"
+                          " every job's own working directory" % (path, section, key, value))
     if key == "partition_gpu_types":
         if not all(isinstance(v, str) and v for v in value.values()):
             raise ConfigError("%s: [%s.%s] each value must be a GPU type name, e.g. a100 = \"A100-80GB\""
@@ -151,8 +154,11 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
         raise ConfigError("%s: cannot read config: %s" % (chosen, exc)) from None
     values: dict[str, Any] = {"source": chosen}
     for section, table in data.items():
-        if section not in _SCHEMA or not isinstance(table, dict):
+        if section not in _SCHEMA:
             raise ConfigError("%s: unknown section [%s]; known: %s" % (chosen, section, ", ".join(_SCHEMA)))
+        if not isinstance(table, dict):
+            raise ConfigError("%s: %s = %r: %s is a section; write [%s] on a line of its own, its keys below it"
+                              % (chosen, section, table, section, section))
         for key, value in table.items():
             if key not in _SCHEMA[section]:
                 raise ConfigError("%s: [%s] unknown key %r; known: %s"

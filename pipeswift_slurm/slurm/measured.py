@@ -5,8 +5,9 @@ turn the accepted ones into calibration observations of the layout that ran.
 Why a user cannot use this channel to change other users' predictions:
   * a report counts only for the job it is named after, and only when the file (a plain
     file, not a link) belongs to that job's user (the folder is sticky: nobody replaces
-    another user's file, and a file a user made for someone else's job id is refused:
-    'not its user's file'; at worst it keeps that job from reporting at all);
+    another user's file; a file named after someone else's job is skipped unread, and
+    cannot take the name of that job's report either: the launcher adds a random part,
+    ``iterlog.report_name``);
   * its layout must be one Megatron accepts for that job's allocation, and its value
     within ``MEASURE_BOUND`` of the cost model's prediction for that layout ('out of
     bounds' otherwise: a typo or a lie cannot move a class far);
@@ -23,6 +24,7 @@ import logging
 import math
 import os
 import pwd
+import re
 import stat
 from collections import Counter
 from dataclasses import fields
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 MEASURE_BOUND = 3.0  # accepted: prediction / 3 <= measured <= prediction x 3
 ELAPSED_SLACK = 1.05  # iterations x measured may exceed the elapsed time by 5 % (rounding)
 MAX_REPORT_BYTES = 65536
+MAX_COUNT = 1 << 40  # no layout field or iteration count of a real run comes near it
 OK = "ok"
 
 
@@ -48,49 +51,121 @@ def _owner_ok(st: os.stat_result, user: str) -> bool:
         return False
 
 
-def read_report(folder: str, job: Job) -> Optional[tuple[dict[str, Any], str, float]]:
-    """(report, '', mtime) of ``job`` from ``<folder>/<job id>.json``, ({}, why refused,
-    mtime), or None when there is none. A link is refused (its owner is not its target's)."""
-    path = os.path.join(folder, "%d.json" % job.job_id)
+def folder_problem(folder: str) -> Optional[str]:
+    """What keeps ``folder`` from working as the launchers' spool (None: nothing): it must
+    exist, and like /tmp be writable by every user and sticky (mode 1777), or no job can
+    report, or one user could replace another's reports."""
     try:
-        st = os.lstat(path)
-    except OSError:
+        st = os.stat(folder)
+    except OSError as exc:
+        return "cannot use the measure folder %s (%s): no job can report its iteration times; create it with" \
+            " mode 1777" % (folder, exc.strerror or exc)
+    if not stat.S_ISDIR(st.st_mode):
+        return "the measure folder %s is not a folder" % folder
+    if st.st_mode & 0o1777 != 0o1777:
+        return "the measure folder %s has mode %o, not 1777 (writable by all, sticky, as /tmp): jobs cannot report" \
+            " or could replace each other's reports; chmod 1777 it" % (folder, st.st_mode & 0o7777)
+    return None
+
+
+# a report's name: the job id, and the random part of ``iterlog.report_name`` (none: a
+# launcher of an earlier release)
+REPORT_NAME = re.compile(r"(\d{1,19})(?:\.[0-9a-f]{16})?\.json")
+
+
+def reports_in(folder: str) -> dict[int, list[str]]:
+    """Job id -> the report files named after it in ``folder`` (one listing per tick: a
+    job's reports cannot be found by name, since that is random, ``iterlog.report_name``)."""
+    out: dict[int, list[str]] = {}
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                got = REPORT_NAME.fullmatch(entry.name)
+                if got:
+                    out.setdefault(int(got.group(1)), []).append(entry.path)
+    except OSError as exc:
+        log.warning("cannot list the measure folder %s (%s): no reports read", folder, exc.strerror or exc)
+    return out
+
+
+def read_report(paths: Iterable[str], job: Job) -> Optional[tuple[dict[str, Any], str, float]]:
+    """(report, '', mtime) of ``job`` from the newest of its user's files among ``paths``
+    (its candidates, ``reports_in``), ({}, why refused, mtime), or None when there is none.
+    Files of other users are not its user's claims: skipped unread, as if absent (anyone may
+    put a file named after any job there, with any mtime; were it recorded, its mtime would
+    hide the job's own later report). A link or anything else not a plain file is refused."""
+    mine = []
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if _owner_ok(st, job.user):
+            mine.append((st.st_mtime, path, st))
+    if not mine:
         return None
+    mtime, path, st = max(mine, key=lambda m: (m[0], m[1]))
     if not stat.S_ISREG(st.st_mode):
-        return {}, "not a plain file", st.st_mtime
-    if not _owner_ok(st, job.user):
-        return {}, "not its user's file", st.st_mtime
+        return {}, "not a plain file", mtime
     try:
         # non-blocking and checked again once open: a file swapped for a FIFO after the
         # lstat must not hang the tick
         with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as fh:
             opened = os.fstat(fh.fileno())
             if not stat.S_ISREG(opened.st_mode) or not _owner_ok(opened, job.user):
-                return {}, "not a plain file of its user", st.st_mtime
+                return {}, "not a plain file of its user", mtime
             data = json.loads(fh.read(MAX_REPORT_BYTES + 1)[:MAX_REPORT_BYTES])
         if not isinstance(data, dict) or data.get("job_id") != job.job_id:
-            return {}, "not this job's report", st.st_mtime
-        return data, "", st.st_mtime
+            return {}, "not this job's report", mtime
+        return data, "", mtime
     except (OSError, ValueError, RecursionError):
-        return {}, "unreadable report", st.st_mtime
+        return {}, "unreadable report", mtime
+
+
+def _count(value: Any) -> Optional[int]:
+    """A report's whole number (a JSON integer in 0..``MAX_COUNT``), else None: a report is
+    a claim, and a float, a bool, null or an integer of 400 digits is no layout field or
+    iteration count."""
+    return value if type(value) is int and 0 <= value <= MAX_COUNT else None
+
+
+def _seconds(value: Any) -> Optional[float]:
+    """A report's positive, finite number of seconds, else None."""
+    if type(value) not in (int, float) or (type(value) is int and not 0 < value <= MAX_COUNT):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
 
 
 def report_config(data: Mapping[str, Any]) -> Optional[ExecConfig]:
-    """The layout a report names, or None when it does not name a valid one."""
+    """The layout a report names, or None when it does not name a valid one: every field
+    present is a whole number (the uneven-split fields may be null)."""
     raw = data.get("config")
     if not isinstance(raw, dict):
         return None
-    names = {f.name for f in fields(ExecConfig)}
+    optional = {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}
+    values: dict[str, Optional[int]] = {}
+    for f in fields(ExecConfig):
+        if f.name in raw:
+            values[f.name] = _count(raw[f.name])
+            if values[f.name] is None and not (f.name in optional and raw[f.name] is None):
+                return None
     try:
-        values = {k: (None if v is None else int(v)) for k, v in raw.items() if k in names}
-        return ExecConfig(**values)
+        return ExecConfig(**values)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
 
 
+def within_bound(predicted: float, measured: float) -> bool:
+    """Whether a measured time is within ``MEASURE_BOUND`` of its prediction: the bound on
+    what one run, reported or timed by Slurm, may teach the calibration."""
+    return predicted / MEASURE_BOUND <= measured <= predicted * MEASURE_BOUND
+
+
 def judge(data: Mapping[str, Any], job: Job, profile: Optional[JobProfile],
           iter_time_s: Callable[[JobProfile, ExecConfig], float]) -> tuple[Optional[ExecConfig], float, str]:
-    """(layout, predicted s per iteration, status) of one report: status 'ok' or why refused."""
+    """(layout, predicted s per iteration, status) of one report: status 'ok' or why refused.
+    A report must name the iterations it measured over (the check against Slurm's elapsed
+    time at the job's end multiplies by them)."""
     cfg = report_config(data)
     if profile is None:
         return cfg, math.nan, "no profile"
@@ -99,10 +174,12 @@ def judge(data: Mapping[str, Any], job: Job, profile: Optional[JobProfile],
     if valid is None:
         return cfg, math.nan, "invalid layout"
     predicted = iter_time_s(profile, valid)
-    measured = data.get("median_iter_s")
-    if not isinstance(measured, (int, float)) or not math.isfinite(measured) or not predicted > 0:
+    measured = _seconds(data.get("median_iter_s"))
+    if measured is None or not predicted > 0:
         return valid, predicted, "no value"
-    if not predicted / MEASURE_BOUND <= measured <= predicted * MEASURE_BOUND:
+    if not _count(data.get("iterations")):
+        return valid, predicted, "no iterations"
+    if not within_bound(predicted, measured):
         return valid, predicted, "out of bounds"
     return valid, predicted, OK
 
@@ -114,26 +191,28 @@ def ingest(folder: str, jobs: Iterable[Job], profile_of: Callable[[Job], Optiona
     statuses counted."""
     from pipeswift_slurm.store.queries import MeasurementEntry
 
+    listing = reports_in(folder)
     found = {job.job_id: (job, got) for job in jobs if job.start_time is not None and job.opted_in
-             and (got := read_report(folder, job)) is not None}
+             and job.job_id in listing and (got := read_report(listing[job.job_id], job)) is not None}
     known = {m.job_id: m.reported_at for m in store.measurements(list(found))} if found else {}
     counts: Counter[str] = Counter()
     entries = []
     for job_id, (job, (data, why, mtime)) in sorted(found.items()):
         if mtime <= known.get(job_id, -math.inf):
             continue
-        profile = profile_of(job) if not why else None
-        cfg, predicted, status = (None, math.nan, why) if why else judge(data, job, profile, iter_time_s)
+        try:
+            profile = profile_of(job) if not why else None
+            cfg, predicted, status = (None, math.nan, why) if why else judge(data, job, profile, iter_time_s)
+        except (ArithmeticError, TypeError, ValueError) as exc:  # a claim no check foresaw: refused
+            log.debug("job %d: report refused (%s)", job_id, exc)
+            profile, cfg, predicted, status = None, None, math.nan, "invalid report"
         counts[status] += 1
         feats = dict(layout_features(cfg, profile.requested if profile is not None else None)) \
             if cfg is not None else {}
-        measured = data.get("median_iter_s")
         entries.append(MeasurementEntry(
             job_id, job.user, getattr(profile, "job_class", None), cfg.short() if cfg else None, feats.get("tp"),
-            feats.get("pp"), feats.get("mbs"), feats.get("vp"),
-            float(measured) if isinstance(measured, (int, float)) and math.isfinite(measured) else None,
-            predicted if math.isfinite(predicted) else None,
-            int(data["iterations"]) if isinstance(data.get("iterations"), int) else None, status, mtime,
+            feats.get("pp"), feats.get("mbs"), feats.get("vp"), _seconds(data.get("median_iter_s")),
+            predicted if math.isfinite(predicted) else None, _count(data.get("iterations")), status, mtime,
             own_layout=feats.get("own")))
     if entries:
         store.save_measurements(entries)
@@ -144,8 +223,9 @@ def ingest(folder: str, jobs: Iterable[Job], profile_of: Callable[[Job], Optiona
 
 
 def within_elapsed(m: Any, run_s: float) -> bool:
-    """Whether iterations x measured s per iteration fits in Slurm's elapsed ``run_s``."""
-    return (m.iterations or 0) * (m.iter_s or 0.0) <= run_s * ELAPSED_SLACK
+    """Whether iterations x measured s per iteration fits in Slurm's elapsed ``run_s`` (a
+    report without a positive count of iterations cannot be checked, so it does not)."""
+    return bool(m.iterations and m.iterations > 0) and m.iterations * (m.iter_s or 0.0) <= run_s * ELAPSED_SLACK
 
 
 def observation(finished: Any, m: Any) -> Optional[Observation]:

@@ -55,6 +55,7 @@ class FinishedJob:
     state: str
     partition: Optional[str] = None
     calibration_skip: Optional[str] = None
+    user: str = ""  # whose run: one user's runs weigh at most ``layout_fit.USER_CAP_RUNS`` in a fit
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ def _finished_jobs(s: Session, job_class: Optional[str], since: Optional[float],
                    include_vanished: bool) -> list[FinishedJob]:
     states = CALIBRATION_STATES if include_vanished else CALIBRATION_STATES[:1]
     query = (select(JobRow.job_id, JobRow.job_class, JobRow.predicted_run_s, JobRow.run_s,
-                    JobRow.end_time, JobRow.state, JobRow.partition, JobRow.calibration_skip)
+                    JobRow.end_time, JobRow.state, JobRow.partition, JobRow.calibration_skip, JobRow.user)
              .where(JobRow.state.in_(states), JobRow.run_s.is_not(None),
                     JobRow.predicted_run_s.is_not(None), JobRow.end_time.is_not(None))
              .order_by(JobRow.end_time, JobRow.job_id))
@@ -192,7 +193,7 @@ def _finished_jobs(s: Session, job_class: Optional[str], since: Optional[float],
     if since is not None:
         query = query.where(JobRow.end_time >= since)
     return [FinishedJob(r.job_id, r.job_class or "", r.predicted_run_s, r.run_s, r.end_time,
-                        r.state, r.partition, r.calibration_skip) for r in s.execute(query)]
+                        r.state, r.partition, r.calibration_skip, r.user or "") for r in s.execute(query)]
 
 
 def _calibration(s: Session) -> dict[str, tuple[float, int]]:

@@ -29,6 +29,9 @@ from typing import Any, Optional
 
 from sqlalchemy import Engine, inspect, text
 
+from pipeswift_slurm.core.model import FINISHED_STATES
+from pipeswift_slurm.store.queries import VANISHED_STARTED
+
 FINISHED_SQL = "('COMPLETED', 'COMPLETED?')"
 # grouping name -> the SQL expression of a job's group
 GROUP_SQL = {
@@ -335,26 +338,30 @@ def last_snapshot(src: Any) -> Optional[Any]:
     return rows[0] if rows else None
 
 
-# A job killed at its time limit ran at least that long: for the per-user correction it is
-# evidence (a claim that ran out its limit is exactly what the correction must see), though
-# not for the per-class bias, whose figure it would truncate.
+# Every job that ran, however it ended, is evidence for the per-user correction: a job killed
+# at its time limit ran at least that long, and one that failed, was cancelled or ran out of
+# memory after running past its claim shows the claim was low all the same (a user who
+# claims one iteration and cancels the job just before its limit must not escape the
+# correction; ``user_factors`` counts only runs longer than claimed, so no ending dilutes a
+# record). The per-class bias reads only completed runs (``store.queries``).
 USER_RUNS_SQL = """
 SELECT "user", job_class, partition, predicted_run_s, run_s
 FROM jobs
-WHERE (state IN {finished} OR state = 'TIMEOUT')
+WHERE state IN {finished}
   AND "user" IS NOT NULL AND "user" != ''
   AND predicted_run_s > 0 AND run_s IS NOT NULL
   AND calibration_skip IS NULL
 ORDER BY end_time, job_id
 """
+RAN_STATES_SQL = "(%s)" % ", ".join("'%s'" % state for state in sorted(FINISHED_STATES | {VANISHED_STARTED}))
 
 
 def finished_user_runs(src: Any) -> list[Any]:
-    """Per finished job that may feed calibration (completed, or stopped at its time limit;
-    a known config and prediction):
+    """Per finished job that ran (any end state: ``USER_RUNS_SQL``; a known config and
+    prediction):
     user, job_class, partition, predicted_run_s (the cost model's, uncalibrated), run_s;
     oldest end first. What the per-user correction of claims is fitted from."""
-    return _rows(src, USER_RUNS_SQL.format(finished=FINISHED_SQL), {})
+    return _rows(src, USER_RUNS_SQL.format(finished=RAN_STATES_SQL), {})
 
 
 RAN_JOBS_SQL = """

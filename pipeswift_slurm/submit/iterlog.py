@@ -11,7 +11,7 @@ interval's and the running mean, of which the first is read). Each line's value 
 mean over the log interval that ends at that iteration. The report is the median of the
 values after the warm-up (lines at iteration <= ``WARMUP_ITERATIONS`` and the first line,
 which includes compilation and the first allocator growth), with the layout that ran,
-written to ``<measure dir>/<job id>.json`` (``PIPESWIFT_MEASURE_DIR``, a spool folder the
+written to ``<measure dir>/<job id>.<random>.json`` (``report_name``; ``PIPESWIFT_MEASURE_DIR``, a spool folder the
 site creates like /tmp: writable by all, sticky): atomically, after every
 ``REPORT_EVERY`` lines and at the end. The controller (``slurm/measured.py``) trusts
 it only as a claim about that job: the file must belong to the job's user, and the value
@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import signal
 import statistics
 import subprocess
@@ -83,13 +84,21 @@ def report(job_id: int, config: ExecConfig, log: IterationLog) -> dict[str, obje
             "iterations": log.last_iteration, "samples": len(log.steady())}
 
 
-def write_report(folder: str, job_id: int, config: ExecConfig, log: IterationLog) -> None:
-    """Write ``<folder>/<job_id>.json`` atomically (``core.files.write_atomic``).
+def report_name(job_id: int) -> str:
+    """A new report file name for one run of job ``job_id``: ``<job id>.<16 random hex>.json``.
+    The folder is shared (mode 1777), so a name another user could guess (``<job id>.json``)
+    could be taken before the job starts, and the sticky bit would keep the job from ever
+    writing its report; a random part nobody can guess leaves nothing to take."""
+    return "%d.%s.json" % (job_id, secrets.token_hex(8))
+
+
+def write_report(folder: str, name: str, job_id: int, config: ExecConfig, log: IterationLog) -> None:
+    """Write ``<folder>/<name>`` (``report_name``) atomically (``core.files.write_atomic``).
 
     Raises:
         OSError: the folder cannot be written (``run_measured`` says so once and stops trying).
     """
-    write_atomic(os.path.join(folder, "%d.json" % job_id), json.dumps(report(job_id, config, log), sort_keys=True))
+    write_atomic(os.path.join(folder, name), json.dumps(report(job_id, config, log), sort_keys=True))
 
 
 def copy_and_parse(source: BinaryIO, sink: BinaryIO, log: IterationLog,
@@ -112,12 +121,13 @@ def run_measured(command: Sequence[str], folder: str, job_id: int, config: ExecC
     sink = sink if sink is not None else sys.stdout.buffer
     log = IterationLog()
     broken: list[str] = []
+    name = report_name(job_id)  # one file per run, rewritten as the run goes
 
     def save() -> None:
         if broken or log.median_s() is None:
             return
         try:
-            write_report(folder, job_id, config, log)
+            write_report(folder, name, job_id, config, log)
         except OSError as exc:
             broken.append(str(exc))
             sys.stderr.write("pipeswift-launch: warning: cannot write the measured iteration time to %s: %s\n"

@@ -103,7 +103,8 @@ def test_measured_iteration_times_reach_the_history_and_change_the_next_predicti
     assert layout_keys, bias
     [ran] = site.rows("SELECT run_config, job_class FROM jobs WHERE job_id = ?", job)
     assert ran["run_config"] == m["config"], (dict(ran), dict(m))
-    cfg = report_config(json.loads((measure / ("%d.json" % job)).read_text()))
+    [written] = measure.glob("%d.*.json" % job)  # the launcher's name has a random part
+    cfg = report_config(json.loads(written.read_text()))
     assert cfg is not None and cfg.short() == m["config"]
     before = estimator.run_time_s(profile, cfg)
     after = estimator.with_bias(bias).run_time_s(profile, cfg)

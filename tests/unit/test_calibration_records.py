@@ -103,8 +103,9 @@ def test_the_record_follows_the_run_and_is_written_once(estimator):
     assert job_row(store)[1:] == (DECIDED.short(), None)
 
 
-def _finished(store: Store, job_id: int, partition: str, predicted_s: float, run_s: float, end: float) -> None:
-    job = Job(job_id, "COMPLETED", 0.0, gpus=8, start_time=end - run_s, end_time=end, partition=partition)
+def _finished(store: Store, job_id: int, partition: str, predicted_s: float, run_s: float, end: float,
+              user: str = "") -> None:
+    job = Job(job_id, "COMPLETED", 0.0, gpus=8, start_time=end - run_s, end_time=end, partition=partition, user=user)
     with store.tick(end, "pipeswift") as tx:
         tx.save_snapshot(ClusterView(now=end, nodes=NODES, jobs=(job,)))
         tx.upsert_profile(job_id, "pswift1;", profile(), None)
@@ -115,12 +116,41 @@ def test_jobs_of_excluded_partitions_never_feed_calibration(estimator):
     """An emulated job sleeps prediction x 0.001: one of them moved a class to 0.569."""
     store = Store.in_memory()
     _finished(store, 1, "gpu", 1000.0, 1200.0, 2000.0)
-    _finished(store, 2, "debug", 1000.0, 1.0, 2100.0)  # emulated
+    _finished(store, 2, "debug", 1000.0, 400.0, 2100.0)  # emulated at 0.4 x the prediction
     StoreCalibration(store, exclude_partitions=["debug"]).refit(2100.0, estimator)
     expected = fit_bias([Observation("gpt-1b", 1000.0, 1200.0, 2000.0)], now=2100.0)["gpt-1b"].ratio
     assert store.calibration()["gpt-1b"] == (pytest.approx(expected), 1)
     StoreCalibration(store).refit(2100.0, estimator)
     assert store.calibration()["gpt-1b"][1] == 2  # without the exclusion it would have learned from it
+
+
+def _class_fit(mallory_jobs: int, mallory_run_s: float, estimator) -> tuple[float, int]:
+    store = Store.in_memory()
+    for i in range(15):  # three honest users, their runs as predicted
+        _finished(store, i + 1, "gpu", 1000.0, 1000.0, 2000.0 + i, user="user%d" % (i % 3))
+    for i in range(mallory_jobs):
+        _finished(store, 100 + i, "gpu", 1000.0, mallory_run_s, 3000.0 + i, user="mallory")
+    StoreCalibration(store).refit(5000.0, estimator)
+    return store.calibration()["gpt-1b"]
+
+
+def test_runs_timed_by_slurm_weigh_at_most_the_user_cap(estimator):
+    """A job without a launcher's report is learned from by Slurm's elapsed time; one user's
+    100 such runs (jobs that end early on purpose) weigh no more than their first few, so
+    they cannot move the class every user of it is predicted with."""
+    few, many = _class_fit(5, 400.0, estimator), _class_fit(100, 400.0, estimator)
+    assert many[1] == 115 and many[0] == pytest.approx(few[0], abs=0.02)
+    uncapped = fit_bias([Observation("gpt-1b", 1000.0, 1000.0, 2000.0 + i) for i in range(15)]
+                        + [Observation("gpt-1b", 1000.0, 400.0, 3000.0 + i) for i in range(100)], now=5000.0)
+    assert uncapped["gpt-1b"].ratio < few[0] - 0.1  # what the cap prevents
+
+
+def test_a_run_far_from_its_prediction_is_not_learned_from(estimator):
+    """Beyond ``measured.MEASURE_BOUND`` (3x either way) Slurm's elapsed time says more about
+    the run's user (a job that ended at once, or ran far past its claim) than about the model."""
+    assert _class_fit(5, 60.0, estimator) == _class_fit(0, 60.0, estimator)
+    assert _class_fit(5, 10_000.0, estimator) == _class_fit(0, 60.0, estimator)
+    assert _class_fit(5, 2_900.0, estimator)[1] == 20
 
 
 def test_the_config_names_the_excluded_partitions(tmp_path):

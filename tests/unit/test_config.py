@@ -145,3 +145,32 @@ def test_controller_cli_exits_2_on_bad_values(tmp_path, text, needle):
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and needle in out.stderr and str(path) in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("store = 5\n", r"store = 5: store is a section; write \[store\] on a line of its own"),
+    ('[slurm]\npartitions = [""]\n', r"\[slurm\] partitions must be a list of names \(strings, none empty\)"),
+    ('[calibration]\nexclude_partitions = [" "]\n', r"exclude_partitions must be a list of names"),
+    ('[calibration]\nmeasure_dir = "spool"\n', r"measure_dir must be an absolute path \(got 'spool'\)"),
+])
+def test_a_mistake_an_admin_makes_is_named(tmp_path, text, needle):
+    """Each was accepted before and then quietly did nothing (an empty partition name
+    matched no job; a relative spool is relative to every job's own directory)."""
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_config(str(path))
+
+
+def test_the_measure_folder_must_be_like_tmp(tmp_path):
+    from pipeswift_slurm.slurm.measured import folder_problem
+
+    spool = tmp_path / "spool"
+    assert "cannot use the measure folder" in (folder_problem(str(spool)) or "")
+    spool.mkdir(mode=0o755)
+    spool.chmod(0o755)
+    assert "has mode 755, not 1777" in (folder_problem(str(spool)) or "")
+    spool.chmod(0o1777)
+    assert folder_problem(str(spool)) is None
+    (tmp_path / "file").write_text("")
+    assert "is not a folder" in (folder_problem(str(tmp_path / "file")) or "")

@@ -69,11 +69,12 @@ def test_run_measured_writes_the_report_and_keeps_the_exit_code(tmp_path: Path) 
     code = run_measured([sys.executable, str(script)], str(tmp_path), 42, CFG, sink=sink)
     assert code == 3
     assert sink.getvalue() == LOG.encode()
-    report = json.loads((tmp_path / "42.json").read_text())
+    [path] = tmp_path.glob("42.*.json")  # one file per run, its name random (``report_name``)
+    report = json.loads(path.read_text())
     assert report["job_id"] == 42 and report["iterations"] == 15 and report["samples"] == 3
     assert report["median_iter_s"] == pytest.approx(1.0005)
     assert ExecConfig(**report["config"]) == CFG
-    assert oct(os.stat(tmp_path / "42.json").st_mode & 0o777) == oct(0o644)
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)
 
 
 def test_unwritable_folder_warns_and_the_job_still_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,7 +99,8 @@ def test_the_launcher_measures_when_the_site_names_a_folder(tmp_path: Path, capf
     code = launch(argv, env, run=lambda a: "", execvp=lambda *a: pytest.fail("exec'd: nothing measured"))
     assert code == 0
     assert capfd.readouterr().out == LOG
-    report = json.loads((tmp_path / "77.json").read_text())
+    [path] = tmp_path.glob("77.*.json")
+    report = json.loads(path.read_text())
     assert report["job_id"] == 77 and ExecConfig(**report["config"]).gpus == 1
 
 

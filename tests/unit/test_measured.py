@@ -7,16 +7,25 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
+import pwd
 from pathlib import Path
 
 import pytest
+from test_calibration_records import DECIDED, USER, profile, record  # noqa: F401
 
+from pipeswift_slurm.core.costmodel import CostModel
+from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.hardware import get_gpu_type
 from pipeswift_slurm.core.model import Job
 from pipeswift_slurm.slurm.calibrate import StoreCalibration
 from pipeswift_slurm.store.history import Store
-from test_calibration_records import DECIDED, USER, estimator, profile, record  # noqa: F401 (fixture)
 
 ME = getpass.getuser()
+
+
+@pytest.fixture
+def estimator() -> Estimator:
+    return Estimator(CostModel(get_gpu_type("A100-80GB")), 8)
 
 
 def job(state: str = "RUNNING", user: str = ME, end: float | None = None) -> Job:
@@ -67,17 +76,86 @@ def test_a_measurement_reaches_the_history_and_changes_that_layouts_prediction(n
 
 @pytest.mark.parametrize("ratio, user, iterations, status", [
     (10.0, ME, 100, "out of bounds"),
-    (1.5, "no-such-user-pipeswift", 100, "not its user's file"),
+    (1.5, "no-such-user-pipeswift", 100, None),  # not its user's file: skipped unread, as if absent
     (1.5, ME, 100_000, "ok"),  # 100,000 iterations cannot fit in 1200 s elapsed: refused at the refit
+    (1.5, ME, 0, "no iterations"),  # nothing to check against the elapsed time
 ])
 def test_refused_claims_are_recorded_and_never_learned(new_store, tmp_path, estimator, ratio, user, iterations,
                                                        status):
     store, step = run(new_store, tmp_path, estimator, ratio, user, iterations)
-    assert [m.status for m in store.measurements()] == [status]
+    assert [m.status for m in store.measurements()] == ([status] if status else [])
     step.refit(1300.0, estimator)
     assert not any(" tp=" in key for key in store.calibration())
     if status == "ok":
         assert [m.status for m in store.measurements()] == ["exceeds elapsed"]
+
+
+@pytest.mark.parametrize("field, value, status", [
+    ("median_iter_s", 10 ** 400, "no value"),  # an integer too large for a float
+    ("median_iter_s", True, "no value"),
+    ("iterations", 10 ** 25, "no iterations"),  # too large for an SQL integer
+    ("iterations", -5, "no iterations"),
+    ("iterations", 2.5, "no iterations"),
+    ("tp", float("inf"), "invalid layout"),
+    ("tp", 1e19, "invalid layout"),
+    ("tp", None, "invalid layout"),
+    ("num_nodes", None, "invalid layout"),
+    ("pp", "4", "invalid layout"),
+    ("decoder_first_pipeline_num_layers", -1, "invalid layout"),
+])
+def test_a_report_of_absurd_values_is_refused_and_the_tick_goes_on(tmp_path, estimator, field, value, status):
+    """A user writes their own job's report: whatever it holds, it is refused with a status,
+    and the other jobs' reports in the same tick are still taken in."""
+    from pipeswift_slurm.slurm.measured import ingest
+
+    store = Store.in_memory()
+    second = dataclasses.replace(job(), job_id=2)
+    record(store, 200.0, estimator, job(), second)
+    report(tmp_path, 1.5, estimator)
+    report(tmp_path, 1.5, estimator, job_id=2)
+    body = json.loads((tmp_path / "1.json").read_text())
+    if field in body["config"]:
+        body["config"][field] = value
+    else:
+        body[field] = value
+    (tmp_path / "1.json").write_text(json.dumps(body))
+    assert ingest(str(tmp_path), [job(), second], lambda j: profile(), estimator.cost.iter_time_s, store) \
+        == {status: 1, "ok": 1}
+    assert sorted((m.job_id, m.status) for m in store.measurements()) == [(1, status), (2, "ok")]
+
+
+def test_a_file_named_after_a_job_before_it_starts_cannot_keep_it_from_reporting(tmp_path, estimator):
+    """The folder is shared: another user may create ``<job id>.json`` (or any name with that
+    id) first, even with an mtime far in the future. The launcher's report has a random part
+    in its name (``iterlog.report_name``), so it is written all the same, and the controller
+    reads the job's user's file and skips the other one unread."""
+    import os
+
+    from pipeswift_slurm.slurm.measured import ingest
+    from pipeswift_slurm.submit.iterlog import IterationLog, report_name, write_report
+
+    store = Store.in_memory()
+    record(store, 200.0, estimator, job())
+    squatted = tmp_path / "1.json"
+    squatted.write_text("{}")
+    try:
+        os.chown(squatted, pwd.getpwnam("nobody").pw_uid, -1)  # another user's file
+    except (KeyError, PermissionError):
+        pytest.skip("needs root and a user 'nobody' to make a file of another user")
+    os.utime(squatted, (4e9, 4e9))
+    name = report_name(1)
+    assert name != report_name(1) and name.startswith("1.") and name.endswith(".json")
+    log = IterationLog()
+    for line in (" iteration 5/100 | elapsed time per iteration (ms): %.1f |" % (1000 * ms) for ms in (9, 9, 9)):
+        log.feed(line.encode())
+    log.lines = [(i, estimator.cost.iter_time_s(profile(), DECIDED) * 1.5) for i in (5, 10, 15)]
+    write_report(str(tmp_path), name, 1, DECIDED, log)
+    by_another = "no-such-user-pipeswift"  # the squatter's file, as the controller sees its owner
+    assert ingest(str(tmp_path), [dataclasses.replace(job(), user=by_another)], lambda j: profile(),
+                  estimator.cost.iter_time_s, store) == {}
+    assert ingest(str(tmp_path), [job()], lambda j: profile(), estimator.cost.iter_time_s, store) == {"ok": 1}
+    [m] = store.measurements()
+    assert m.status == "ok" and m.iterations == 15
 
 
 def test_a_report_for_another_job_id_is_refused(tmp_path, estimator):
@@ -131,5 +209,5 @@ def test_a_report_swapped_for_a_fifo_after_the_check_does_not_hang_the_tick(tmp_
     plain.write_text("{}")
     os.mkfifo(tmp_path / "1.json")
     monkeypatch.setattr(measured.os, "lstat", lambda path: os.stat(plain))  # the check saw a file
-    got = measured.read_report(str(tmp_path), job())
+    got = measured.read_report([str(tmp_path / "1.json")], job())
     assert got is not None and got[0] == {} and got[1] == "not a plain file of its user"

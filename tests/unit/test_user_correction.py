@@ -98,3 +98,16 @@ def test_jobs_stopped_at_their_time_limit_count_against_their_user(tmp_path: Pat
                               ' partition) VALUES (:j, :u, \'TIMEOUT\', :c, 100.0, 10000.0, :e, \'gpu\')'),
                          dict(j=job_id, u="mallory", c=CLS, e=1000.0 + job_id))
     assert user_factor_of(StoreCalibration(store), "mallory") == pytest.approx((100 / USER_TOLERANCE) ** (5 / 7))
+
+
+@pytest.mark.parametrize("state", ["FAILED", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL"])
+def test_a_liar_cannot_escape_the_correction_by_how_the_job_ends(tmp_path: Path, state: str) -> None:
+    """A job that claims 100 s, runs 10,000 s and then fails, is cancelled by its user just
+    before its limit or runs out of memory showed its claim was low all the same."""
+    store = Store.from_url(str(tmp_path / "h.sqlite"))
+    with store.engine.begin() as conn:
+        for job_id in range(1, 6):
+            conn.execute(text('INSERT INTO jobs (job_id, "user", state, job_class, predicted_run_s, run_s, end_time,'
+                              ' partition) VALUES (:j, :u, :st, :c, 100.0, 10000.0, :e, \'gpu\')'),
+                         dict(j=job_id, u="mallory", st=state, c=CLS, e=1000.0 + job_id))
+    assert user_factor_of(StoreCalibration(store), "mallory") == pytest.approx((100 / USER_TOLERANCE) ** (5 / 7))
