@@ -24,20 +24,21 @@ from pipeswift_slurm.submit.plan import CHECK, Source, describe, plan_job, read_
 from pipeswift_slurm.submit.sbatch_args import PsbatchUsageError, scan_argv, strip_own_options
 
 NO_SBATCH = "sbatch not found (set PIPESWIFT_SBATCH or PATH)"
+# where the compiled front end (``fast/psbatch.c``) that started this process is: not an sbatch
+# either; removed from the environment before sbatch runs, so no job inherits it
+FRONT_ENV = "PIPESWIFT_PSBATCH_FRONT"
 
 
 def find_sbatch(environ: Mapping[str, str]) -> Optional[str]:
-    """The real sbatch: ``$PIPESWIFT_SBATCH``, else the first ``sbatch`` on PATH that is
-    not psbatch itself."""
+    """The real sbatch: ``$PIPESWIFT_SBATCH``, else the first ``sbatch`` on PATH; never
+    psbatch itself (it would run itself for ever)."""
     wanted = environ.get("PIPESWIFT_SBATCH") or "sbatch"
-    me = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    me = {os.path.realpath(p) for p in (sys.argv[0] if sys.argv else "", environ.get(FRONT_ENV, "")) if p}
+    ok = lambda path: os.path.isfile(path) and os.access(path, os.X_OK) and os.path.realpath(path) not in me  # noqa: E731
     if os.sep in wanted:
-        return wanted if os.path.isfile(wanted) and os.access(wanted, os.X_OK) else None
-    for folder in environ.get("PATH", os.defpath).split(os.pathsep):
-        path = os.path.join(folder or ".", wanted)
-        if os.path.isfile(path) and os.access(path, os.X_OK) and os.path.realpath(path) != me:
-            return path
-    return None
+        return wanted if ok(wanted) else None
+    return next((path for folder in environ.get("PATH", os.defpath).split(os.pathsep)
+                 if ok(path := os.path.join(folder or ".", wanted))), None)
 
 
 def warning_line(message: str) -> str:
@@ -174,8 +175,10 @@ def submit(raw: Sequence[str], environ: Mapping[str, str], stdin: object = None)
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console entry point: ``psbatch [sbatch options] [--pipeswift-*] [script [args]]``."""
+    environ = dict(os.environ)
+    os.environ.pop(FRONT_ENV, None)  # sbatch and the job never see it
     try:
-        return submit(sys.argv[1:] if argv is None else argv, dict(os.environ), sys.stdin)
+        return submit(sys.argv[1:] if argv is None else argv, environ, sys.stdin)
     except KeyboardInterrupt:
         return 130
 

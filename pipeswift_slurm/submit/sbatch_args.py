@@ -56,6 +56,10 @@ class PsbatchUsageError(PsbatchError):
     submitted, psbatch says why in one line and exits 2."""
 
 
+# psbatch's own keys (``--pipeswift-KEY VALUE``, ``#PSWIFT KEY=VALUE``); ``--pipeswift=on|off|check``
+OWN_KEYS = ("gpus", "min-micro-batch", "pp", "class", "partitions")
+
+
 class Opt(NamedTuple):
     """One sbatch option as found in an argv: canonical long name, value, argv span."""
 
@@ -88,7 +92,9 @@ def _long_name(text: str) -> Optional[str]:
 def _scan_long(argv: Sequence[str], i: int, unknown: list[str]) -> Opt:
     body, eq, inline = argv[i][2:].partition("=")
     if body.startswith("pipeswift"):  # psbatch's own: --pipeswift=off, --pipeswift-KEY[=]VALUE
-        if eq or body == "pipeswift" or i + 1 >= len(argv):
+        # only a known key takes the next word as its value: an unknown one (a typo) must
+        # not swallow the script's name
+        if eq or body[len("pipeswift-"):] not in OWN_KEYS or i + 1 >= len(argv):
             return Opt(body, inline if eq else None, i, i + 1)
         return Opt(body, argv[i + 1], i, i + 2)
     name = _long_name(body)
@@ -169,10 +175,18 @@ def strip_own_options(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, s
     Returns the argv sbatch should see and the (KEY, VALUE) pairs found ("" for
     ``--pipeswift=off``). ``--pipeswift-KEY VALUE`` (separate value) is accepted too.
     Words after the script belong to the script and are never touched.
+
+    Raises:
+        PsbatchUsageError: an unknown ``--pipeswift-KEY`` (sbatch would refuse an unknown
+            option too; a typo of ``--pipeswift=check`` must not submit the job).
     """
     own_spans = [o for o in scan_argv(argv).opts if o.name.startswith("pipeswift")]
     if not own_spans:
         return list(argv), []
+    for o in own_spans:
+        if o.name.rstrip("-") != "pipeswift" and o.name[len("pipeswift-"):] not in OWN_KEYS:
+            raise PsbatchUsageError("unknown option --%s (known: %s, --pipeswift=off, --pipeswift=check)"
+                                    % (o.name, ", ".join("--pipeswift-" + k for k in OWN_KEYS)))
     drop = {i for o in own_spans for i in range(o.start, o.end)}
     pairs = [(o.name[len("pipeswift"):].lstrip("-"), o.value or "") for o in own_spans]
     return [a for i, a in enumerate(argv) if i not in drop], pairs
@@ -223,8 +237,8 @@ def own_options(pairs: Sequence[tuple[str, str]]) -> OwnOptions:
             elif key == "partitions":
                 values["partitions"] = checked_partitions(value, "--pipeswift-partitions")
             else:
-                raise PsbatchError("unknown option --pipeswift-%s (known: gpus, min-micro-batch, pp, class,"
-                                   " partitions, --pipeswift=off, --pipeswift=check)" % key)
+                raise PsbatchError("unknown option --pipeswift-%s (known: %s, --pipeswift=off, --pipeswift=check)"
+                                   % (key, ", ".join(OWN_KEYS)))
         except ValueError:
             raise PsbatchError("bad value %r for --pipeswift-%s" % (value, key)) from None
     return OwnOptions(**values)  # type: ignore[arg-type]

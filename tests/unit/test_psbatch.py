@@ -500,6 +500,23 @@ def test_check_is_a_command_line_option_only(tmp_path):
     assert "unknown option --pipeswift-check" in done.stderr.decode() and calls[0]["argv"] == ["job.sh"]
 
 
+@pytest.mark.parametrize("args", [["--pipeswift-check", "job.sh"], ["--pipeswift-gpu", "job.sh"],
+                                  ["--pipeswift-check", "--pipeswift=check", "job.sh"]])
+def test_an_unknown_own_option_submits_nothing_and_keeps_the_script(tmp_path, args):
+    """A typo of an own option is refused as sbatch refuses an unknown option: the job is not
+    submitted (``--pipeswift-check`` must not submit what the user only wanted checked),
+    and the option does not take the script's name as its value."""
+    (tmp_path / "job.sh").write_text(CHECKED)
+    done, calls = _psbatch(args, tmp_path, stdin=b"echo INJECTED\n")
+    assert done.returncode == 2 and calls == []
+    err = done.stderr.decode()
+    assert err.startswith("psbatch: error: unknown option --%s (known: --pipeswift-gpus, " % args[0][2:])
+    assert err.endswith("; nothing submitted\n") and err.count("\n") == 1
+    from pipeswift_slurm.submit.sbatch_args import scan_argv
+
+    assert scan_argv(args).script_index == len(args) - 1  # the script is still the script
+
+
 @pytest.mark.parametrize("lo, hi, requested, expected", [
     (2, 8, 4, [2, 3, 4, 5, 6, 7, 8]),
     (1, 512, 24, [1, 2, 4, 8, 16, 24, 32, 64, 128, 256, 512]),

@@ -53,7 +53,7 @@ except Exception as e:
         x=a[i];i+=1
         if not x.startswith("--pipeswift"):
             b.append(x)
-        elif "=" not in x and x!="--pipeswift":
+        elif "=" not in x and x[12:] in OWN_KEYS:
             i+=1
     sys.stderr.write("psbatch: warning: cannot start the Python psbatch (%s); submitted unchanged\\n"%e)
     s=os.environ.get("PIPESWIFT_SBATCH") or "sbatch"
@@ -62,7 +62,7 @@ except Exception as e:
     except OSError as x:
         sys.exit("psbatch: error: cannot run %s: %s"%(s,x))
 sys.exit(main())
-"""
+""".replace("OWN_KEYS", "(%s,)" % ",".join('"%s"' % key for key in sbatch_args.OWN_KEYS))
 
 
 class BuildError(Exception):
@@ -107,9 +107,11 @@ def header_text(python: Optional[str] = None) -> str:
         "#define PSB_DEFPATH %s" % c_string(os.defpath),
         "#define PSB_PYTHON %s" % c_string(python),
         "#define PSB_NO_SBATCH %s" % c_string(psbatch.NO_SBATCH),
+        "#define PSB_FRONT_ENV %s" % c_string(psbatch.FRONT_ENV),
         "#define PSB_WARN_FORMAT %s" % c_string(psbatch.warning_line("\0").replace("%", "%%").replace("\0", "%s")),
         "#define PSB_BOOTSTRAP %s" % c_string(BOOTSTRAP),
         "static const char *const psb_markers[] = {%s, NULL};" % ", ".join(map(c_string, plan.MARKERS)),
+        "static const char *const psb_own_keys[] = {%s, NULL};" % ", ".join(map(c_string, sbatch_args.OWN_KEYS)),
         "static const struct psb_long psb_long[] = {",
         *("    {%s, %s}," % (c_string(name), kind) for name, kind in sorted(kinds.items())),
         "    {NULL, 0}};",
