@@ -53,16 +53,29 @@ def _warn(message: str) -> None:
 
 def _private_folder(environ: Mapping[str, str]) -> str:
     """A new folder only this user can read, for the rewritten script (``tempfile`` costs a
-    few milliseconds of imports on every submission; this is what it would do)."""
-    base = environ.get("TMPDIR") or "/tmp"
-    for _ in range(8):
-        folder = os.path.join(base, "psbatch-" + os.urandom(8).hex())
-        try:
-            os.mkdir(folder, 0o700)
-            return folder
-        except FileExistsError:
-            continue
-    raise OSError("cannot make a folder in %s" % base)
+    few milliseconds of imports on every submission; this is what it would do): in
+    ``$TMPDIR``, else (unset, or no folder can be made there) in /tmp.
+
+    Raises:
+        OSError: no folder can be made in either.
+    """
+    why = ""
+    for base in dict.fromkeys((environ.get("TMPDIR") or "/tmp", "/tmp")):
+        for _ in range(8):
+            folder = os.path.join(base, "psbatch-" + os.urandom(8).hex())
+            try:
+                os.mkdir(folder, 0o700)
+                return folder
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                why = "%s: %s" % (base, exc.strerror or exc)
+                break
+    raise OSError("no folder for it (%s)" % (why or "no free name"))
+
+
+class ScriptNotWritten(Exception):
+    """The rewritten script could not be written; nothing has run yet."""
 
 
 def _run(sbatch: str, argv: list[str], stdin: Optional[bytes], script: Optional[tuple[int, str, str]],
@@ -76,10 +89,13 @@ def _run(sbatch: str, argv: list[str], stdin: Optional[bytes], script: Optional[
     try:
         if script is not None:
             index, name, text = script
-            folder = _private_folder(environ)
-            path = os.path.join(folder, name)
-            with open(path, "wb") as fh:
-                fh.write(text.encode("utf-8", "surrogateescape"))
+            try:
+                folder = _private_folder(environ)
+                path = os.path.join(folder, name)
+                with open(path, "wb") as fh:
+                    fh.write(text.encode("utf-8", "surrogateescape"))
+            except OSError as exc:
+                raise ScriptNotWritten(str(exc)) from None
             argv = argv[:index] + [path] + argv[index + 1:]
         actions, pipe = [], None
         if stdin is not None:
@@ -170,7 +186,11 @@ def submit(raw: Sequence[str], environ: Mapping[str, str], stdin: object = None)
         return 127
     if action.warning:
         _warn(action.warning)
-    return _run(sbatch, action.argv, action.stdin, action.script, environ)
+    try:
+        return _run(sbatch, action.argv, action.stdin, action.script, environ)
+    except ScriptNotWritten as exc:  # nothing ran yet: the job goes as written, own options removed
+        _warn("Megatron job not opted in to PipeSwift: cannot write the rewritten script: %s" % exc)
+        return _run(sbatch, strip_own_options(raw)[0], None, None, environ)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -500,6 +500,27 @@ def test_check_is_a_command_line_option_only(tmp_path):
     assert "unknown option --pipeswift-check" in done.stderr.decode() and calls[0]["argv"] == ["job.sh"]
 
 
+@pytest.mark.parametrize("tmpdir", ["/nonexistent", "/proc", "/etc/hostname"])
+def test_an_unusable_tmpdir_costs_nothing(tmp_path, tmpdir):
+    """sbatch never reads TMPDIR: psbatch writes the rewritten script to /tmp instead."""
+    (tmp_path / "job.sh").write_text(CHECKED)
+    done, calls = _psbatch(["job.sh"], tmp_path, extra_env={"TMPDIR": tmpdir})
+    assert done.returncode == 0 and done.stderr == b"" and calls[0]["argv"][0].startswith("--comment=pswift1;")
+
+
+def test_a_script_that_cannot_be_written_is_submitted_as_written(tmp_path):
+    """No folder anywhere for the rewritten script: the job goes as written (own options
+    removed), with one warning, never a traceback."""
+    (tmp_path / "job.sh").write_text(CHECKED)
+    entry = (sys.executable, "-c", "import sys; from pipeswift_slurm.submit import psbatch\n"
+             "def no(environ): raise OSError('no folder for it (/tmp: No space left on device)')\n"
+             "psbatch._private_folder = no\nsys.exit(psbatch.main())")
+    done, calls = _psbatch(["--pipeswift-gpus=2-8", "job.sh"], tmp_path, entry=entry)
+    assert done.returncode == 0 and calls[0]["argv"] == ["job.sh"]
+    assert done.stderr.decode() == "psbatch: warning: Megatron job not opted in to PipeSwift: cannot write the" \
+        " rewritten script: no folder for it (/tmp: No space left on device); submitted unchanged\n"
+
+
 @pytest.mark.parametrize("args", [["--pipeswift-check", "job.sh"], ["--pipeswift-gpu", "job.sh"],
                                   ["--pipeswift-check", "--pipeswift=check", "job.sh"]])
 def test_an_unknown_own_option_submits_nothing_and_keeps_the_script(tmp_path, args):
