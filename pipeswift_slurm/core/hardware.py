@@ -27,6 +27,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from pipeswift_slurm.core.files import read_plain
+
 
 class HardwareError(ValueError):
     """Unknown GPU type or a malformed hardware file."""
@@ -136,6 +138,7 @@ _BUILTIN = (
             gpus_per_node=4, nvlink_domain_gpus=72),
 )
 DEFAULT_GPU_TYPE = "A100-80GB"
+MAX_HARDWARE_BYTES = 1 << 20  # a hardware table is a few kB; a job may be pointed at any file
 
 
 def builtin_gpu_types() -> dict[str, GpuType]:
@@ -182,9 +185,9 @@ def load_gpu_types(path: Optional[Union[str, Path]] = None) -> dict[str, GpuType
     types = builtin_gpu_types()
     if path is None:
         return types
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    try:  # a FIFO or a device named there must not hang a job's start
+        data = tomllib.loads(read_plain(path, MAX_HARDWARE_BYTES).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise HardwareError("%s: cannot read hardware file: %s" % (path, exc)) from None
     known = {f.name for f in fields(GpuType)} - {"name"}
     for name, table in (data.get("gpu") or {}).items():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.megatron_render import render_args
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 Runner = Callable[[Sequence[str]], str]
 DEFAULT_EMULATE_SCALE = 0.001
+MAX_EMULATE_SCALE = 1000.0
+MAX_EMULATED_S = 366 * 86400.0  # no emulated run sleeps longer (a time limit ends it sooner)
 
 
 class LaunchError(Exception):
@@ -253,13 +256,39 @@ class Options:
     local_gpus: Optional[int] = None
 
 
+def emulate_env(env: Mapping[str, str]) -> bool:
+    """Whether ``PIPESWIFT_EMULATE`` asks for an emulated run: 1, true, yes or on. Any other
+    value runs the training (an emulation in place of a real run is the mistake that loses a
+    job's work); one that is not 0, false, no, off or empty says so on stderr."""
+    value = env.get("PIPESWIFT_EMULATE", "").strip().lower()
+    if value and value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        _say("warning: PIPESWIFT_EMULATE=%r is not 1/true/yes/on or 0/false/no/off; running the training"
+             % env["PIPESWIFT_EMULATE"])
+    return value in ("1", "true", "yes", "on")
+
+
+def emulate_scale(env: Mapping[str, str]) -> float:
+    """``PIPESWIFT_EMULATE_SCALE``: a number in 0..``MAX_EMULATE_SCALE``, else the default (with a
+    warning when it is set to something else)."""
+    text = env.get("PIPESWIFT_EMULATE_SCALE") or ""
+    try:
+        scale = float(text) if text else DEFAULT_EMULATE_SCALE
+    except ValueError:
+        scale = math.nan
+    if not 0 <= scale <= MAX_EMULATE_SCALE:
+        _say("warning: PIPESWIFT_EMULATE_SCALE=%r is not a number in 0..%g; using %g"
+             % (text, MAX_EMULATE_SCALE, DEFAULT_EMULATE_SCALE))
+        scale = DEFAULT_EMULATE_SCALE
+    return scale
+
+
 def parse_options(argv: Sequence[str], env: dict[str, str]) -> Options:
     """``[--emulate] [--local-gpus N] -- COMMAND...``.
 
     Raises:
         LaunchError: unknown option or no command.
     """
-    emulate = env.get("PIPESWIFT_EMULATE", "") not in ("", "0")
+    emulate = emulate_env(env)
     local, i = None, 0
     while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
         flag, eq, value = argv[i].partition("=")
@@ -350,10 +379,7 @@ def launch(argv: Sequence[str], env: dict[str, str], run: Runner = subprocess_ru
 def _emulate(cfg: Optional[ExecConfig], profile: Optional[JobProfile], alloc: Allocation,
              env: dict[str, str], sleep: Callable[[float], object]) -> int:
     """Sleep for the predicted run time x PIPESWIFT_EMULATE_SCALE instead of training."""
-    try:
-        scale = float(env.get("PIPESWIFT_EMULATE_SCALE") or DEFAULT_EMULATE_SCALE)
-    except ValueError:
-        scale = DEFAULT_EMULATE_SCALE
+    scale = emulate_scale(env)
     if cfg is None or profile is None:
         _say("emulating: no config to predict; finishing at once")
         return 0
@@ -361,7 +387,7 @@ def _emulate(cfg: Optional[ExecConfig], profile: Optional[JobProfile], alloc: Al
 
     run_s = job_side_estimator(env, alloc.gpus_per_node, learned=False)[0].run_time_s(profile, cfg)
     _say("emulating: predicted %.1f s x scale %g = sleeping %.3f s" % (run_s, scale, run_s * scale))
-    sleep(max(0.0, run_s * scale))
+    sleep(min(max(0.0, run_s * scale), MAX_EMULATED_S))
     return 0
 
 

@@ -143,3 +143,21 @@ def test_unknown_type_lists_types_from_the_file_too(tmp_path: Path) -> None:
                            'hbm_gbps = 864\nnvlink_gbps = 32\ninter_node_gbps = 25\n')
     with pytest.raises(HardwareError, match="L40S"):
         get_gpu_type("X100-1TB", path)
+
+
+@pytest.mark.parametrize("kind", ["binary", "fifo", "device", "huge"])
+def test_a_hardware_file_that_is_no_table_is_one_error_never_a_hang(tmp_path, kind):
+    """A job may be pointed at any file (PIPESWIFT_HARDWARE): bytes that are not UTF-8, a
+    FIFO nobody writes, /dev/zero or a huge file each give the one error, at once."""
+    import os
+
+    path = tmp_path / "hw.toml"
+    if kind == "binary":
+        path.write_bytes(b"[gpu.X]\n\xd0\xff\xfe\n")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "huge":
+        path.write_text("# padding\n" * 200_000)
+    target = "/dev/zero" if kind == "device" else path
+    with pytest.raises(HardwareError, match="cannot read hardware file"):
+        load_gpu_types(target)

@@ -131,6 +131,24 @@ def test_local_mode_and_emulation(capsys):
     assert err[1].startswith("pipeswift-launch: emulating: predicted ")
 
 
+@pytest.mark.parametrize("value, emulates, warns", [
+    ("1", True, False), ("TRUE", True, False), ("yes", True, False), ("on", True, False),
+    ("", False, False), ("0", False, False), ("false", False, False), ("No", False, False), ("off", False, False),
+    ("maybe", False, True), ("2", False, True),
+])
+def test_only_a_yes_emulates(capsys, value, emulates, warns):
+    """PIPESWIFT_EMULATE=false used to replace the training by a sleep that exits 0."""
+    assert launcher.parse_options(["--", "python", "t.py"], {"PIPESWIFT_EMULATE": value}).emulate is emulates
+    assert ("is not 1/true/yes/on or 0/false/no/off; running the training" in capsys.readouterr().err) is warns
+
+
+@pytest.mark.parametrize("value, scale", [("1e-6", 1e-6), ("0", 0.0), ("", 0.001), ("inf", 0.001),
+                                          ("1e308", 0.001), ("nan", 0.001), ("-1", 0.001), ("x", 0.001)])
+def test_the_emulation_scale_is_a_bounded_number(capsys, value, scale):
+    assert launcher.emulate_scale({"PIPESWIFT_EMULATE_SCALE": value}) == scale
+    assert ("is not a number in 0..1000; using 0.001" in capsys.readouterr().err) is (scale == 0.001 and value != "")
+
+
 def test_non_megatron_command_runs_unchanged(capsys):
     seen = []
     launcher.launch(["--local-gpus=2", "--", "python", "train.py", "--lr", "1"], {}, execvp=lambda f, a: seen.append(a))
