@@ -97,10 +97,16 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
                            "read differently; put that value in quotes")
     values = effective_options(scan.opts, script.header[0], environ)
     token, profile = build_request(cmd.words, values, own, environ)
-    comment = values.get("comment")
+    # psbatch's token first: the controller and the launcher read the first one, so a
+    # token-like word of the user's own comment cannot stand in for the one checked here
+    comment = token + " " + values["comment"] if values.get("comment") else token
+    from pipeswift_slurm.core.token import MAX_TOKEN_CHARS
+
+    if len(comment) > MAX_TOKEN_CHARS:
+        raise PsbatchError("the job's comment and its profile token are %d characters, over the %d the controller"
+                           " reads; shorten --comment" % (len(comment), MAX_TOKEN_CHARS))
     new_text = text if routed(cmd) else "\n".join(rewrite_lines(lines, cmd))
-    return Plan(_with_options(argv, scan, comment + " " + token if comment else token, new_text), new_text,
-                cmd, profile)
+    return Plan(_with_options(argv, scan, comment, new_text), new_text, cmd, profile)
 
 
 def _with_options(argv: Sequence[str], scan: Scan, comment: str, text: str) -> list[str]:

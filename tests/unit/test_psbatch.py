@@ -206,7 +206,8 @@ def _golden_text(script: Path) -> str:
     request = decode_profile(comment)
     return "argv: %s\nprofile: %s\n---\n%s" % (
         json.dumps([a if not a.startswith("--comment=") else "--comment=<see profile>" for a in plan.argv]),
-        json.dumps({"user_comment": comment[len("--comment="):comment.find("pswift1;")].strip(),
+        json.dumps({"user_comment": " ".join(w for w in comment[len("--comment="):].split(" ")
+                                             if not w.startswith("pswift1;")),
                     "argv": list(request.argv), "gpus": request.gpus,
                     "min_micro_batch_size": request.min_micro_batch_size, "allowed_pp": request.allowed_pp,
                     "job_class": request.job_class}),
@@ -352,11 +353,31 @@ def test_megatron_script_file_is_enriched(tmp_path):
     done, calls = _psbatch(["--pipeswift-pp=1,2,4", "-p", "gpu", "train.sh", "x"], tmp_path)
     assert done.returncode == 0 and done.stderr == b"", done.stderr
     argv = calls[0]["argv"]
-    assert argv[0].startswith("--comment=my note pswift1;") and argv[1:3] == ["-p", "gpu"] and argv[-1] == "x"
+    assert argv[0].startswith("--comment=pswift1;") and argv[0].endswith(" my note") and argv[1:3] == ["-p", "gpu"] and argv[-1] == "x"
     assert calls[0]["script_name"] == "train.sh" and not os.path.exists(argv[-2])  # temp file cleaned up
     assert "pipeswift-launch -- torchrun" in calls[0]["script"]
     request = decode_profile(argv[0])
     assert request.allowed_pp == (1, 2, 4) and request.gpus == (4, 16) and "--num-layers" in request.argv
+
+
+def test_a_token_in_the_users_own_comment_is_not_the_one_read(tmp_path):
+    """psbatch's checked token goes first: the controller and the launcher read the first
+    token of the comment, so a forged one the user wrote there is not what they plan with."""
+    from pipeswift_slurm.core.token import decode_profile
+
+    (tmp_path / "job.sh").write_text(CHECKED)
+    done, calls = _psbatch(["--comment=pswift1;args=W10=;gpus=1-100000;world=1", "job.sh"], tmp_path)
+    assert done.returncode == 0 and done.stderr == b""
+    comment = calls[0]["argv"][0][len("--comment="):]
+    assert comment.endswith(" pswift1;args=W10=;gpus=1-100000;world=1")
+    assert decode_profile(comment).gpus == (2, 8)  # the #PSWIFT gpus=2-8 of the script
+
+
+def test_a_comment_too_long_for_the_token_goes_unchanged(tmp_path):
+    (tmp_path / "job.sh").write_text(CHECKED)
+    done, calls = _psbatch(["--comment=" + "x" * 60_000, "job.sh"], tmp_path)
+    assert done.returncode == 0 and calls[0]["argv"] == ["--comment=" + "x" * 60_000, "job.sh"]
+    assert "over the 60000 the controller reads; shorten --comment; submitted unchanged" in done.stderr.decode()
 
 
 def test_megatron_wrap_and_stdin_are_enriched(tmp_path):
@@ -365,7 +386,7 @@ def test_megatron_wrap_and_stdin_are_enriched(tmp_path):
     done, calls = _psbatch(["--gpus=2", "--comment", "mine", "--wrap", cmd], tmp_path)
     assert done.returncode == 0, done.stderr
     argv = calls[0]["argv"]
-    assert argv[0].startswith("--comment=mine pswift1;") and argv[1] == "--wrap=pipeswift-launch -- " + cmd
+    assert argv[0].startswith("--comment=pswift1;") and argv[0].endswith(" mine") and argv[1] == "--wrap=pipeswift-launch -- " + cmd
     assert argv[2:] == ["--gpus=2"]
     done, calls = _psbatch(["--gpus=2"], tmp_path, stdin=("#!/bin/sh\n" + cmd + "\n").encode())
     assert calls[-1]["stdin"] == "#!/bin/sh\npipeswift-launch -- " + cmd + "\n"
