@@ -38,6 +38,17 @@ FLAGS: dict[str, str] = {
     "--overlap-grad-reduce": "bool", "--overlap-param-gather": "bool", "--tp-comm-overlap": "bool",
     # checkpointing: whether a requeued job resumes, and how much work it loses
     "--save": "path", "--load": "path", "--save-interval": "int",
+    # read only to refuse the job (``NOT_MODELLED``)
+    "--num-experts": "int", "--expert-model-parallel-size": "int", "--expert-tensor-parallel-size": "int",
+}
+# Flags of models whose valid layouts depend on what the planner does not model: a job with
+# one is never relaid out (psbatch submits it as written, the controller does not plan it),
+# since a layout the rules here call valid could be one Megatron refuses (mixture-of-experts:
+# the expert-parallel sizes must divide the data-parallel ranks, experts the expert ranks).
+NOT_MODELLED = {
+    "--num-experts": "mixture-of-experts models are not modelled (expert parallelism constrains their layouts)",
+    "--expert-model-parallel-size": "expert parallelism is not modelled",
+    "--expert-tensor-parallel-size": "expert parallelism is not modelled",
 }
 REQUIRED_SHAPE_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
 
@@ -59,6 +70,7 @@ INT_LIMITS: dict[str, int] = {
     "--decoder-first-pipeline-num-layers": 10_000, "--decoder-last-pipeline-num-layers": 10_000,
     "--micro-batch-size": 100_000_000, "--global-batch-size": 100_000_000, "--rampup-batch-size": 100_000_000,
     "--train-iters": 10_000_000_000, "--train-samples": 10_000_000_000_000, "--save-interval": 10_000_000_000,
+    "--num-experts": 1_000_000, "--expert-model-parallel-size": 65_536, "--expert-tensor-parallel-size": 65_536,
 }
 
 
@@ -68,6 +80,7 @@ class MegatronArgError(ValueError):
     def __init__(self, flag: str, message: str):
         super().__init__("%s: %s" % (flag, message))
         self.flag = flag
+        self.not_modelled = flag in NOT_MODELLED  # valid for Megatron, not planned here
 
 
 @dataclass(frozen=True)
@@ -285,6 +298,9 @@ def profile_from_argv(argv: Sequence[str], *, world_size: Optional[int] = None,
     values = parse_argv(argv).values
     if "--model-parallel-size" in values:
         raise MegatronArgError("--model-parallel-size", "is obsolete; use --tensor-model-parallel-size")
+    for flag, why in NOT_MODELLED.items():
+        if flag in values:
+            raise MegatronArgError(flag, why)
     shape = shape_from_args(values)
     tp = _positive(values, "--tensor-model-parallel-size") or 1
     pp = _positive(values, "--pipeline-model-parallel-size") or 1

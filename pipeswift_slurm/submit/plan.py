@@ -155,7 +155,8 @@ def describe(exc: Exception) -> str:
     from pipeswift_slurm.core.megatron import MegatronArgError
 
     if isinstance(exc, MegatronArgError):
-        return "Megatron job not opted in to PipeSwift: invalid Megatron arguments (%s)" % exc
+        what = "a model PipeSwift does not plan" if exc.not_modelled else "invalid Megatron arguments"
+        return "Megatron job not opted in to PipeSwift: %s (%s)" % (what, exc)
     if isinstance(exc, PsbatchError):
         return "Megatron job not opted in to PipeSwift: %s" % exc
     return "psbatch internal error (%s: %s)" % (type(exc).__name__, exc)

@@ -504,6 +504,8 @@ def test_check_predicts_with_the_site_model_the_controller_publishes(tmp_path):
     ("#!/bin/bash\necho hello\n", "not a Megatron job: no training command found"),
     (CHECKED.replace("--num-attention-heads 8", "--num-attention-heads 7"), "invalid Megatron arguments"),
     (CHECKED.replace(" --train-iters 1000", ""), "--train-iters: neither it nor --train-samples is given"),
+    (CHECKED.replace(" --train-iters 1000", " --train-iters 1000 --num-experts 8 --expert-model-parallel-size 2"),
+     "a model PipeSwift does not plan (--num-experts: mixture-of-experts"),  # layouts Megatron would refuse
     (CHECKED.replace("#PSWIFT gpus=2-8", "#PSWIFT off"), "opted out"),
     (CHECKED.replace("#PSWIFT gpus=2-8", "#PSWIFT gpus=8-2"), "bad value '8-2' for --pipeswift-gpus"),
 ])
