@@ -134,7 +134,8 @@ _INSIDE_QUOTES = {'"': re.compile(r'[\\"]'), "'": re.compile("'"), "`": re.compi
 def _scan_shell(text: str) -> tuple[bool, list[int], str]:
     """Quote-aware pass over shell text: (incomplete?, segment starts, text without comments).
 
-    Segments are split at top-level ``;``, ``&``, ``|`` (and ``&&``, ``||``). The text
+    Segments are split at top-level ``;``, ``&``, ``|`` (and ``&&``, ``||``; not at the
+    ``&`` of a redirection: ``2>&1``, ``&>log``). The text
     is incomplete when a quote, a ``(`` or a backslash-newline continues on the next line.
     Runs of other characters are copied whole.
     """
@@ -172,7 +173,9 @@ def _scan_shell(text: str) -> tuple[bool, list[int], str]:
             depth += 1
         elif c == ")":
             depth = max(0, depth - 1)
-        elif c in ";&|" and depth == 0:
+        elif c in ";&|" and depth == 0 and not (c == "&" and ((i and text[i - 1] in "<>")
+                                                            or (i + 1 < n and text[i + 1] == ">"))):
+            # (``>&``, ``<&`` and ``&>`` are redirections, not separators)
             while i + 1 < n and text[i + 1] in ";&|":
                 keep.append(c)
                 i += 1

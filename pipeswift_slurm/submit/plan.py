@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 from pipeswift_slurm.submit.jobscript import Command, read_header
 from pipeswift_slurm.submit.sbatch_args import NO_STDIN, OwnOptions, PsbatchError, Scan, effective_options
 from pipeswift_slurm.submit.sbatch_args import gpu_count, job_partitions, own_options, requested_world, scan_argv
-from pipeswift_slurm.submit.training import find_training_command, megatron_words, rewrite_lines, routed
+from pipeswift_slurm.submit.training import (LAUNCHER, find_training_command, megatron_words, prefix_problem,
+                                             rewrite_lines, routed)
 
 if TYPE_CHECKING:
     from pipeswift_slurm.core.model import JobProfile
@@ -92,6 +93,10 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
         if own.declared:
             raise PsbatchError("no Megatron training command found in the script")
         return None
+    if not routed(cmd) and (why := prefix_problem(cmd)):
+        raise PsbatchError("cannot put %s before the training command on line %d: %s; write it as a"
+                           " simple command (or route it yourself: %s -- torchrun ...)"
+                           % (LAUNCHER, cmd.line + 1, why, LAUNCHER))
     if script.version_dependent:
         raise PsbatchError("an #SBATCH line has a backslash before a blank, which Slurm 22.05 and 24.11 "
                            "read differently; put that value in quotes")

@@ -46,6 +46,19 @@ def find_training_command(lines: Sequence[str], environ: Optional[Mapping[str, s
     return None
 
 
+def prefix_problem(cmd: Command) -> Optional[str]:
+    """Why ``pipeswift-launch -- `` cannot go before the command as found (None: it can).
+    The prefix goes after leading assignments and prefix words (``exec``, ``time``, ...), so
+    it must land on the command's name: not on an option of a prefix word (``time -p``,
+    ``exec -a NAME``, ``command -p``), nor before a subshell, a group or a function."""
+    first = cmd.words[0] if cmd.words else ""
+    if first.startswith("-"):
+        return "a prefix word before it has options (%s)" % first
+    if first.startswith(("(", "{", "[[")) or "()" in first:
+        return "it is inside a subshell, a { } group or a function"
+    return None
+
+
 def routed(cmd: Command) -> bool:
     """Whether the command already runs through the launcher."""
     return any(os.path.basename(w) == LAUNCHER for w in cmd.words[:3])

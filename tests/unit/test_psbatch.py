@@ -671,3 +671,33 @@ def test_a_range_above_the_submitted_size_is_not_widened_by_the_controller():
     assert (profile.min_gpus, profile.max_gpus) == (16, 16)
     profile, why = parse_profile(Job(1, "PENDING", 0.0, gpus=4, opted_in=True, comment=comment), 8, 8)
     assert profile is not None and (profile.min_gpus, profile.max_gpus) == (8, 8)  # clipped to the cluster
+
+
+_TRAIN = ("torchrun pretrain_gpt.py --num-layers 8 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024"
+          " --global-batch-size 64 --micro-batch-size 2 --train-iters 1000")
+
+
+@pytest.mark.parametrize("line, becomes", [
+    ("2>&1 %s" % _TRAIN, "pipeswift-launch -- 2>&1 torchrun"),  # a redirection is no command separator
+    ("&>log %s" % _TRAIN, "pipeswift-launch -- &>log torchrun"),
+    ("time %s &> log" % _TRAIN, "time pipeswift-launch -- torchrun"),
+    ("%s >&2 | tee x" % _TRAIN, "pipeswift-launch -- torchrun"),
+    ("( %s )" % _TRAIN, None),  # a subshell, a group, a function: the prefix cannot go there
+    ("{ %s; }" % _TRAIN, None),
+    ("f() { %s; }; f" % _TRAIN, None),
+    ("time -p %s" % _TRAIN, None),  # a prefix word with options
+    ("exec -a name %s" % _TRAIN, None),
+    ("command -p %s" % _TRAIN, None),
+])
+def test_the_rewritten_script_is_still_valid_shell(tmp_path, line, becomes):
+    """The prefix lands on the training command's name, or the job goes as written with
+    one warning: never a script that fails when the job starts."""
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --gpus-per-node=4\n%s\n" % line)
+    done, calls = _psbatch(["job.sh"], tmp_path)
+    script = calls[0]["script"]
+    assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
+    if becomes is None:
+        assert script.endswith(line + "\n") and calls[0]["argv"] == ["job.sh"]
+        assert "cannot put pipeswift-launch before the training command on line 3" in done.stderr.decode()
+    else:
+        assert script.splitlines()[2].startswith(becomes) and done.stderr == b""
