@@ -50,8 +50,8 @@ def report(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
         pairs = [pair for pair in pairs if pair != CHECK]
         source = read(argv)
         if source.text is None:
-            return _unchanged(out, "not opted in to PipeSwift: psbatch cannot read the job script (sbatch"
-                                   " says why, or reads it from a terminal)")
+            return _unchanged(out, "not opted in to PipeSwift: " + (source.why or "psbatch cannot read the job"
+                                                                     " script (sbatch says why, or reads it from a terminal)"))
         plan = plan_job(argv, pairs, source.text, environ)
         if plan is None:
             own = own_options(list(read_header(source.text.split("\n")).own) + pairs)

@@ -78,6 +78,9 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
     """
     if not pairs and not any(m in text for m in MARKERS):
         return None
+    if "\r\n" in text and not any(o.name == "wrap" for o in scan_argv(argv).opts):
+        raise PsbatchError("the script has DOS line breaks (\\r\\n), which sbatch refuses; convert it"
+                           " (dos2unix)")
     lines = text.split("\n")
     script = read_header(lines)
     own = own_options(list(script.own) + list(pairs))
@@ -128,6 +131,15 @@ class Source(NamedTuple):
 
     text: Optional[str]
     stdin: Optional[bytes]
+    why: str = ""  # why a script that looks like a Megatron job was not read
+
+
+def _too_big(data: bytes) -> str:
+    """What a submission says of a script over ``MAX_SCRIPT_BYTES`` whose start looks like a
+    Megatron job ('' when it does not: a plain job goes as written without a word)."""
+    head = data[:MAX_SCRIPT_BYTES].decode("utf-8", "replace")
+    return "the job script is over %d bytes, more than psbatch reads" % MAX_SCRIPT_BYTES \
+        if any(m in head for m in MARKERS) else ""
 
 
 def read_source(argv: Sequence[str], stdin: object) -> Source:
@@ -147,12 +159,15 @@ def read_source(argv: Sequence[str], stdin: object) -> Source:
                 data = fh.read(MAX_SCRIPT_BYTES + 1)
         except OSError:
             return Source(None, None)  # sbatch reports it
-        return Source(None if len(data) > MAX_SCRIPT_BYTES else data.decode("utf-8", "surrogateescape"), None)
+        if len(data) > MAX_SCRIPT_BYTES:
+            return Source(None, None, _too_big(data))
+        return Source(data.decode("utf-8", "surrogateescape"), None)
     if scan.unknown or any(o.name in NO_STDIN for o in scan.opts) or stdin is None or stdin.isatty():  # type: ignore[attr-defined]
         return Source(None, None)
     data = stdin.buffer.read()  # type: ignore[attr-defined]
-    text = data.decode("utf-8", "surrogateescape") if len(data) <= MAX_SCRIPT_BYTES else None
-    return Source(text, data)
+    if len(data) > MAX_SCRIPT_BYTES:
+        return Source(None, data, _too_big(data))
+    return Source(data.decode("utf-8", "surrogateescape"), data)
 
 
 def describe(exc: Exception) -> str:

@@ -147,8 +147,8 @@ def decide(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
         source = read(argv)
         if source.text is not None:
             plan = plan_job(argv, pairs, source.text, environ)
-        elif pairs:
-            warning = "cannot read the job script"
+        elif pairs or source.why:
+            warning = "Megatron job not opted in to PipeSwift: %s" % (source.why or "cannot read the job script")
     except PsbatchUsageError as exc:
         return Action(argv, None, None, None, error=str(exc))
     except Exception as exc:  # a submission is never lost to psbatch's own bugs

@@ -423,14 +423,27 @@ def test_a_script_that_is_a_pipe_is_left_to_sbatch(tmp_path):
     os.write(write_end, data)
     os.close(write_end)
     try:
-        assert psbatch.read_source(["-J", "x", "/dev/fd/%d" % read_end], None) == (None, None)
+        assert psbatch.read_source(["-J", "x", "/dev/fd/%d" % read_end], None) == (None, None, "")
         assert os.read(read_end, 1000) == data  # every byte left for sbatch
     finally:
         os.close(read_end)
     os.mkfifo(tmp_path / "fifo")
     done, calls = _psbatch(["--pipeswift-gpus=2", "fifo"], tmp_path)  # no writer: no hang either
     assert done.returncode == 0 and calls[0]["argv"] == ["fifo"]
-    assert done.stderr.decode() == "psbatch: warning: cannot read the job script; submitted unchanged\n"
+    assert done.stderr.decode() == "psbatch: warning: Megatron job not opted in to PipeSwift: cannot read the job" \
+        " script; submitted unchanged\n"
+
+
+@pytest.mark.parametrize("stdin", [False, True])
+def test_a_megatron_script_too_big_to_read_says_so(tmp_path, stdin):
+    big = CHECKED + "#" * (1 << 20)
+    (tmp_path / "job.sh").write_text(big)
+    done, calls = _psbatch([] if stdin else ["job.sh"], tmp_path, stdin=big.encode() if stdin else b"")
+    assert done.returncode == 0 and calls[0]["argv"] == ([] if stdin else ["job.sh"])
+    assert done.stderr.decode() == "psbatch: warning: Megatron job not opted in to PipeSwift: the job script is" \
+        " over 1048576 bytes, more than psbatch reads; submitted unchanged\n"
+    (tmp_path / "plain.sh").write_text("#!/bin/bash\necho hi\n" + "#" * (1 << 20))
+    assert _psbatch(["plain.sh"], tmp_path)[0].stderr == b""  # a plain job: not a word
 
 
 def test_opt_out_and_sbatch_missing(tmp_path):
@@ -504,6 +517,7 @@ def test_check_predicts_with_the_site_model_the_controller_publishes(tmp_path):
     ("#!/bin/bash\necho hello\n", "not a Megatron job: no training command found"),
     (CHECKED.replace("--num-attention-heads 8", "--num-attention-heads 7"), "invalid Megatron arguments"),
     (CHECKED.replace(" --train-iters 1000", ""), "--train-iters: neither it nor --train-samples is given"),
+    (CHECKED.replace("\n", "\r\n"), "the script has DOS line breaks (\\r\\n), which sbatch refuses"),
     (CHECKED.replace(" --train-iters 1000", " --train-iters 1000 --num-experts 8 --expert-model-parallel-size 2"),
      "a model PipeSwift does not plan (--num-experts: mixture-of-experts"),  # layouts Megatron would refuse
     (CHECKED.replace("#PSWIFT gpus=2-8", "#PSWIFT off"), "opted out"),

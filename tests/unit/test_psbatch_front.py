@@ -233,8 +233,6 @@ PASS_THROUGH = {
     "optional_value_not_taken": (["--exclusive", "plain.sh"], b""),
     "missing_script": (["missing.sh"], MEGATRON),
     "script_is_a_folder": (["adir"], MEGATRON),
-    "too_big_script": (["big.sh"], b""),
-    "too_big_stdin": ([], MEGATRON + b"#" * (1 << 20)),
     "option_missing_its_value": (["-J"], b""),
     "pipeswift_after_script": (["plain.sh", "--pipeswift-gpus=2"], b""),
 }
@@ -255,6 +253,19 @@ def test_not_megatron_passes_through(bins, case):
     assert _run(bins, PYTHON_PSBATCH, args, stdin) == got
     if case not in ARGV_MARKERS:  # without starting Python: a hand-off would warn
         assert _run(bins, [bins.no_python], args, stdin) == got
+
+
+@needs_cc
+@pytest.mark.parametrize("args, stdin", [(["big.sh"], b""), ([], MEGATRON + b"#" * (1 << 20))],
+                         ids=["file", "stdin"])  # (an id of a megabyte would be the test's environment)
+def test_a_megatron_script_too_big_to_read_goes_unchanged_with_a_word(bins, args, stdin):
+    got = _run(bins, [bins.fast], args, stdin)
+    assert got.rc == 0 and got.calls == _sent(args, stdin)
+    assert got.stderr == b"psbatch: warning: Megatron job not opted in to PipeSwift: the job script is over" \
+                         b" 1048576 bytes, more than psbatch reads; submitted unchanged\n"
+    assert _run(bins, PYTHON_PSBATCH, args, stdin) == got
+    plain = ([], PLAIN + b"#" * (1 << 20))
+    assert _run(bins, [bins.fast], *plain) == _run(bins, [bins.no_python], *plain)  # no hand-off, no word
 
 
 @needs_cc

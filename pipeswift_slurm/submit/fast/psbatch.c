@@ -178,14 +178,14 @@ int main(int argc, char **argv)
         python_needed = marked(argv[i], strlen(argv[i]));
     if (!python_needed && script > 0 && script < argc) { /* a plain file only: a pipe's bytes are sbatch's */
         int fd = stat(argv[script], &st) == 0 && S_ISREG(st.st_mode) ? open(argv[script], O_RDONLY | O_CLOEXEC) : -1;
-        if (fd >= 0 && slurp(fd, PSB_MAX_SCRIPT_BYTES) == 0 && text_len <= PSB_MAX_SCRIPT_BYTES)
-            python_needed = marked(text, text_len);
+        if (fd >= 0 && slurp(fd, PSB_MAX_SCRIPT_BYTES) == 0) /* too big but marked: Python warns */
+            python_needed = marked(text, text_len <= PSB_MAX_SCRIPT_BYTES ? text_len : PSB_MAX_SCRIPT_BYTES);
     } else if (!python_needed && (script < 0 || script > argc) && reads_stdin && !isatty(0) && fcntl(0, F_GETFD) >= 0) {
         if (fstat(0, &st) == 0 && S_ISREG(st.st_mode))
             start = lseek(0, 0, SEEK_CUR);
         if (slurp(0, (size_t)-2) != 0 || restore_stdin(start) != 0)
             return fputs("psbatch: error: cannot read stdin and pass it on; nothing submitted\n", stderr), 1;
-        python_needed = text_len <= PSB_MAX_SCRIPT_BYTES && marked(text, text_len);
+        python_needed = marked(text, text_len <= PSB_MAX_SCRIPT_BYTES ? text_len : PSB_MAX_SCRIPT_BYTES);
     }
     sbatch = find_sbatch(self);
     if (!python_needed)
