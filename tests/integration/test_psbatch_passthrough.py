@@ -175,7 +175,7 @@ def test_megatron_job_reaches_slurm_enriched(front_end, tmp_path, submitted):
         fields = _fields(job_id)
         assert fields["JobName"] == "train.sh" and fields["WorkDir"] == str(tmp_path)
         assert batch == text.replace("torchrun", "pipeswift-launch -- torchrun", 1)
-        assert comment.startswith("mine pswift1;args=") and "gpus=2-8" in comment
+        assert comment.startswith("pswift1;args=") and comment.rstrip().endswith(" mine") and "gpus=2-8" in comment
 
 
 @needs_slurm
