@@ -64,6 +64,8 @@ def output_file(path: str, what: str) -> Path:
              % (what, path, folder, "is not a folder" if folder.exists() else "does not exist"))
     if target.is_dir():
         fail("%s %s: is a folder; give a file name" % (what, path))
+    if target.exists() and not target.is_file():
+        fail("%s %s: is not a plain file (a device or a FIFO); give a file name" % (what, path))
     if not os.access(folder, os.W_OK | os.X_OK):
         fail("%s %s: the folder %s is not writable; give a path in a folder you can write" % (what, path, folder))
     return target

@@ -223,7 +223,7 @@ def run_report(kind: str, o: dict[str, Any]) -> None:
     if _is_empty(kind, store, window, data):
         line = _empty_line(kind, window, o["db"])
         if o.get("html_out"):
-            Path(o["html_out"]).write_text(rr.html_report("pipeswift report", [line], [], []))
+            _save(o["html_out"], rr.html_report("pipeswift report", [line], [], []))
         click.echo(line, err=o["fmt"] != "table" or o["quiet"])
         return
     if not o["quiet"]:
@@ -243,6 +243,16 @@ def _print(kind: str, data: Any, fmt: str) -> None:
         click.echo(rr.text_tables(_tables(kind, data)))
 
 
+def _save(path: str, content: Any) -> None:
+    """Write an output file the command was asked for (atomically, never into a device)."""
+    from pipeswift_slurm.core.files import write_atomic
+
+    try:
+        write_atomic(path, content)
+    except OSError as exc:
+        fail("cannot write %s: %s" % (path, exc.strerror or exc), 1)
+
+
 def _figures(kind: str, store: Any, window: Any, data: Any, o: dict[str, Any]) -> None:
     from pipeswift_slurm.reports import render as rr
     from pipeswift_slurm.reports.queries import jct_values
@@ -258,25 +268,20 @@ def _figures(kind: str, store: Any, window: Any, data: Any, o: dict[str, Any]) -
         fail(str(exc), 1)
     png = rr.png_bytes(fig)
     if o.get("plot"):
-        Path(o["plot"]).write_bytes(png)
+        _save(o["plot"], png)
     if o.get("html_out"):
         intro = ["jobs submitted %s" % (rr.window_text(window) or "at any time")]
         if kind in ("all", "queue-ratio"):
             intro.insert(0, (data.queue_ratio if kind == "all" else data).verdict)
-        page = rr.html_report("pipeswift report: %s" % kind, intro, _tables(kind, data), [(kind, png)])
-        Path(o["html_out"]).write_text(page, encoding="utf-8")
+        _save(o["html_out"], rr.html_report("pipeswift report: %s" % kind, intro, _tables(kind, data), [(kind, png)]))
 
 
 def _write_prometheus(store: Any, window: Any, o: dict[str, Any]) -> None:
-    from pipeswift_slurm.core.files import write_atomic
     from pipeswift_slurm.reports import render as rr
     from pipeswift_slurm.reports.queries import full_report
 
     rep = full_report(store, window, "size", o["threshold"], o["wait_bound_h"] * 3600.0, 1)
-    try:
-        write_atomic(o["prometheus"], rr.prometheus_text(rep))
-    except OSError as exc:
-        fail("--prometheus %s: %s" % (o["prometheus"], exc), 1)
+    _save(o["prometheus"], rr.prometheus_text(rep))
 
 
 _DOCS = {

@@ -209,7 +209,10 @@ def plot_cdf(comp: Any, path: str) -> None:
         fig = figure("jct", None, {r.policy: [rec.jct_s for rec in r.records] for r in comp.results})
     except RuntimeError as exc:  # no matplotlib
         fail(str(exc), 1)
-    save_png(fig, path, dpi=110)
+    try:
+        save_png(fig, path, dpi=110)
+    except OSError as exc:
+        fail("--plot %s: cannot write it (%s)" % (path, exc.strerror or exc))
 
 
 def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:

@@ -18,10 +18,20 @@ def write_atomic(path: Union[str, Path], content: Union[str, bytes], mode: int =
     """Write ``content`` to ``path`` with permissions ``mode``: a reader sees the old file
     or the new one, never half of one.
 
+    A link is followed (the file it names is replaced, not the link); a target that exists
+    and is not a plain file (a device, a FIFO, a folder) is refused, never replaced.
+
     Raises:
-        OSError: the folder cannot be written (nothing is left behind).
+        OSError: the folder cannot be written, or the target is not a plain file (nothing is
+            left behind).
     """
-    target = Path(path)
+    target = Path(os.path.realpath(path))
+    try:
+        mode_now = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode_now = None
+    if mode_now is not None and not stat.S_ISREG(mode_now):
+        raise OSError("%s is not a plain file (a device, a FIFO or a folder): nothing written there" % path)
     fd, tmp = tempfile.mkstemp(prefix=".%s." % target.name, suffix=".tmp", dir=str(target.parent))
     try:
         with os.fdopen(fd, "wb") as handle:

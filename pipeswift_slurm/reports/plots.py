@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Optional
 
 from pipeswift_slurm.reports.queries import (
@@ -177,5 +176,11 @@ def png_bytes(fig: Any, dpi: int = 100) -> bytes:
 
 
 def save_png(fig: Any, path: str, dpi: int = 100) -> None:
-    """Write the figure as a PNG file."""
-    Path(path).write_bytes(png_bytes(fig, dpi))
+    """Write the figure as a PNG file (``core.files.write_atomic``: never into a device).
+
+    Raises:
+        OSError: it cannot be written there.
+    """
+    from pipeswift_slurm.core.files import write_atomic
+
+    write_atomic(path, png_bytes(fig, dpi))

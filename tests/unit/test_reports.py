@@ -840,3 +840,25 @@ def test_one_wait_bound_the_policys_in_reports_metrics_cli_and_sql() -> None:
         for param in command.params:
             if param.name == "wait_bound_h":
                 assert param.default * 3600.0 == policy_s, command.name
+
+
+def test_an_output_that_is_no_plain_file_is_never_replaced(ctl_db, tmp_path):
+    """``--prometheus`` replaced a FIFO, a device (as root: /dev/full) or a link with a file
+    of its own. A device or a FIFO is refused in one line; a link's target is written."""
+    import os
+
+    path, _ = ctl_db
+    fifo = tmp_path / "metrics.fifo"
+    os.mkfifo(fifo)
+    devices = [Path("/dev/full")] if Path("/dev/full").is_char_device() else []  # (a chroot may lack it)
+    for target in [fifo] + devices:
+        got = invoke("report", "all", "--db", path, "-q", "--prometheus", str(target))
+        assert got.exit_code == 2 and "is not a plain file (a device or a FIFO)" in got.output
+        assert target.is_fifo() or target.is_char_device()
+    real = tmp_path / "real.prom"
+    real.write_text("old\n")
+    (tmp_path / "link.prom").symlink_to(real)
+    assert invoke("report", "all", "--db", path, "-q", "--prometheus", str(tmp_path / "link.prom")).exit_code == 0
+    assert (tmp_path / "link.prom").is_symlink() and "pipeswift_queue_ratio" in real.read_text()
+    with pytest.raises(OSError, match="is not a plain file"):
+        write_atomic(str(fifo), "x")
