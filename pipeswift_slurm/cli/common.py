@@ -28,8 +28,8 @@ class Obj:
     def gpu(self, name: str) -> GpuType:
         try:
             return get_gpu_type(name, self.hardware)
-        except HardwareError as exc:
-            fail("--gpu-type: %s" % exc)
+        except HardwareError as exc:  # the name is unknown, or the --hardware file is bad (it names itself)
+            fail(str(exc) if self.hardware and str(exc).startswith(str(self.hardware)) else "--gpu-type: %s" % exc)
 
 
 pass_obj = click.make_pass_decorator(Obj)
@@ -114,3 +114,16 @@ def load_layer_profile(path: Optional[str], gpu: Optional[GpuType] = None, job: 
 layer_profile_option = click.option("--layer-profile", type=click.Path(dir_okay=False),
                                      help="Use this measured layer profile (pipeswift profile --out) for the"
                                           " layer times instead of the table.")
+
+
+def written(store: Any) -> None:
+    """A simulation's history, written fast in WAL mode, handed over in the rollback-journal
+    mode: readers (``report``, ``explain``, ``simulate --history``) open it read-only and
+    then leave no ``-wal`` or ``-shm`` file beside it."""
+    store.engine.dispose()  # the pool's other connections: the switch needs the only one
+    raw = store.engine.raw_connection()  # outside a transaction, where the switch is allowed
+    try:
+        raw.cursor().execute("PRAGMA journal_mode=DELETE")
+    finally:
+        raw.close()
+    store.engine.dispose()

@@ -2,7 +2,8 @@
 of the package (a temporary file in the same folder, renamed over the target), serves the
 Prometheus metrics file, the launcher's measurement reports, the site model the controller
 publishes and psbatch's compiled front end. ``read_plain`` reads a file a job is pointed at
-(the site model, the layer profile it names) without ever waiting on it.
+(the site model, the layer profile it names) without ever waiting on it; ``open_nowait``
+opens a file a user names (a trace, a config) without waiting for a FIFO's writer.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import BinaryIO, Union
 
 
 def write_atomic(path: Union[str, Path], content: Union[str, bytes], mode: int = 0o644) -> None:
@@ -58,3 +59,12 @@ def read_plain(path: Union[str, Path], max_bytes: int) -> bytes:
     if len(raw) > max_bytes:
         raise OSError("larger than %d bytes" % max_bytes)
     return raw
+
+
+def open_nowait(path: Union[str, Path]) -> BinaryIO:
+    """``path`` opened for reading in binary, without waiting for a writer when it is a FIFO:
+    a FIFO nobody writes reads as empty at once, while one being written (``<(zcat f.gz)``)
+    reads as it comes. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")

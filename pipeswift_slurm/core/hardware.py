@@ -21,6 +21,7 @@ more work to be hidden).
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, fields, replace
@@ -138,6 +139,9 @@ _BUILTIN = (
             gpus_per_node=4, nvlink_domain_gpus=72),
 )
 DEFAULT_GPU_TYPE = "A100-80GB"
+# bandwidths, peaks, memory and efficiency: a 0 there is a typo that divides by zero
+POSITIVE_KEYS = frozenset({"peak_tflops", "fp32_tflops", "mem_gib", "hbm_gbps", "nvlink_gbps", "inter_node_gbps",
+                           "eff_max"})
 MAX_HARDWARE_BYTES = 1 << 20  # a hardware table is a few kB; a job may be pointed at any file
 
 
@@ -168,8 +172,13 @@ def _coerce(path: str, name: str, key: str, value: object) -> Union[int, float]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise HardwareError("%s: gpu.%s.%s must be a positive integer (got %r)" % (path, name, key, value))
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise HardwareError("%s: gpu.%s.%s must be a non-negative number (got %r)" % (path, name, key, value))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise HardwareError("%s: gpu.%s.%s must be a finite non-negative number (got %r)" % (path, name, key, value))
+    if key in POSITIVE_KEYS and not value > 0:
+        raise HardwareError("%s: gpu.%s.%s must be above 0 (got %r): every time the model predicts divides by it"
+                            % (path, name, key, value))
+    if key == "eff_max" and value > 1:
+        raise HardwareError("%s: gpu.%s.eff_max is a fraction of peak: at most 1 (got %r)" % (path, name, value))
     return float(value)
 
 
@@ -190,6 +199,9 @@ def load_gpu_types(path: Optional[Union[str, Path]] = None) -> dict[str, GpuType
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise HardwareError("%s: cannot read hardware file: %s" % (path, exc)) from None
     known = {f.name for f in fields(GpuType)} - {"name"}
+    if set(data) - {"gpu"} or not isinstance(data.get("gpu", {}), dict):
+        raise HardwareError("%s: a hardware file holds [gpu.\"NAME\"] tables only (found %s)"
+                            % (path, ", ".join(sorted(k if k != "gpu" else "gpu = %r" % data[k] for k in data))))
     for name, table in (data.get("gpu") or {}).items():
         if not isinstance(table, dict):
             raise HardwareError("%s: gpu.%s must be a table" % (path, name))

@@ -13,6 +13,7 @@ matplotlib.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -191,6 +192,25 @@ def _summary(row: dict[str, Any], now_s: Optional[float]) -> tuple[str, Optional
     return "%s%s" % (state, " (%s)" % reason if reason else ""), row["queue_s"]
 
 
+NUMBER_COLUMNS = ("submit_time", "eligible_time", "start_time", "end_time", "queue_s", "run_s", "predicted_run_s",
+                  "gpus", "requested_gpus")
+
+
+def _numbers_checked(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with each time, duration and count a finite number >= 0 or None: a history
+    edited by hand may hold text or a negative run there (an end before the start), which
+    would be shown as a fact."""
+    out = dict(row)
+    for key in NUMBER_COLUMNS:
+        value = out.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0):
+            out[key] = None
+    if out.get("start_time") is not None and out.get("end_time") is not None and out["end_time"] < out["start_time"]:
+        out["end_time"] = out["run_s"] = None
+    return out
+
+
 def _dur(seconds: Optional[float]) -> str:
     from pipeswift_slurm.core.fmt import duration
 
@@ -240,6 +260,7 @@ def explain_job(
     row = reads.job_row(store, job_id)
     if row is None:
         raise UnknownJob(job_id)
+    row = _numbers_checked(row)
     if callable(gpu):
         gpu = gpu(row["partition"] or "")
     cluster = _cluster(store, gpus_per_node)

@@ -78,18 +78,30 @@ class History:
             self.skipped[why] = self.skipped.get(why, 0) + 1
 
 
+def _number(value: Any) -> Optional[float]:
+    """A history column's finite number (a database edited by hand may hold text), else None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 def history_from_rows(rows: Iterable[Any], source: str) -> History:
     """A History from the controller database's job rows (``store.reads.ran_job_rows``)."""
     history = History(source=source, dialect="pipeswift history")
     for r in rows:
-        why = ("no submit time" if not r.submit_time else "never started" if not r.start_time
-               else "not finished" if not r.end_time else "no GPUs" if not r.gpus else "")
+        submit, start, end, gpus = (_number(r.submit_time), _number(r.start_time), _number(r.end_time),
+                                    _number(r.gpus))
+        why = ("no submit time" if not submit else "never started" if not start
+               else "not finished" if not end else "no GPUs" if not gpus or gpus < 0 or gpus != int(gpus)
+               else "ends before it starts" if end < start else "")
         if why:
             history.add(None, why)
             continue
-        history.add(RanJob(job_id=str(r.job_id), user=r.user or "", name=r.name or "", submit_s=float(r.submit_time),
-                           start_s=float(max(r.start_time, r.submit_time)),
-                           end_s=float(max(r.end_time, r.start_time)), num_nodes=r.num_nodes or 1, gpus=r.gpus,
+        history.add(RanJob(job_id=str(r.job_id), user=r.user or "", name=r.name or "", submit_s=submit,
+                           start_s=max(start, submit), end_s=end, num_nodes=int(_number(r.num_nodes) or 1),
+                           gpus=int(gpus),
                            comment=r.profile_text or "", partition=r.partition or "", state=r.state or ""))
     return history
 

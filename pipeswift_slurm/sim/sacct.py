@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from pipeswift_slurm.core.files import open_nowait
 from pipeswift_slurm.sim.replay import History, RanJob
 from pipeswift_slurm.sim.workload import WorkloadError
 from pipeswift_slurm.slurm.backends.slurm_parse import json_int, json_state, json_text
@@ -73,6 +74,8 @@ def _ran_job(rec: Mapping[str, Any], where: str) -> tuple[Optional[RanJob], str]
         return None, "never started"
     if not end_s or current in ("RUNNING", "PENDING", "SUSPENDED", "REQUEUED"):
         return None, "not finished"
+    if end_s < start_s:
+        return None, "ends before it starts"
     gpus = _gpus(rec.get("tres"))
     if gpus <= 0:
         return None, "no GPUs"
@@ -99,7 +102,8 @@ def parse_sacct_json(text: str, where: str = "sacct --json") -> History:
     if not isinstance(data, Mapping) or not isinstance(data.get("jobs"), list):
         raise WorkloadError("%s: JSON without a list of jobs (no \"jobs\": [...]): not sacct --json output; %s"
                             % (where, HOW))
-    errors = [e for e in data.get("errors") or [] if e]
+    raw_errors = data.get("errors") or []
+    errors = [e for e in (raw_errors if isinstance(raw_errors, list) else [raw_errors]) if e]
     if errors:
         first = errors[0]
         why = (first.get("description") or first.get("error")) if isinstance(first, Mapping) else first
@@ -121,7 +125,8 @@ def read_sacct(path: str | Path) -> History:
         WorkloadError: unreadable file, or what ``parse_sacct_json`` raises.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open_nowait(path) as fh:  # a FIFO nobody writes is an empty file, not a hang
+            text = fh.read().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise WorkloadError("%s: cannot read it (%s)" % (path, getattr(exc, "strerror", None) or exc)) from None
     return parse_sacct_json(text, str(path))

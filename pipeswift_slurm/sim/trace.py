@@ -14,6 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pipeswift_slurm.core.files import open_nowait
+from pipeswift_slurm.core.request import MAX_GPUS
+
 TRACE_COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
 
 
@@ -36,9 +39,16 @@ class TraceRow:
 # ---------------------------------------------------------------- reading traces
 
 def _open_text(path: Path) -> io.TextIOBase:
+    raw = open_nowait(path)  # a FIFO nobody writes is an empty file, not a hang
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8", newline="")
+        return io.TextIOWrapper(gzip.open(raw, "rb"), encoding="utf-8")
+    return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+
+
+# The largest value of each number column: beyond any real cluster's trace (a submit time in
+# the year 5138, a job of ten years, the most GPUs a request may name), where arithmetic on
+# the value would make every figure of the run meaningless.
+COLUMN_MAX = {"submit_time_s": 1e11, "duration_s": 10 * 366 * 86400.0, "num_gpus": float(MAX_GPUS)}
 
 
 def _number(path: Path, line: int, column: str, text: str) -> float:
@@ -48,6 +58,9 @@ def _number(path: Path, line: int, column: str, text: str) -> float:
         raise WorkloadError("%s:%d: column %r: %r is not a number" % (path, line, column, text)) from None
     if not math.isfinite(value) or value < 0:
         raise WorkloadError("%s:%d: column %r: %r must be a finite non-negative number" % (path, line, column, text))
+    if value > COLUMN_MAX[column]:
+        raise WorkloadError("%s:%d: column %r: %r is over the largest a trace may hold (%g)"
+                            % (path, line, column, text, COLUMN_MAX[column]))
     return value
 
 
@@ -72,6 +85,9 @@ def read_trace(path: str | Path) -> list[TraceRow]:
 
 
 def _row(path: Path, line: int, rec: dict[str, str]) -> TraceRow:
+    if None in rec or None in rec.values():  # csv.DictReader: more fields than the header, or fewer
+        raise WorkloadError("%s:%d: %s fields than the header's %d; a value with a comma must be quoted"
+                            % (path, line, "more" if None in rec else "fewer", len(rec) - (None in rec)))
     gpus = _number(path, line, "num_gpus", rec.get("num_gpus") or "")
     if gpus < 1 or gpus != int(gpus):
         raise WorkloadError("%s:%d: column 'num_gpus': %r must be a positive integer" % (path, line, rec["num_gpus"]))

@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from pipeswift_slurm.core.files import read_plain
+
 DEFAULT_PATH = "/etc/pipeswift/config.toml"
 DEFAULT_DB = "/var/lib/pipeswift/pipeswift.sqlite"
 DEFAULT_LOCK = "/run/pipeswift/tick.lock"  # the controller makes /run/pipeswift 0700: no user can take the lock
 NO_FILE = "(no config file)"
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few kB
 
 
 class ConfigError(ValueError):
@@ -149,7 +152,7 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
     if chosen is None:
         return ControllerConfig(dry_run=True, db_url="", source=NO_FILE)
     try:
-        data = tomllib.loads(Path(chosen).read_text())
+        data = tomllib.loads(read_plain(chosen, MAX_CONFIG_BYTES).decode("utf-8"))  # never waits on a FIFO
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("%s: cannot read config: %s" % (chosen, exc)) from None
     values: dict[str, Any] = {"source": chosen}

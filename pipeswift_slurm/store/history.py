@@ -29,9 +29,8 @@ one line that says what to install or fix.
 
 Vanished jobs: a job the DB believes active (PENDING, RUNNING, ...) but absent from the
 snapshot is reported by ``save_snapshot``; the caller may look it up (sacct) and save it,
-or call ``mark_vanished``, which records ``end_time = now`` (an upper bound, one tick
-late at most) and state ``COMPLETED?`` if it had started, else ``CANCELLED?``. A later
-observation of the real final state overrides these guesses.
+or call ``mark_vanished``, which records ``end_time = now`` (an upper bound, one tick late at most)
+and state ``COMPLETED?`` if it had started, else ``CANCELLED?``; a later real one wins.
 
 This module must not be imported by the policy; it imports nothing from Slurm backends.
 """
@@ -52,6 +51,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.schema import CreateColumn
 
+from pipeswift_slurm.core.files import open_nowait
 from pipeswift_slurm.core.model import Decision, Job
 from pipeswift_slurm.store.lease import LEASE_TTL_S, LeaseState, release_lease, take_lease
 from pipeswift_slurm.store.schema import Base, DecisionRow, TickRow, missing_date_functions
@@ -152,7 +152,7 @@ def not_a_history(path: Path) -> str:
     if not path.exists() and not path.is_symlink():
         return ""
     try:
-        with path.open("rb") as head:
+        with open_nowait(path) as head:  # a FIFO: no wait for a writer
             if not path.is_file() or head.read(16) != b"SQLite format 3\x00":
                 return "the file exists and is not a pipeswift history (not a SQLite database)"
         conn = sqlite3.connect("file:%s?mode=ro" % quote(str(path.resolve())), uri=True)

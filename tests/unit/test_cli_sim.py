@@ -122,6 +122,10 @@ def test_db_per_policy_when_several(runner: CliRunner, tmp_path: Path) -> None:
             assert conn.execute("SELECT DISTINCT policy FROM ticks").fetchall() == [(policy,)]
     report = invoke(runner, "report", "all", "--db", str(db))
     assert report.exit_code == 0, report.output
+    # handed over in the rollback-journal mode: reading it leaves nothing beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.fifo.sqlite", "h.sqlite"]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
 
 
 def test_unknown_policy_and_bad_truth_bias(runner: CliRunner) -> None:

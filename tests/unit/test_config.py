@@ -174,3 +174,11 @@ def test_the_measure_folder_must_be_like_tmp(tmp_path):
     assert folder_problem(str(spool)) is None
     (tmp_path / "file").write_text("")
     assert "is not a folder" in (folder_problem(str(tmp_path / "file")) or "")
+
+
+def test_a_config_that_is_a_fifo_is_one_error_not_a_hang(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "c.toml")
+    with pytest.raises(ConfigError, match="cannot read config: not a plain file"):
+        load_config(str(tmp_path / "c.toml"))

@@ -280,3 +280,20 @@ def test_candidates_follow_the_sites_own_layout_first(history, tmp_path, monkeyp
     result = CliRunner().invoke(pipeswift, ["explain", "1", "--db", path, "--json", "--top", "20"])
     assert result.exit_code == 0, result.output
     assert [c["config"] for c in json.loads(result.output)["candidates"]] == [c.config for c in first]
+
+
+@pytest.mark.parametrize("edit", ["submit_time = 'abc'", "end_time = start_time - 1000, run_s = -1000"])
+def test_a_history_edited_by_hand_is_shown_without_what_cannot_be_true(history, tmp_path, edit):
+    """Text in a time column was a TypeError; an end before the start was shown as a run of
+    -1000 s. Such values are shown as unknown."""
+    import shutil
+    import sqlite3
+
+    path, _ = history
+    copy = tmp_path / "edited.sqlite"
+    shutil.copy(path, copy)
+    with sqlite3.connect(copy) as conn:
+        conn.execute("UPDATE jobs SET %s WHERE job_id = 3" % edit)
+    e = explain(str(copy), 3)
+    assert e.run_s is None or e.run_s >= 0
+    assert "-1000" not in explain_text(e) and "actual / predicted -" not in explain_text(e)

@@ -161,3 +161,17 @@ def test_a_hardware_file_that_is_no_table_is_one_error_never_a_hang(tmp_path, ki
     target = "/dev/zero" if kind == "device" else path
     with pytest.raises(HardwareError, match="cannot read hardware file"):
         load_gpu_types(target)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("gpu = 5\n", r'holds \[gpu."NAME"\] tables only \(found gpu = 5\)'),
+    ('[gpus."X"]\npeak_tflops = 1\n', r"tables only \(found gpus\)"),  # a misspelt table was ignored
+    ('[gpu."A100-80GB"]\npeak_tflops = 0\n', "peak_tflops must be above 0"),  # was a ZeroDivisionError
+    ('[gpu."A100-80GB"]\nmem_gib = nan\n', "mem_gib must be a finite non-negative number"),
+    ('[gpu."A100-80GB"]\neff_max = 1.5\n', "eff_max is a fraction of peak: at most 1"),
+])
+def test_a_hardware_value_that_cannot_be_right_is_named(tmp_path, text, needle):
+    path = tmp_path / "hw.toml"
+    path.write_text(text)
+    with pytest.raises(HardwareError, match=needle):
+        load_gpu_types(path)

@@ -137,6 +137,10 @@ def invoke(*args: str) -> Result:
     ("{", ["not JSON"]),
     ('{"jobs": []}', ["no job to replay"]),
     ('{"jobs": [{"job_id": 1, "time": {"submission": 5, "start": 0, "end": 0}}]}', ["1 never started"]),
+    ('{"jobs": [{"job_id": 1, "time": {"submission": 5, "start": 3600, "end": 100}, "allocation_nodes": 1,'
+     ' "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}, "state": {"current": "COMPLETED"}}]}',
+     ["1 ends before it starts"]),
+    ('{"jobs": [], "errors": "oops"}', ["sacct reported an error: oops"]),
 ])
 def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, content: str, words: list[str]) -> None:
     path = tmp_path / "s.json"
@@ -192,3 +196,21 @@ def test_cli_history_replays_a_controller_history(tmp_path: Path) -> None:
 def test_cli_history_that_is_not_one(tmp_path: Path) -> None:
     result = invoke("simulate", "--history", str(tmp_path / "none.sqlite"))
     assert result.exit_code == 2 and "no history database" in result.stderr
+
+
+def test_history_rows_edited_by_hand_are_left_out_and_counted() -> None:
+    """A history is a database anyone with access may edit: an end before the start, text
+    in a time column or a negative GPU count is left out, counted by its reason."""
+    from types import SimpleNamespace
+
+    from pipeswift_slurm.sim.replay import history_from_rows
+
+    def row(job_id: int, **kw: object) -> SimpleNamespace:
+        base = dict(job_id=job_id, user="u", name="n", partition="gpu", submit_time=100.0, start_time=200.0,
+                    end_time=900.0, state="COMPLETED", num_nodes=1, gpus=2, profile_text=None)
+        return SimpleNamespace(**{**base, **kw})
+
+    history = history_from_rows([row(1), row(2, end_time=150.0), row(3, submit_time="abc"), row(4, gpus=-4),
+                                 row(5, start_time=float("nan"))], "h.sqlite")
+    assert [j.job_id for j in history.jobs] == ["1"]
+    assert history.skipped == {"ends before it starts": 1, "no submit time": 1, "no GPUs": 1, "never started": 1}

@@ -651,3 +651,27 @@ def test_read_trace_errors_name_file_line_and_column(tmp_path: Path) -> None:
         read_trace(path)
     path.write_text("job_id,submit_time_s,duration_s,num_gpus,user,cluster\nj1,0,60,1,alice,vc1\n")
     assert read_trace(path) == [TraceRow("j1", 0.0, 60.0, 1, "alice", "vc1")]
+
+
+@pytest.mark.parametrize("row, needle", [
+    ("j1,0,1e300,1,u,c", r":2: column 'duration_s': '1e300' is over the largest a trace may hold"),
+    ("j1,1e300,60,1,u,c", r":2: column 'submit_time_s'"),
+    ("j1,0,60,1e300,u,c", r":2: column 'num_gpus'"),
+    ("j1,0,60,1,smith,john,vc1", r":2: more fields than the header's 6; a value with a comma must be quoted"),
+    ("j1,0,60,1,alice", r":2: fewer fields than the header's 6"),
+])
+def test_a_trace_row_that_cannot_be_right_is_named(tmp_path: Path, row: str, needle: str) -> None:
+    """Each was accepted before: a 1e300 duration gave a mean JCT of 10^295 days, and an
+    unquoted comma in a user name moved the row to another cluster."""
+    path = tmp_path / "t.csv"
+    path.write_text("job_id,submit_time_s,duration_s,num_gpus,user,cluster\n%s\n" % row)
+    with pytest.raises(WorkloadError, match=needle):
+        read_trace(path)
+
+
+def test_a_trace_that_is_a_fifo_nobody_writes_is_empty_not_a_hang(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "t.csv")
+    with pytest.raises(WorkloadError, match="missing column"):
+        read_trace(tmp_path / "t.csv")

@@ -74,6 +74,9 @@ def test_defaults_are_slurms_own() -> None:
     ("PriorityMaxAge=soon\n", ["PriorityMaxAge", "duration"]),
     ("SchedulerType=sched/gang\n", ["sched/gang", "not modelled"]),
     ("just some words\n", ["neither"]),
+    ("SchedulerParameters=bf_max_job_test=-1\n", ["bf_max_job_test=-1 is below 1"]),  # tested all jobs but one
+    ("SchedulerParameters=bf_resolution=0\n", ["bf_resolution=0 is below 1"]),
+    ("PriorityWeightAge=-5\n", ["PriorityWeightAge=-5 is below 0"]),
 ])
 def test_bad_settings_are_one_line_exit_2(tmp_path: Path, text: str, words: list[str]) -> None:
     path = tmp_path / "slurm.conf"

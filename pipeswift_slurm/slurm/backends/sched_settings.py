@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import Optional
 
+from pipeswift_slurm.core.files import open_nowait
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_duration_s
 
 
@@ -84,15 +84,26 @@ _WEIGHTS = {"priorityweightage": "weight_age", "priorityweightjobsize": "weight_
 _BF = {"bf_interval": ("bf_interval_s", 1.0), "bf_resolution": ("bf_resolution_s", 1.0),
        "bf_max_job_test": ("bf_max_job_test", None), "bf_window": ("bf_window_s", 60.0),
        "sched_interval": ("sched_interval_s", 1.0), "batch_sched_delay": ("batch_sched_delay_s", 1.0)}
+MAX_SETTINGS_BYTES = 8 << 20  # `scontrol show config` and slurm.conf are tens of kB
 _SHOW_CONFIG_LINE = re.compile(r"^([A-Za-z_]\w*)\s+=\s?(.*)$")
+
+
+# backfill settings Slurm takes only from 1 (a 0 or -1 there would make the simulator's
+# backfill test nothing, or every job but the last); every other number from 0
+_FROM_ONE = frozenset({"bf_interval", "bf_resolution", "bf_max_job_test", "bf_window"})
 
 
 def _int(value: str, key: str, where: str) -> int:
     try:
-        return int(value.strip().split()[0])
+        number = int(value.strip().split()[0])
     except (ValueError, IndexError):
         raise SchedulingSettingsError("%s: %s=%r is not a whole number; fix the value or leave the line out"
                                       % (where, key, value)) from None
+    lowest = 1 if key in _FROM_ONE else 0
+    if number < lowest:
+        raise SchedulingSettingsError("%s: %s=%d is below %d, which the simulator does not model; fix the value or"
+                                      " leave it out" % (where, key, number, lowest))
+    return number
 
 
 def settings_from_pairs(pairs: dict[str, str], where: str = "slurm config") -> SchedulingSettings:
@@ -167,7 +178,8 @@ def read_scheduling_settings(path: str) -> SchedulingSettings:
         SchedulingSettingsError: unreadable file or a bad value.
     """
     try:
-        text = Path(path).read_text(errors="replace")
+        with open_nowait(path) as fh:  # <(scontrol show config) reads as it comes; a FIFO nobody writes, empty
+            text = fh.read(MAX_SETTINGS_BYTES).decode("utf-8", "replace")
     except OSError as exc:
         raise SchedulingSettingsError("%s: cannot read it (%s); give `scontrol show config` output or a"
                                       " slurm.conf" % (path, exc.strerror or exc)) from None
