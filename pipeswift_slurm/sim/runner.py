@@ -122,13 +122,18 @@ def trace_rows(spec: RunSpec) -> tuple[list[TraceRow], Optional[float]]:
     if spec.workload is None:
         return synthetic_trace(spec.synthetic_jobs, spec.gpus, spec.load or 0.9, spec.seed), None
     rows = read_trace(spec.workload)
-    if spec.cluster_filter:
+    if spec.cluster_filter is not None:
+        clusters = sorted({r.category for r in rows if r.category})
         rows = [r for r in rows if r.category == spec.cluster_filter]
+        if not rows:
+            raise WorkloadError("%s: no job of cluster %r (--vc); the trace's clusters: %s"
+                                % (spec.workload, spec.cluster_filter, ", ".join(clusters[:20]) or "none"))
     own_start_s = window_start_s(rows, spec.start_day)
     rows = select_window(rows, spec.start_day, spec.window_days)
     if not rows:
-        raise WorkloadError("%s: no job in the selected window (start day %g, %s days)"
-                            % (spec.workload, spec.start_day, spec.window_days or "all"))
+        raise WorkloadError("%s: no job in the selected window (start day %g, %s days%s)"
+                            % (spec.workload, spec.start_day, spec.window_days or "all",
+                               ", cluster %s" % spec.cluster_filter if spec.cluster_filter else ""))
     return (rescale_load(rows, spec.gpus, spec.load) if spec.load else rows), own_start_s
 
 

@@ -388,3 +388,10 @@ def test_flex_sets_the_share_of_flexible_jobs(runner: CliRunner, tmp_path: Path)
         assert data["spec"]["flex"] == float(flex)
         counts[flex] = data["workload"]["flexible_jobs"]
     assert counts["0"] == 0 and counts["1"] == 40 and 0 < counts["0.5"] < 40
+
+
+@pytest.mark.parametrize("vc", ["", "nosuch"])
+def test_a_cluster_the_trace_does_not_have_is_named(runner: CliRunner, vc: str) -> None:
+    """``--vc ''`` used to mean no filter at all, and an unknown name 'no job in the window'."""
+    result = invoke(runner, "simulate", "--workload", str(DATA / "tiny-trace.csv"), *SMALL, "--vc", vc)
+    assert_one_error_line(result, "no job of cluster %r (--vc); the trace's clusters: vc1, vc2" % vc)
