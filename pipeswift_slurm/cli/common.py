@@ -13,6 +13,7 @@ from typing import Any, NoReturn, Optional
 
 import click
 
+from pipeswift_slurm.core.files import plain_or_absent
 from pipeswift_slurm.core.hardware import GpuType, HardwareError, get_gpu_type
 
 EXIT_USAGE = 2
@@ -64,7 +65,7 @@ def output_file(path: str, what: str) -> Path:
              % (what, path, folder, "is not a folder" if folder.exists() else "does not exist"))
     if target.is_dir():
         fail("%s %s: is a folder; give a file name" % (what, path))
-    if target.exists() and not target.is_file():
+    if not plain_or_absent(target):  # what write_atomic refuses, said before any work
         fail("%s %s: is not a plain file (a device or a FIFO); give a file name" % (what, path))
     if not os.access(folder, os.W_OK | os.X_OK):
         fail("%s %s: the folder %s is not writable; give a path in a folder you can write" % (what, path, folder))
@@ -116,7 +117,7 @@ layer_profile_option = click.option("--layer-profile", type=click.Path(dir_okay=
                                           " layer times instead of the table.")
 
 
-def written(store: Any) -> None:
+def hand_over_history(store: Any) -> None:
     """A simulation's history, written fast in WAL mode, handed over in the rollback-journal
     mode: readers (``report``, ``explain``, ``simulate --history``) open it read-only and
     then leave no ``-wal`` or ``-shm`` file beside it."""

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import click
 
-from pipeswift_slurm.cli.common import Obj, pass_obj, written
+from pipeswift_slurm.cli.common import Obj, hand_over_history, pass_obj
 from pipeswift_slurm.cli.sim import Progress, history_file, on_terminal, plot_cdf, refuse_non_history
 from pipeswift_slurm.cli.sim_table import print_comparison
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
@@ -64,9 +64,13 @@ def _demo_history(spec: Any, db: str, progress: Progress) -> None:
     path = history_file(db)
     refuse_non_history(path)
     path.unlink(missing_ok=True)
-    stores = []
-    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}),
-                   store_for=lambda _p: stores.append(Store.from_url(str(path), journal_mode="WAL")) or stores[-1],
+    stores: list[Any] = []
+
+    def store_for(_policy: str) -> Any:
+        stores.append(Store.from_url(str(path), journal_mode="WAL"))
+        return stores[-1]
+
+    run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=store_for,
                    on_tick=progress.tick, on_start=progress.start)
     for store in stores:
-        written(store)
+        hand_over_history(store)

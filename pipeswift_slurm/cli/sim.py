@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, output_file, pass_obj, written
+from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, hand_over_history, output_file, pass_obj
 from pipeswift_slurm.cli.sim_notes import bound_warning, learn_line
 from pipeswift_slurm.cli.sim_table import print_comparison, utc_date
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
@@ -169,7 +169,7 @@ def _run(spec: Any, db: Optional[str]) -> Any:
         finally:
             progress.close()  # before any error line
             for store in stores.values():
-                written(store)
+                hand_over_history(store)
     except WorkloadError as exc:
         fail(str(exc))
     except RuntimeError as exc:

@@ -15,6 +15,15 @@ from pathlib import Path
 from typing import BinaryIO, Union
 
 
+def plain_or_absent(path: Union[str, Path]) -> bool:
+    """Whether ``path`` (a link followed) names a plain file or nothing: what ``write_atomic``
+    may replace."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return True
+
+
 def write_atomic(path: Union[str, Path], content: Union[str, bytes], mode: int = 0o644) -> None:
     """Write ``content`` to ``path`` with permissions ``mode``: a reader sees the old file
     or the new one, never half of one.
@@ -27,11 +36,7 @@ def write_atomic(path: Union[str, Path], content: Union[str, bytes], mode: int =
             left behind).
     """
     target = Path(os.path.realpath(path))
-    try:
-        mode_now = os.stat(target).st_mode
-    except FileNotFoundError:
-        mode_now = None
-    if mode_now is not None and not stat.S_ISREG(mode_now):
+    if not plain_or_absent(target):
         raise OSError("%s is not a plain file (a device, a FIFO or a folder): nothing written there" % path)
     fd, tmp = tempfile.mkstemp(prefix=".%s." % target.name, suffix=".tmp", dir=str(target.parent))
     try:

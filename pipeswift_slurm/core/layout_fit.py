@@ -110,7 +110,7 @@ def measured_factor(bias: Mapping[str, float], job_class: str, requested: Any) -
         if layout_measured(bias, job_class, config, requested) else math.inf
 
 
-def exploration_holds(bias: Mapping[str, float], jobs: Sequence[tuple[int, str, bool, bool]]) -> frozenset[int]:
+def exploration_holds(jobs: Sequence[tuple[int, str, bool, bool]]) -> frozenset[int]:
     """The pending jobs that may run only measured layouts (``measured_factor``) while their
     class explores one the site has not measured (``[calibration] own_layout_first``): until
     a run in such a layout was measured, the learned terms cannot tell how it runs beside
@@ -119,7 +119,6 @@ def exploration_holds(bias: Mapping[str, float], jobs: Sequence[tuple[int, str, 
     explore and the others are held.
 
     Args:
-        bias: the bias map the controller plans with.
         jobs: (job id, job class, running, exploring: runs a layout not measured, by
             ``layout_measured``) of the jobs the controller manages, pending ones in queue
             order (first submitted first).

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 import math
 from typing import Any, Mapping, Optional, get_type_hints
 
+from pipeswift_slurm.core.switch import switch
+
 # Slurm keeps SiteFactor in a signed 32-bit integer.
 SITE_FACTOR_LIMIT = 2_147_483_647
 
@@ -155,9 +157,6 @@ def make_knobs(cls: type, values: Mapping[str, Any]) -> Any:
     return cls(**{name: check_knob(cls, name, value) for name, value in values.items()})
 
 
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
 def parse_knob(cls: type, name: str, text: str) -> Any:
     """Knob ``name`` of ``cls`` from command-line text (``true``, ``3``, ``0.5``, ``1,2``), checked.
 
@@ -170,9 +169,10 @@ def parse_knob(cls: type, name: str, text: str) -> Any:
     kind = get_type_hints(cls)[name]
     words = text.strip().lower()
     if kind is bool:
-        if words not in _TRUE + _FALSE:
+        on = switch(words)
+        if on is None:
             raise KnobError("expected true or false")
-        return check_knob(cls, name, words in _TRUE)
+        return check_knob(cls, name, on)
     try:
         if kind is int:
             value: Any = int(words)

@@ -28,5 +28,5 @@ def with_exploration_holds(estimator: Any, jobs: Sequence[Job], profiles: Mappin
         exploring = job.running and job.config is not None and not layout_measured(
             bias, profile.job_class, job.config, profile.requested)
         rows.append((job.job_id, profile.job_class, job.running, exploring))
-    held = exploration_holds(bias, rows)
+    held = exploration_holds(rows)
     return {job_id: replace(p, known_layouts_only=True) if job_id in held else p for job_id, p in runnable.items()}

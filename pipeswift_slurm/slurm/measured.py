@@ -44,11 +44,12 @@ MAX_COUNT = 1 << 40  # no layout field or iteration count of a real run comes ne
 OK = "ok"
 
 
-def _owner_ok(st: os.stat_result, user: str) -> bool:
+def _uid(user: str) -> Optional[int]:
+    """The uid of ``user`` on this host (None: no such user, so no file is theirs)."""
     try:
-        return st.st_uid == pwd.getpwnam(user).pw_uid
+        return pwd.getpwnam(user).pw_uid
     except KeyError:
-        return False
+        return None
 
 
 def folder_problem(folder: str) -> Optional[str]:
@@ -94,13 +95,13 @@ def read_report(paths: Iterable[str], job: Job) -> Optional[tuple[dict[str, Any]
     Files of other users are not its user's claims: skipped unread, as if absent (anyone may
     put a file named after any job there, with any mtime; were it recorded, its mtime would
     hide the job's own later report). A link or anything else not a plain file is refused."""
-    mine = []
+    uid, mine = _uid(job.user), []
     for path in paths:
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if _owner_ok(st, job.user):
+        if uid is not None and st.st_uid == uid:
             mine.append((st.st_mtime, path, st))
     if not mine:
         return None
@@ -112,7 +113,7 @@ def read_report(paths: Iterable[str], job: Job) -> Optional[tuple[dict[str, Any]
         # lstat must not hang the tick
         with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as fh:
             opened = os.fstat(fh.fileno())
-            if not stat.S_ISREG(opened.st_mode) or not _owner_ok(opened, job.user):
+            if not stat.S_ISREG(opened.st_mode) or opened.st_uid != uid:
                 return {}, "not a plain file of its user", mtime
             data = json.loads(fh.read(MAX_REPORT_BYTES + 1)[:MAX_REPORT_BYTES])
         if not isinstance(data, dict) or data.get("job_id") != job.job_id:
@@ -131,9 +132,9 @@ def _count(value: Any) -> Optional[int]:
 
 def _seconds(value: Any) -> Optional[float]:
     """A report's positive, finite number of seconds, else None."""
-    if type(value) not in (int, float) or (type(value) is int and not 0 < value <= MAX_COUNT):
-        return None
-    return float(value) if math.isfinite(value) and value > 0 else None
+    if type(value) is int:  # (bool is not: True is no time)
+        return float(value) if 0 < value <= MAX_COUNT else None
+    return value if type(value) is float and math.isfinite(value) and value > 0 else None
 
 
 def report_config(data: Mapping[str, Any]) -> Optional[ExecConfig]:

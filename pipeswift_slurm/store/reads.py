@@ -347,7 +347,7 @@ def last_snapshot(src: Any) -> Optional[Any]:
 USER_RUNS_SQL = """
 SELECT "user", job_class, partition, predicted_run_s, run_s
 FROM jobs
-WHERE state IN {finished}
+WHERE state IN {ran}
   AND "user" IS NOT NULL AND "user" != ''
   AND predicted_run_s > 0 AND run_s IS NOT NULL
   AND calibration_skip IS NULL
@@ -361,7 +361,7 @@ def finished_user_runs(src: Any) -> list[Any]:
     prediction):
     user, job_class, partition, predicted_run_s (the cost model's, uncalibrated), run_s;
     oldest end first. What the per-user correction of claims is fitted from."""
-    return _rows(src, USER_RUNS_SQL.format(finished=RAN_STATES_SQL), {})
+    return _rows(src, USER_RUNS_SQL.format(ran=RAN_STATES_SQL), {})
 
 
 RAN_JOBS_SQL = """

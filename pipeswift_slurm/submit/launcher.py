@@ -36,6 +36,7 @@ from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.megatron_render import render_args
 from pipeswift_slurm.core.megatron_rules import config_for_allocation
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
+from pipeswift_slurm.core.switch import switch
 from pipeswift_slurm.core.token import ProfileRequest, TokenError, decode_decision, decode_profile
 from pipeswift_slurm.submit.iterlog import MEASURE_DIR_ENV, run_measured
 from pipeswift_slurm.submit.layout import LayoutError, Rewritten, Target, set_processes
@@ -260,11 +261,11 @@ def emulate_env(env: Mapping[str, str]) -> bool:
     """Whether ``PIPESWIFT_EMULATE`` asks for an emulated run: 1, true, yes or on. Any other
     value runs the training (an emulation in place of a real run is the mistake that loses a
     job's work); one that is not 0, false, no, off or empty says so on stderr."""
-    value = env.get("PIPESWIFT_EMULATE", "").strip().lower()
-    if value and value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        _say("warning: PIPESWIFT_EMULATE=%r is not 1/true/yes/on or 0/false/no/off; running the training"
-             % env["PIPESWIFT_EMULATE"])
-    return value in ("1", "true", "yes", "on")
+    text = env.get("PIPESWIFT_EMULATE", "")
+    on = switch(text)
+    if on is None and text.strip():
+        _say("warning: PIPESWIFT_EMULATE=%r is not 1/true/yes/on or 0/false/no/off; running the training" % text)
+    return bool(on)
 
 
 def emulate_scale(env: Mapping[str, str]) -> float:

@@ -78,7 +78,8 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
     """
     if not pairs and not any(m in text for m in MARKERS):
         return None
-    if "\r\n" in text and not any(o.name == "wrap" for o in scan_argv(argv).opts):
+    scan = scan_argv(argv)
+    if "\r\n" in text and not any(o.name == "wrap" for o in scan.opts):
         raise PsbatchError("the script has DOS line breaks (\\r\\n), which sbatch refuses; convert it"
                            " (dos2unix)")
     lines = text.split("\n")
@@ -86,7 +87,6 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
     own = own_options(list(script.own) + list(pairs))
     if own.off:
         return None
-    scan = scan_argv(argv)
     cmd = find_training_command(lines, environ)
     if scan.components > 1 or len(script.header) > 1:
         if own.declared or cmd:

@@ -34,7 +34,10 @@ def find_sbatch(environ: Mapping[str, str]) -> Optional[str]:
     psbatch itself (it would run itself for ever)."""
     wanted = environ.get("PIPESWIFT_SBATCH") or "sbatch"
     me = {os.path.realpath(p) for p in (sys.argv[0] if sys.argv else "", environ.get(FRONT_ENV, "")) if p}
-    ok = lambda path: os.path.isfile(path) and os.access(path, os.X_OK) and os.path.realpath(path) not in me  # noqa: E731
+
+    def ok(path: str) -> bool:
+        return os.path.isfile(path) and os.access(path, os.X_OK) and os.path.realpath(path) not in me
+
     if os.sep in wanted:
         return wanted if ok(wanted) else None
     return next((path for folder in environ.get("PATH", os.defpath).split(os.pathsep)

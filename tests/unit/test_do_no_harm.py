@@ -235,8 +235,8 @@ def test_exploration_holds_one_unmeasured_bet_per_class() -> None:
     jobs = [(1, "b", False, False), (2, "b", False, False), (3, "b", False, False),  # b: 1 may explore
             (4, "c", True, True), (5, "c", False, False),              # c: an unmeasured bet in flight
             (6, "d", True, False), (7, "d", False, False), (8, "d", False, False)]  # d: a measured one runs
-    assert exploration_holds({}, jobs) == {2, 3, 5, 8}
-    assert exploration_holds({}, []) == frozenset()
+    assert exploration_holds(jobs) == {2, 3, 5, 8}
+    assert exploration_holds([]) == frozenset()
 
 
 def test_controller_marks_the_held_jobs_only_under_own_layout_first() -> None:

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pipeswift_slurm.core import switch
 from pipeswift_slurm.core.files import write_atomic
 from pipeswift_slurm.submit import plan, psbatch, sbatch_args
 
@@ -112,6 +113,7 @@ def header_text(python: Optional[str] = None) -> str:
         "#define PSB_BOOTSTRAP %s" % c_string(BOOTSTRAP),
         "static const char *const psb_markers[] = {%s, NULL};" % ", ".join(map(c_string, plan.MARKERS)),
         "static const char *const psb_own_keys[] = {%s, NULL};" % ", ".join(map(c_string, sbatch_args.OWN_KEYS)),
+        "static const char *const psb_off_words[] = {%s, NULL};" % ", ".join(map(c_string, switch.OFF_WORDS)),
         "static const struct psb_long psb_long[] = {",
         *("    {%s, %s}," % (c_string(name), kind) for name, kind in sorted(kinds.items())),
         "    {NULL, 0}};",

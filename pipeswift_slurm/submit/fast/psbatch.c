@@ -144,11 +144,12 @@ int main(int argc, char **argv)
 {
     char self[PATH_MAX] = "", python[PATH_MAX + 64], why[PATH_MAX + 64], *slash;
     const char *fast = getenv("PIPESWIFT_PSBATCH_FAST"), *sbatch;
-    int i, script = -1, reads_stdin = 1, python_needed = fast && (!strcmp(fast, "off") || !strcmp(fast, "0")
-                                                                  || !strcmp(fast, "no") || !strcmp(fast, "false"));
+    int i, script = -1, reads_stdin = 1, python_needed = 0;
     off_t start = -1;
     struct stat st;
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    for (i = 0; fast && psb_off_words[i]; i++) /* PIPESWIFT_PSBATCH_FAST off: always the Python psbatch */
+        python_needed |= !strcmp(fast, psb_off_words[i]);
     self[n > 0 ? n : 0] = '\0';
     for (i = 1; i < argc && script < 0; i++) { /* sbatch_args.scan_argv, as far as this needs it */
         const char *a = argv[i], *eq = strchr(a, '=');
