@@ -54,7 +54,10 @@ so) until long jobs have ended enough for it to fit; when it needs whole nodes, 
 is promised to it: a longer long job later in the order may not take it. A long job
 bigger than that share, which never fits beside the lane, is held only while short jobs are
 about (one runs or waits), until it starves. With ``preempt`` (long jobs can be requeued) the lane is kept
-only while short jobs are about. Jobs past the starvation threshold are never held. A GPU
+only while short jobs are about. A starving job closes the lane only briefly: it enters
+it when the long jobs' share has room for it within ``short_lane_max_s``; otherwise it is
+held for that room, which the starving jobs take oldest first (issue 24: starving multi-day
+jobs skipping the lane held every GPU for days). Jobs past the wait bound are never held. A GPU
 count that is free now but barred by the expand reserve is never planned as a wait: the
 job resized to it would fit, and Slurm would start it at once.
 Mixed clusters (``move_partitions``, on by default): a job that allows several partitions
@@ -195,11 +198,21 @@ class PipeSwiftPolicy:
         never: Optional[Option] = None  # a count the lane never has room for
         for opt in options:
             long_job = opt.run_s > self.knobs.short_lane_max_s
-            # a long job bigger than the long jobs' share never fits beside the lane: at its
-            # own size (not grown) it may take the lane while no short job is about
-            lane_full = long_job and not starving \
-                and (self._long_busy + opt.gpus > self._long_cap or self._breaks_promise(now, opt)) \
-                and (self._short_about or opt.gpus <= self._long_cap or opt.gpus > user_gpus)
+            over = long_job and self._long_busy + opt.gpus > self._long_cap
+            if starving:
+                # a starving job may close the lane only briefly: when the long jobs' share
+                # has room for it within short_lane_max_s; else it waits for that room, in
+                # its turn among the starving (``_share``). Exempt: a job bigger than the
+                # share, and one past its bound (holding it would only grow the longest wait).
+                lane_full = over and self._short_about and opt.gpus <= self._long_cap \
+                    and job.queued_s(now) < self.knobs.wait_bound_s and (
+                    opt.gpus > user_gpus
+                    or self._share.earliest(opt.gpus, opt.run_s) - now > self.knobs.short_lane_max_s)
+            else:
+                # a long job bigger than the long jobs' share never fits beside the lane: at
+                # its own size (not grown) it may take the lane while no short job is about
+                lane_full = long_job and (over or self._breaks_promise(now, opt)) \
+                    and (self._short_about or opt.gpus <= self._long_cap or opt.gpus > user_gpus)
             if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
             if long_job and opt.gpus > user_gpus and self._borrowed + opt.gpus - user_gpus > self._borrow_cap:
@@ -208,7 +221,8 @@ class PipeSwiftPolicy:
             expands = opt.gpus > user_gpus and sum(free) - opt.gpus < reserve
             if lane_full and self.knobs.short_lane_fraction > 0:
                 lane_wait.add(opt.gpus)
-                start = max(start, self._lane_room_s(opt.gpus, now))
+                start = max(start, self._share.earliest(opt.gpus, opt.run_s) if starving
+                            else self._lane_room_s(opt.gpus, now))
                 if start == math.inf and (never is None or opt.gpus < never.gpus):
                     never = opt
             elif start == now and expands:
@@ -237,6 +251,8 @@ class PipeSwiftPolicy:
                     free[node] -= best_now.config.gpus_per_node
                 timeline.take(now, now + best_now.run_s, best_now.gpus)
                 if best_now.run_s > self.knobs.short_lane_max_s:
+                    if starving:
+                        self._share.take(now, now + best_now.run_s, best_now.gpus)
                     self._long_busy += best_now.gpus
                     self._borrowed += max(0, best_now.gpus - user_gpus)
                     bisect.insort(self._long_ends, (now + best_now.run_s, best_now.gpus))
@@ -253,6 +269,8 @@ class PipeSwiftPolicy:
         if self._reserved < self.knobs.reservations:
             timeline.take(start, start + opt.run_s, opt.gpus)
             self._reserved += 1
+        if starving and opt.run_s > self.knobs.short_lane_max_s:
+            self._share.take(start, start + opt.run_s, opt.gpus)
         if opt.gpus in lane_wait:
             if start > now and opt.config.num_nodes > 1:
                 self._promised.append((start, opt.gpus, opt.run_s))
@@ -287,11 +305,12 @@ class PipeSwiftPolicy:
                 return max(end_s, now)
         return math.inf
 
-    def _hold(self, job: Job, plan: Plan, now: float, starving: bool) -> Optional[bool]:
+    @staticmethod
+    def _hold(job: Job, plan: Plan) -> Optional[bool]:
         """The short-job lane: hold a long job that waits while long jobs fill their share
         of the cluster (Slurm would otherwise start it as soon as it fits); release it
         once the plan starts it now or the lane has room. None: leave as is."""
-        if plan.lane and plan.option is not None and not starving:
+        if plan.lane and plan.option is not None:
             return None if job.held else True
         return False if job.held else None
 
@@ -337,6 +356,9 @@ class PipeSwiftPolicy:
         # requeued, so there the lane is kept only while short jobs are about.
         lane_on = short_about or not self.knobs.preempt
         self._long_cap = (1.0 - (self.knobs.short_lane_fraction if lane_on else 0.0)) * total
+        # the long jobs' share over time: running long jobs to their predicted ends, then each
+        # starving long job as planned, oldest first, so the next one's room comes after theirs
+        self._share = Timeline(now, math.floor(self._long_cap) - self._long_busy, self._long_ends)
         plans: dict[int, Plan] = {}
         for job in ordered[:self.knobs.plan_depth]:
             plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,
@@ -359,7 +381,7 @@ class PipeSwiftPolicy:
                 continue
             profile = profiles[job.job_id]
             option = plan.option
-            hold = self._hold(job, plan, now, job.job_id in starving)
+            hold = self._hold(job, plan)
             if hold is None and option is not None and option.config == current_config(job, profile) \
                     and job.config is not None:
                 option = None

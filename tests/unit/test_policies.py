@@ -410,6 +410,42 @@ def test_pipeswift_short_lane_holds_a_long_job_on_an_idle_cluster_and_says_why()
     assert decide(rigid, short_about=False, short_lane_fraction=0.1).reason == "start now on 16 GPUs"
 
 
+def test_a_starving_job_closes_the_lane_only_briefly_and_waits_its_turn_in_the_long_share() -> None:
+    """Issue 24 (103959 day 91: starving 4-GPU multi-day jobs skipped the lane, long jobs
+    held every GPU and 1-minute jobs waited 42-53 h). One node of 8 GPUs, half of them the
+    lane; a short job runs on 4 for 1 h, a long one on the other 4. A 10-h job past 0.9 of
+    its 65-s bound starves. While the long share has room for it within ``short_lane_max_s``
+    (the running long job ends in 1.5 h) it takes the lane; when that room is 6.5 h away it
+    is held for it, and a second starving job, younger, is held for the room after the
+    first one's run. Past its bound a job is never held: holding it only grows the longest
+    wait."""
+    _, long_run = _profile(4, 8.0, 8)
+    _, short = _profile(4, 1.0, 8)
+    _, pending = _profile(4, 10.0, 8)
+    est = Estimator(COST, 8)
+    now = 6.5 * HOUR
+
+    def decide(long_started_s: float, bound_s: float = 65.0, second: bool = False) -> dict[int, Decision]:
+        jobs = [(1, "RUNNING", 4, long_started_s, long_run), (2, "RUNNING", 4, now - 60.0, short),
+                (3, "PENDING", 4, now - 60.0, pending)] + ([(4, "PENDING", 4, now - 50.0, pending)] if second else [])
+        view, profiles = _view(1, 8, jobs, now=now, busy={0: 8})
+        policy = get_policy("pipeswift", short_lane_fraction=0.5, wait_bound_s=bound_s)
+        return {d.job_id: d for d in policy.decide(view, profiles, est)}
+
+    long_end_s = predicted_end_s(_view(1, 8, [(1, "RUNNING", 4, 0.0, long_run)])[0].running[0], {1: long_run}, est, now)
+    soon = decide(long_started_s=0.0)  # the long job ends at about 8 h: its room is 1.5 h away
+    assert soon[3].hold is None and not soon[3].reason.startswith("held"), soon[3]
+    late = decide(long_started_s=5 * HOUR)  # its room is 6.5 h away
+    assert late[3].hold is True and late[3].reason.startswith("held for the short-job lane: wait for 4 GPUs"), late[3]
+    assert late[3].predicted_start_s == pytest.approx(long_end_s + 5 * HOUR), late[3]
+    both = decide(long_started_s=5 * HOUR, second=True)
+    assert both[3].predicted_start_s == pytest.approx(long_end_s + 5 * HOUR), both[3]
+    assert both[4].hold is True and both[4].predicted_end_s is not None, both[4]
+    assert both[4].predicted_start_s == pytest.approx(both[3].predicted_end_s), (both[3], both[4])
+    past = decide(long_started_s=5 * HOUR, bound_s=55.0)  # queued 60 s of a 55-s bound
+    assert past[3].hold is None and not past[3].reason.startswith("held"), past[3]
+
+
 def test_pipeswift_short_lane_releases_when_long_jobs_end() -> None:
     """A long job that waits for the lane is held with the lane's predicted start (when the
     running long job ends); after that job ended, the same job is released and starts. A
