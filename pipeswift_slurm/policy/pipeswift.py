@@ -196,18 +196,21 @@ class PipeSwiftPolicy:
         reserve = self.knobs.expand_reserve_fraction * self._total
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
         never: Optional[Option] = None  # a count the lane never has room for
+        # a starving job may close the lane only briefly: when the long jobs' share has room
+        # for it within short_lane_max_s; else it waits for that room, in its turn among the
+        # starving (``_share``). Exempt: one past its bound (holding it would only grow the
+        # longest wait), and any while no short job is about
+        share_turn = starving and self._short_about and job.queued_s(now) < self.knobs.wait_bound_s
         for opt in options:
             long_job = opt.run_s > self.knobs.short_lane_max_s
             over = long_job and self._long_busy + opt.gpus > self._long_cap
+            room_s = now  # a starving job's room in the long jobs' share
             if starving:
-                # a starving job may close the lane only briefly: when the long jobs' share
-                # has room for it within short_lane_max_s; else it waits for that room, in
-                # its turn among the starving (``_share``). Exempt: a job bigger than the
-                # share, and one past its bound (holding it would only grow the longest wait).
-                lane_full = over and self._short_about and opt.gpus <= self._long_cap \
-                    and job.queued_s(now) < self.knobs.wait_bound_s and (
-                    opt.gpus > user_gpus
-                    or self._share.earliest(opt.gpus, opt.run_s) - now > self.knobs.short_lane_max_s)
+                # (a count bigger than the share never fits beside the lane: exempt too)
+                lane_full = share_turn and over and opt.gpus <= self._long_cap
+                if lane_full and opt.gpus <= user_gpus:
+                    room_s = self._share.earliest(opt.gpus, opt.run_s)
+                    lane_full = room_s - now > self.knobs.short_lane_max_s
             else:
                 # a long job bigger than the long jobs' share never fits beside the lane: at
                 # its own size (not grown) it may take the lane while no short job is about
@@ -221,8 +224,7 @@ class PipeSwiftPolicy:
             expands = opt.gpus > user_gpus and sum(free) - opt.gpus < reserve
             if lane_full and self.knobs.short_lane_fraction > 0:
                 lane_wait.add(opt.gpus)
-                start = max(start, self._share.earliest(opt.gpus, opt.run_s) if starving
-                            else self._lane_room_s(opt.gpus, now))
+                start = max(start, room_s if starving else self._lane_room_s(opt.gpus, now))
                 if start == math.inf and (never is None or opt.gpus < never.gpus):
                     never = opt
             elif start == now and expands:
