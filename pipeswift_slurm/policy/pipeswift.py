@@ -253,8 +253,7 @@ class PipeSwiftPolicy:
                     free[node] -= best_now.config.gpus_per_node
                 timeline.take(now, now + best_now.run_s, best_now.gpus)
                 if best_now.run_s > self.knobs.short_lane_max_s:
-                    if starving:
-                        self._share.take(now, now + best_now.run_s, best_now.gpus)
+                    self._share.take(now, now + best_now.run_s, best_now.gpus)
                     self._long_busy += best_now.gpus
                     self._borrowed += max(0, best_now.gpus - user_gpus)
                     bisect.insort(self._long_ends, (now + best_now.run_s, best_now.gpus))
@@ -358,8 +357,9 @@ class PipeSwiftPolicy:
         # requeued, so there the lane is kept only while short jobs are about.
         lane_on = short_about or not self.knobs.preempt
         self._long_cap = (1.0 - (self.knobs.short_lane_fraction if lane_on else 0.0)) * total
-        # the long jobs' share over time: running long jobs to their predicted ends, then each
-        # starving long job as planned, oldest first, so the next one's room comes after theirs
+        # the long jobs' share over time: running long jobs to their predicted ends, those this
+        # tick starts, and each starving long job as planned, oldest first, so the next one's
+        # room comes after theirs
         self._share = Timeline(now, math.floor(self._long_cap) - self._long_busy, self._long_ends)
         plans: dict[int, Plan] = {}
         for job in ordered[:self.knobs.plan_depth]:

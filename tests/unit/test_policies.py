@@ -446,6 +446,30 @@ def test_a_starving_job_closes_the_lane_only_briefly_and_waits_its_turn_in_the_l
     assert past[3].hold is None and not past[3].reason.startswith("held"), past[3]
 
 
+def test_a_starving_jobs_room_in_the_long_share_counts_the_long_jobs_this_tick_starts() -> None:
+    """2 x 8 GPUs, half of them the lane (long jobs may hold 8); a long job runs on 4 for
+    6 h, a short one on 2. With ``starve_share`` 0 only the oldest starving job (1 h, not
+    long) goes first; N (3 h, not starving) comes next by run time and starts now, filling
+    the long share; the younger starving job S (10 h) comes after N. Its room in the share
+    comes when N ends, 3 h away, so it is held for it, not let into the lane at once as if
+    N had not started."""
+    _, long_run = _profile(4, 6.0, 8)
+    _, short = _profile(2, 1.0, 8)
+    _, old_short = _profile(2, 1.0, 8)
+    _, n = _profile(4, 3.0, 8)
+    _, s = _profile(4, 10.0, 8)
+    est = Estimator(COST, 8)
+    now = 6 * HOUR
+    view, profiles = _view(2, 8, [(1, "RUNNING", 4, now - 60.0, long_run), (2, "RUNNING", 2, now - 60.0, short),
+                                  (3, "PENDING", 2, now - 61.0, old_short), (4, "PENDING", 4, now - 10.0, n),
+                                  (5, "PENDING", 4, now - 60.0, s)], now=now, busy={0: 6})
+    policy = get_policy("pipeswift", short_lane_fraction=0.5, wait_bound_s=65.0, starve_share=0.0)
+    got = {d.job_id: d for d in policy.decide(view, profiles, est)}
+    assert got[4].reason == "start now on 4 GPUs", got[4]
+    assert got[5].hold is True and got[5].reason.startswith("held for the short-job lane: wait for 4 GPUs"), got[5]
+    assert got[5].predicted_start_s == pytest.approx(got[4].predicted_end_s), (got[4], got[5])
+
+
 def test_pipeswift_short_lane_releases_when_long_jobs_end() -> None:
     """A long job that waits for the lane is held with the lane's predicted start (when the
     running long job ends); after that job ended, the same job is released and starts. A
