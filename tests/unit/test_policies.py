@@ -455,13 +455,12 @@ def test_a_starving_jobs_room_in_the_long_share_counts_the_long_jobs_this_tick_s
     N had not started."""
     _, long_run = _profile(4, 6.0, 8)
     _, short = _profile(2, 1.0, 8)
-    _, old_short = _profile(2, 1.0, 8)
     _, n = _profile(4, 3.0, 8)
     _, s = _profile(4, 10.0, 8)
     est = Estimator(COST, 8)
     now = 6 * HOUR
     view, profiles = _view(2, 8, [(1, "RUNNING", 4, now - 60.0, long_run), (2, "RUNNING", 2, now - 60.0, short),
-                                  (3, "PENDING", 2, now - 61.0, old_short), (4, "PENDING", 4, now - 10.0, n),
+                                  (3, "PENDING", 2, now - 61.0, short), (4, "PENDING", 4, now - 10.0, n),
                                   (5, "PENDING", 4, now - 60.0, s)], now=now, busy={0: 6})
     policy = get_policy("pipeswift", short_lane_fraction=0.5, wait_bound_s=65.0, starve_share=0.0)
     got = {d.job_id: d for d in policy.decide(view, profiles, est)}
