@@ -200,16 +200,18 @@ def test_gres_mismatches_skips_unusable_and_untyped_nodes() -> None:
                                            {"h100": "H100-80GB"})["h100"]
 
 
-# ------------------------------------------------------------------ Slurm 24.11's random EAGAIN on a move
+# ------------------------------------------------------ Slurm 24.11's random EAGAIN (and EINTR) on a move
 EAGAIN = "Resource temporarily unavailable"
+EINTR = "Interrupted system call"
 
 
 class RefusingFeed(FakeFeed):
-    """A feed whose scontrol refuses each job's update ``refusals[job_id]`` times with EAGAIN."""
+    """A feed whose scontrol refuses each job's update ``refusals[job_id]`` times with
+    ``why``: on a line naming the job, or (``naming_job`` false) on a line naming none."""
 
-    def __init__(self, refusals: dict[int, int]) -> None:
+    def __init__(self, refusals: dict[int, int], why: str = EAGAIN, naming_job: bool = True) -> None:
         super().__init__()
-        self.refusals = dict(refusals)
+        self.refusals, self.why, self.naming_job = dict(refusals), why, naming_job
 
     def __call__(self, argv: list[str], stdin_text: str) -> cli.CommandResult:
         self.inputs.append(stdin_text.splitlines())
@@ -218,26 +220,37 @@ class RefusingFeed(FakeFeed):
             job_id = int(line.split()[1].removeprefix("JobId="))
             if self.refusals.get(job_id, 0) > 0:
                 self.refusals[job_id] -= 1
-                stderr.append("%s for job %d" % (EAGAIN, job_id))
+                stderr.append("%s for job %d" % (self.why, job_id) if self.naming_job
+                              else "slurm_update error: %s" % self.why)
         return cli.CommandResult(1 if stderr else 0, "", "\n".join(stderr))
 
 
-def test_a_move_slurm_refuses_as_temporarily_unavailable_is_sent_again() -> None:
+@pytest.mark.parametrize("why", [EAGAIN, EINTR], ids=["eagain", "eintr"])
+def test_a_move_slurm_refuses_for_now_is_sent_again(why: str) -> None:
     jobs = [Job(job_id=j, state="PENDING", submit_time=0.0, opted_in=True, gpu_request=GpuRequest(count=1))
             for j in (1, 2, 3)]
-    feed = RefusingFeed({1: 2, 3: cli.TRANSIENT_TRIES})
+    feed = RefusingFeed({1: 2, 3: cli.TRANSIENT_TRIES}, why)
     out = cli.SlurmCliBackend(run=FakeRunner({}), clock=lambda: NOW, feed=feed, batch_processes=1).apply_many(
         [(Decision(j.job_id, partition="h100"), j) for j in jobs])
     assert [len(lines) for lines in feed.inputs] == [3] + [2] * 2 + [1] * (cli.TRANSIENT_TRIES - 3)
     assert out[0] is None and out[1] is None
-    assert isinstance(out[2], BackendError) and not isinstance(out[2], JobGone) and EAGAIN in str(out[2])
+    assert isinstance(out[2], BackendError) and not isinstance(out[2], JobGone) and why in str(out[2])
+
+    alone = RefusingFeed({1: 2}, why, naming_job=False)  # one job's refusal on a line naming no job
+    out = cli.SlurmCliBackend(run=FakeRunner({}), clock=lambda: NOW, feed=alone, batch_processes=1).apply_many(
+        [(Decision(1, partition="h100"), jobs[0])])
+    assert out == [None] and len(alone.inputs) == 3
+    lost = RefusingFeed({1: cli.TRANSIENT_TRIES}, why, naming_job=False)
+    out = cli.SlurmCliBackend(run=FakeRunner({}), clock=lambda: NOW, feed=lost, batch_processes=1).apply_many(
+        [(Decision(1, partition="h100"), jobs[0])])
+    assert len(lost.inputs) == cli.TRANSIENT_TRIES and isinstance(out[0], BackendError) and why in str(out[0])
 
     calls: list[list[str]] = []
 
     def refusing_twice(argv: list[str]) -> str:
         calls.append(argv)
         if len(calls) <= 2:
-            raise BackendError("scontrol update failed (exit 1): %s for job 1" % EAGAIN)
+            raise BackendError("scontrol update failed (exit 1): %s for job 1" % why)
         return ""
 
     cli.SlurmCliBackend(run=refusing_twice, clock=lambda: NOW).apply(Decision(1, partition="h100"), jobs[0])

@@ -120,10 +120,17 @@ def _first_line(text: str) -> str:
 
 # Slurm 24.11 refuses about a third of partition changes of a pending job at random with
 # "Resource temporarily unavailable" (EAGAIN; measured on 24.11.5: of 25 moves, 11 needed 1 to
-# 4 retries; TimeLimit updates of the same jobs never failed; 22.05 never refused one). An
-# update sets absolute values, so it is simply sent again.
-TRANSIENT = "resource temporarily unavailable"
+# 4 retries; TimeLimit updates of the same jobs never failed; 22.05 never refused one), and
+# now and then with "Interrupted system call" (EINTR: once in CI, on a move, failing the
+# tick). Both say "try again". An update sets absolute values, so it is simply sent again.
+TRANSIENT = ("resource temporarily unavailable", "interrupted system call")
 TRANSIENT_TRIES = 8
+
+
+def transient(message: str) -> bool:
+    """Whether Slurm's answer ``message`` refused an update only for now (TRANSIENT)."""
+    text = message.lower()
+    return any(p in text for p in TRANSIENT)
 
 
 def run_update(run: Runner, argv: list[str]) -> str:
@@ -136,7 +143,7 @@ def run_update(run: Runner, argv: list[str]) -> str:
         try:
             return run(argv)
         except BackendError as exc:
-            if TRANSIENT not in str(exc).lower() or attempt == TRANSIENT_TRIES:
+            if not transient(str(exc)) or attempt == TRANSIENT_TRIES:
                 raise
             log.debug("%s: %s; sending it again", " ".join(argv[1:3]), exc)
     raise AssertionError("unreachable")
@@ -348,7 +355,8 @@ class SlurmCliBackend:
     def _run_batch(self, batch: list[_Update], results: list[Optional[BackendError]],
                    tries_left: int = TRANSIENT_TRIES - 1) -> None:
         """Run ``batch`` in one scontrol and store each job's outcome in ``results``; the
-        updates Slurm refused as TRANSIENT run again in a batch of their own."""
+        updates Slurm refused for now (``transient``: on their job's line, or in a batch
+        whose one unaccounted job got a line naming no job) run again in a batch of their own."""
         if not batch:
             return
         assert self._feed is not None
@@ -361,10 +369,9 @@ class SlurmCliBackend:
         if done.returncode == 0 and not done.stderr.strip():
             return
         by_job, loose = parse_batch_errors(done.stderr)
-        again = [u for u in batch if TRANSIENT in by_job.get(u.job_id, "").lower()] if tries_left > 0 else []
+        again = [u for u in batch if transient(by_job.get(u.job_id, ""))] if tries_left > 0 else []
         if again:
-            log.debug("batch of %d: %d update(s) refused as %s; sending them again", len(batch), len(again),
-                      TRANSIENT)
+            log.debug("batch of %d: %d update(s) refused for now; sending them again", len(batch), len(again))
             self._run_batch(again, results, tries_left - 1)
         for u in batch:
             if u.job_id in by_job and u not in again:
@@ -372,8 +379,10 @@ class SlurmCliBackend:
         if done.returncode == 0 or (by_job and not loose):
             return  # exit 0: lines naming no job were warnings
         rest = [u for u in batch if u.job_id not in by_job]
-        if len(rest) == 1:
-            message = "; ".join(loose) or "exit %d" % done.returncode
+        message = "; ".join(loose) or "exit %d" % done.returncode
+        if len(rest) == 1 and transient(message) and tries_left > 0:
+            self._run_batch(rest, results, tries_left - 1)  # the refusal named no job: it is this one's
+        elif len(rest) == 1:
             results[rest[0].index] = classify_error(BackendError("scontrol update: " + message), rest[0].job_id)
         elif rest:
             log.debug("batch of %d: %d error line(s) name no job; re-running %d in halves",
