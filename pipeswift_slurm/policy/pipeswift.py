@@ -57,7 +57,9 @@ about (one runs or waits), until it starves. With ``preempt`` (long jobs can be 
 only while short jobs are about. A starving job closes the lane only briefly: it enters
 it when the long jobs' share has room for it within ``short_lane_max_s``; otherwise it is
 held for that room, which the starving jobs take oldest first (issue 24: starving multi-day
-jobs skipping the lane held every GPU for days). Jobs past the wait bound are never held. A GPU
+jobs skipping the lane held every GPU for days). Slurm's backfill starts a job planned to
+wait if it fits now, so such long jobs are held too past the share (``policy/lane.py``).
+Jobs past the wait bound are never held. A GPU
 count that is free now but barred by the expand reserve is never planned as a wait: the
 job resized to it would fit, and Slurm would start it at once.
 Mixed clusters (``move_partitions``, on by default): a job that allows several partitions
@@ -80,6 +82,7 @@ from pipeswift_slurm.policy.common import (Option, Plan, Timeline, best_run_s, c
                                            remaining_iterations)
 from pipeswift_slurm.policy.earliest_fit import EarliestFit
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
+from pipeswift_slurm.policy.lane import hold_backfill_over_lane
 from pipeswift_slurm.policy.running import idle_reserve, preemptions, reshapes
 
 
@@ -365,6 +368,9 @@ class PipeSwiftPolicy:
         for job in ordered[:self.knobs.plan_depth]:
             plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,
                                            profiles[job.job_id].requested.gpus)
+        plans.update(hold_backfill_over_lane(ordered, plans, list(free), self._share, self._long_cap,
+                                             self.knobs.short_lane_max_s, self.knobs.wait_bound_s,
+                                             self._short_about, now))
         # Jobs planned to start now go first: they fit, so Slurm starts them before it
         # reserves for the first job that waits (the timeline already checked that they
         # do not delay the planned reservations).

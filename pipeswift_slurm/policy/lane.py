@@ -1,0 +1,52 @@
+"""The short-job lane against Slurm's backfill: a plan to wait is a wish, not a hold.
+
+A job planned to wait (for a reservation ahead of it, or for a better GPU count) is
+started by Slurm's backfill as soon as its config fits in GPUs free now, whatever the
+plan says: Slurm judges the reservations ahead by time limits, not by our predictions.
+``_plan`` counts a long job against the long jobs' share only when it starts it now, so
+several long jobs that each fit beside the lane, planned to wait, could all be backfilled
+at once and fill the lane (issue 24: 11cb48 day 63 at flex 0.5, three multi-day 4-GPU
+jobs planned to wait 40 h started together, and 1-minute jobs then waited 25 h).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping
+
+from pipeswift_slurm.core.model import Job
+from pipeswift_slurm.policy.common import Plan, Timeline, fits_now
+
+
+def hold_backfill_over_lane(waiting: list[Job], plans: Mapping[int, Plan], free: list[int], share: Timeline,
+                            long_cap: float, lane_max_s: float, wait_bound_s: float, short_about: bool,
+                            now: float) -> dict[int, Plan]:
+    """The plans to turn into lane holds: walk the jobs planned to wait, in Slurm's order
+    (``waiting``), over the GPUs still free after this tick's starts (``free``, by node;
+    changed in place). Each whose planned config fits takes its GPUs, as backfill would
+    start it; a long one (predicted run over ``lane_max_s``) that would put the long jobs
+    (``long_busy`` GPUs, this tick's starts included) past ``long_cap`` is held for the
+    lane instead, as ``_plan`` holds one that waits for the lane. Exempt, as there: a job
+    past the wait bound, and a count bigger than the share while no short job is about."""
+    held: dict[int, Plan] = {}
+    for job in waiting:
+        plan = plans.get(job.job_id)
+        if plan is None or plan.option is None or plan.lane or plan.start_s == now:
+            continue
+        opt = plan.option
+        nodes = fits_now(free, opt.config)
+        if nodes is None:
+            continue
+        long_job = opt.run_s > lane_max_s
+        if long_job and share.earliest(opt.gpus, opt.run_s) > now and job.queued_s(now) < wait_bound_s \
+                and (short_about or opt.gpus <= long_cap):
+            held[job.job_id] = replace(plan, lane=True, reason=(
+                "held for the short-job lane: %d GPUs are free now and Slurm's backfill would start it "
+                "there, past the long jobs' share of %.0f GPUs (%s)"
+                % (opt.gpus, long_cap, plan.reason)))
+            continue
+        for node in nodes:
+            free[node] -= opt.config.gpus_per_node
+        if long_job:
+            share.take(now, now + opt.run_s, opt.gpus)
+    return held
