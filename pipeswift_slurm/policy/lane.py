@@ -11,6 +11,7 @@ jobs planned to wait 40 h started together, and 1-minute jobs then waited 25 h).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Mapping
 
@@ -24,10 +25,13 @@ def hold_backfill_over_lane(waiting: list[Job], plans: Mapping[int, Plan], free:
     """The plans to turn into lane holds: walk the jobs planned to wait, in Slurm's order
     (``waiting``), over the GPUs still free after this tick's starts (``free``, by node;
     changed in place). Each whose planned config fits takes its GPUs, as backfill would
-    start it; a long one (predicted run over ``lane_max_s``) that would put the long jobs
-    (``long_busy`` GPUs, this tick's starts included) past ``long_cap`` is held for the
-    lane instead, as ``_plan`` holds one that waits for the lane. Exempt, as there: a job
-    past the wait bound, and a count bigger than the share while no short job is about."""
+    start it, and a long one (predicted run over ``lane_max_s``) its room in the long jobs'
+    ``share`` (running long jobs, this tick's long starts, the starving jobs' reserved
+    runs; taken in place). A long one that the share has no room for within ``lane_max_s``
+    of now, for its whole run, is held for the lane instead: the rule a starving job
+    meets in ``_plan`` (it may close the lane only briefly). Exempt, as there: a job past
+    the wait bound, and a count bigger than the share (``long_cap``) while no short job is
+    about."""
     held: dict[int, Plan] = {}
     for job in waiting:
         plan = plans.get(job.job_id)
@@ -38,13 +42,15 @@ def hold_backfill_over_lane(waiting: list[Job], plans: Mapping[int, Plan], free:
         if nodes is None:
             continue
         long_job = opt.run_s > lane_max_s
-        if long_job and share.earliest(opt.gpus, opt.run_s) > now and job.queued_s(now) < wait_bound_s \
-                and (short_about or opt.gpus <= long_cap):
-            held[job.job_id] = replace(plan, lane=True, reason=(
-                "held for the short-job lane: %d GPUs are free now and Slurm's backfill would start it "
-                "there, past the long jobs' share of %.0f GPUs (%s)"
-                % (opt.gpus, long_cap, plan.reason)))
-            continue
+        if long_job and job.queued_s(now) < wait_bound_s and (short_about or opt.gpus <= long_cap):
+            room_s = share.earliest(opt.gpus, opt.run_s)
+            if room_s - now > lane_max_s:
+                when = "in %.1f h" % ((room_s - now) / 3600) if room_s < math.inf else "never"
+                held[job.job_id] = replace(plan, lane=True, reason=(
+                    "held for the short-job lane: %d GPUs are free now and Slurm's backfill would start it "
+                    "there, but the long jobs' share of %.0f GPUs has room for it %s (%s)"
+                    % (opt.gpus, long_cap, when, plan.reason)))
+                continue
         for node in nodes:
             free[node] -= opt.config.gpus_per_node
         if long_job:

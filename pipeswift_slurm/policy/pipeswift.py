@@ -58,7 +58,7 @@ only while short jobs are about. A starving job closes the lane only briefly: it
 it when the long jobs' share has room for it within ``short_lane_max_s``; otherwise it is
 held for that room, which the starving jobs take oldest first (issue 24: starving multi-day
 jobs skipping the lane held every GPU for days). Slurm's backfill starts a job planned to
-wait if it fits now, so such long jobs are held too past the share (``policy/lane.py``).
+wait if it fits now, so such long jobs meet the same test (``policy/lane.py``).
 Jobs past the wait bound are never held. A GPU
 count that is free now but barred by the expand reserve is never planned as a wait: the
 job resized to it would fit, and Slurm would start it at once.

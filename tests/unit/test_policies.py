@@ -473,12 +473,13 @@ def test_long_jobs_planned_to_wait_that_backfill_would_start_now_stay_within_the
     """Issue 24 (11cb48 day 63, flex 0.5: three multi-day 4-GPU jobs planned to wait 40 h
     behind a reservation were not held; Slurm's backfill started them together, long jobs
     held every GPU and 1-minute jobs waited 25 h). 4 x 8 GPUs, the long jobs' share 28;
-    long jobs run on 20 for 30 h. P, on all 32 GPUs for 4 h, waits for them; X, Y and Z
-    (4 GPUs, 100 h) plan to wait behind P, yet each fits in the 12 GPUs free now, where
-    backfill would start it whatever the plan says. X and Y fit in the share and are left
-    to Slurm; Z would put long jobs on 32 and is held for the lane. When P starves (44 h of
-    a 48-h bound), its reserved run is in the share, and none of the three may start now:
-    each would take P's room for 100 h."""
+    long jobs run on 20. P, on all 32 GPUs for 4 h, waits for them; X, Y and Z (4 GPUs,
+    100 h) plan to wait behind P, yet each fits in the 12 GPUs free now, where backfill
+    would start it whatever the plan says. X and Y fit in the share and are left to Slurm;
+    Z would put long jobs on 32 for 30 h, until the running ones end, and is held for the
+    lane. When they end within 1 h, Z may take the lane that briefly, as a starving job
+    may. When P starves (44 h of a 48-h bound), its reserved run is in the share, and none
+    of the three may start now: each would take P's room for 100 h."""
     _, running = _profile(8, 30.0, 8)
     _, running4 = _profile(4, 30.0, 8)
     _, big = _profile(32, 4.0, 8)
@@ -486,9 +487,9 @@ def test_long_jobs_planned_to_wait_that_backfill_would_start_now_stay_within_the
     est = Estimator(COST, 8)
     now = 50 * HOUR
 
-    def decide(p_queued_s: float) -> dict[int, Decision]:
-        jobs = [(1, "RUNNING", 8, now - 60.0, running), (2, "RUNNING", 8, now - 60.0, running),
-                (3, "RUNNING", 4, now - 60.0, running4), (4, "PENDING", 32, now - p_queued_s, big)]
+    def decide(p_queued_s: float, ran_s: float = 60.0) -> dict[int, Decision]:
+        jobs = [(1, "RUNNING", 8, now - ran_s, running), (2, "RUNNING", 8, now - ran_s, running),
+                (3, "RUNNING", 4, now - ran_s, running4), (4, "PENDING", 32, now - p_queued_s, big)]
         jobs += [(job_id, "PENDING", 4, now - 30.0, long4) for job_id in (5, 6, 7)]
         view, profiles = _view(4, 8, jobs, now=now, busy={0: 8, 1: 8, 2: 4})
         policy = get_policy("pipeswift", short_lane_fraction=0.125)
@@ -498,6 +499,10 @@ def test_long_jobs_planned_to_wait_that_backfill_would_start_now_stay_within_the
     assert [young[j].hold for j in (5, 6)] == [None, None], (young[5], young[6])
     assert all(young[j].predicted_start_s is not None and young[j].predicted_start_s > now for j in (4, 5, 6, 7))
     assert young[7].hold is True and "Slurm's backfill would start it" in young[7].reason, young[7]
+    assert "has room for it in 30.0 h" in young[7].reason, young[7]
+    ending = decide(p_queued_s=60.0, ran_s=29 * HOUR)
+    assert [ending[j].hold for j in (5, 6, 7)] == [None] * 3, [ending[j] for j in (5, 6, 7)]
+    assert ending[7].predicted_start_s is not None and ending[7].predicted_start_s > now, ending[7]
     starving = decide(p_queued_s=44 * HOUR)
     assert [starving[j].hold for j in (5, 6, 7)] == [True] * 3, [starving[j] for j in (5, 6, 7)]
     assert starving[4].hold is None and not starving[4].reason.startswith("held"), starving[4]
