@@ -19,19 +19,20 @@ from pipeswift_slurm.core.model import Job
 from pipeswift_slurm.policy.common import Plan, Timeline, fits_now
 
 
-def hold_backfill_over_lane(waiting: list[Job], plans: Mapping[int, Plan], free: list[int], share: Timeline,
-                            long_cap: float, lane_max_s: float, wait_bound_s: float, short_about: bool,
-                            now: float) -> dict[int, Plan]:
+def hold_backfill_over_lane(waiting: list[Job], plans: Mapping[int, Plan], free: list[int], long_busy: int,
+                            long_ends: list[tuple[float, int]], long_cap: float, lane_max_s: float,
+                            wait_bound_s: float, short_about: bool, now: float) -> dict[int, Plan]:
     """The plans to turn into lane holds: walk the jobs planned to wait, in Slurm's order
     (``waiting``), over the GPUs still free after this tick's starts (``free``, by node;
     changed in place). Each whose planned config fits takes its GPUs, as backfill would
     start it, and a long one (predicted run over ``lane_max_s``) its room in the long jobs'
-    ``share`` (running long jobs, this tick's long starts, the starving jobs' reserved
-    runs; taken in place). A long one that the share has no room for within ``lane_max_s``
-    of now, for its whole run, is held for the lane instead: the rule a starving job
-    meets in ``_plan`` (it may close the lane only briefly). Exempt, as there: a job past
-    the wait bound, and a count bigger than the share (``long_cap``) while no short job is
-    about."""
+    share: ``long_cap`` GPUs, of which running long jobs and this tick's long starts hold
+    ``long_busy`` until their predicted ends (``long_ends``). A long one that the share has
+    no room for within ``lane_max_s`` of now, for its whole run, is held for the lane
+    instead: the rule a starving job meets in ``_plan`` (it may close the lane only
+    briefly). Exempt, as there: a job past the wait bound, and a count bigger than the
+    share while no short job is about."""
+    share = Timeline(now, math.floor(long_cap) - long_busy, long_ends)
     held: dict[int, Plan] = {}
     for job in waiting:
         plan = plans.get(job.job_id)

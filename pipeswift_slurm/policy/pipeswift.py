@@ -368,8 +368,8 @@ class PipeSwiftPolicy:
         for job in ordered[:self.knobs.plan_depth]:
             plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,
                                            profiles[job.job_id].requested.gpus)
-        plans.update(hold_backfill_over_lane(ordered, plans, list(free), self._share, self._long_cap,
-                                             self.knobs.short_lane_max_s, self.knobs.wait_bound_s,
+        plans.update(hold_backfill_over_lane(ordered, plans, list(free), self._long_busy, self._long_ends,
+                                             self._long_cap, self.knobs.short_lane_max_s, self.knobs.wait_bound_s,
                                              self._short_about, now))
         # Jobs planned to start now go first: they fit, so Slurm starts them before it
         # reserves for the first job that waits (the timeline already checked that they
