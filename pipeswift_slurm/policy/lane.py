@@ -19,6 +19,12 @@ from pipeswift_slurm.core.model import Job
 from pipeswift_slurm.policy.common import Plan, Timeline, fits_now
 
 
+def long_share(now: float, long_cap: float, long_busy: int, long_ends: list[tuple[float, int]]) -> Timeline:
+    """The long jobs' share of the GPUs over time: ``long_cap`` GPUs, of which long jobs
+    hold ``long_busy`` until their predicted ends (``long_ends``: (end, GPUs))."""
+    return Timeline(now, math.floor(long_cap) - long_busy, long_ends)
+
+
 def hold_backfill_over_lane(waiting: list[Job], plans: Mapping[int, Plan], free: list[int], long_busy: int,
                             long_ends: list[tuple[float, int]], long_cap: float, lane_max_s: float,
                             wait_bound_s: float, short_about: bool, now: float) -> dict[int, Plan]:
@@ -32,7 +38,7 @@ def hold_backfill_over_lane(waiting: list[Job], plans: Mapping[int, Plan], free:
     instead: the rule a starving job meets in ``_plan`` (it may close the lane only
     briefly). Exempt, as there: a job past the wait bound, and a count bigger than the
     share while no short job is about."""
-    share = Timeline(now, math.floor(long_cap) - long_busy, long_ends)
+    share = long_share(now, long_cap, long_busy, long_ends)
     held: dict[int, Plan] = {}
     for job in waiting:
         plan = plans.get(job.job_id)

@@ -82,7 +82,7 @@ from pipeswift_slurm.policy.common import (Option, Plan, Timeline, best_run_s, c
                                            remaining_iterations)
 from pipeswift_slurm.policy.earliest_fit import EarliestFit
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
-from pipeswift_slurm.policy.lane import hold_backfill_over_lane
+from pipeswift_slurm.policy.lane import hold_backfill_over_lane, long_share
 from pipeswift_slurm.policy.running import idle_reserve, preemptions, reshapes
 
 
@@ -363,7 +363,7 @@ class PipeSwiftPolicy:
         # the long jobs' share over time: running long jobs to their predicted ends, those this
         # tick starts, and each starving long job as planned, oldest first, so the next one's
         # room comes after theirs
-        self._share = Timeline(now, math.floor(self._long_cap) - self._long_busy, self._long_ends)
+        self._share = long_share(now, self._long_cap, self._long_busy, self._long_ends)
         plans: dict[int, Plan] = {}
         for job in ordered[:self.knobs.plan_depth]:
             plans[job.job_id] = self._plan(job, opts[job.job_id], free, timeline, now, job.job_id in starving,
