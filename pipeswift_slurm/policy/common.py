@@ -59,6 +59,16 @@ def _job_options(profile: JobProfile, estimator: EstimatorProtocol, lo: int, hi:
                  for gpus, config, run_s in best)
 
 
+def lends_poorly(option: Option, own: Optional[Option], efficiency: float) -> bool:
+    """Whether ``option`` runs a job on more GPUs than it asked for (``own``: its option
+    at that count) and would use them at under ``efficiency`` of its own count's rate: its
+    GPU-seconds ``own.run_s x own.gpus`` against ``option.run_s x option.gpus``. At 0.6, a
+    job given twice its GPUs must run at least 1.2 x faster: lent GPUs must pay, since
+    the jobs that arrive while it runs cannot have them."""
+    return own is not None and option.gpus > own.gpus and \
+        own.run_s * own.gpus < efficiency * option.run_s * option.gpus
+
+
 def best_run_s(options: Sequence[Option]) -> float:
     """The shortest predicted run among a job's options (inf when it has none)."""
     return min((o.run_s for o in options), default=math.inf)

@@ -81,6 +81,7 @@ class PipeSwiftKnobs:
     risk_fraction: float = knob(0.75, lo=0, hi=1)
     starve_share: float = knob(0.5, lo=0, hi=1)
     borrow_share: float = knob(0.25, lo=0, hi=1)
+    lend_efficiency: float = knob(0.6, lo=0, hi=1)
     move_partitions: bool = knob(True)
 
     @property

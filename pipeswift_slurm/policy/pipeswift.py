@@ -42,26 +42,26 @@ jobs' predicted waits, plus, for every other queued job, its share of the freed
 GPU-seconds (a saturated queue drains that much sooner). Only jobs that save and resume
 checkpoints are ever requeued, never a multi-node one that once starved, and never
 past their own share of the wait bound.
-Lending (``borrow_share``): a job predicted to run longer than ``short_lane_max_s`` gets
-more GPUs than it asked for only while the GPUs lent to such long runs (running ones
-included) stay within that share of the cluster: nothing gives them back before the job
-ends. Short-job lane (``short_lane_fraction`` > 0): jobs predicted to run longer than
-``short_lane_max_s`` may hold at most (1 - fraction) of the GPUs, whether or not a short
-job is about at the moment (a long job keeps what it takes for hours; the short jobs that
-come meanwhile need the lane). A long job never grows into the lane; one that would enter
-it at its own size is held (Slurm's hold, marked in the decision token; its decision says
-so) until long jobs have ended enough for it to fit; when it needs whole nodes, that room
-is promised to it: a longer long job later in the order may not take it. A long job
-bigger than that share, which never fits beside the lane, is held only while short jobs are
-about (one runs or waits), until it starves. With ``preempt`` (long jobs can be requeued) the lane is kept
-only while short jobs are about. A starving job closes the lane only briefly: it enters
-it when the long jobs' share has room for it within ``short_lane_max_s``; otherwise it is
-held for that room, which the starving jobs take oldest first (issue 24: starving multi-day
-jobs skipping the lane held every GPU for days). Slurm's backfill starts a job planned to
-wait if it fits now, so such long jobs meet the same test (``policy/lane.py``).
-Jobs past the wait bound are never held. A GPU
-count that is free now but barred by the expand reserve is never planned as a wait: the
-job resized to it would fit, and Slurm would start it at once.
+Lending: a job gets more GPUs than it asked for only where it would use them at least
+``lend_efficiency`` as well as its own count (``common.lends_poorly``); a long one
+(predicted over ``short_lane_max_s``) only while the GPUs lent to long runs stay within
+``borrow_share`` of the cluster: nothing gives them back before the job ends. Short-job
+lane (``short_lane_fraction`` > 0): jobs predicted to run longer than ``short_lane_max_s``
+may hold at most (1 - fraction) of the GPUs, whether or not a short job is about at the
+moment (a long job keeps what it takes for hours; the short jobs that come meanwhile need
+the lane). A long job never grows into the lane; one that would enter it at its own size is
+held (Slurm's hold, marked in the decision token; its decision says so) until long jobs
+have ended enough for it to fit; when it needs whole nodes, that room is promised to it: a
+longer long job later in the order may not take it. A long job bigger than that share,
+which never fits beside the lane, is held only while short jobs are about (one runs or
+waits), until it starves. With ``preempt`` (long jobs can be requeued) the lane is kept
+only while short jobs are about. A starving job closes the lane only briefly: it enters it
+when the long jobs' share has room for it within ``short_lane_max_s``; otherwise it is held
+for that room, which the starving jobs take oldest first (issue 24: starving multi-day jobs
+skipping the lane held every GPU for days). Slurm's backfill starts a job planned to wait
+if it fits now, so such long jobs meet the same test (``policy/lane.py``). Jobs past the
+wait bound are never held. A GPU count that is free now but barred by the expand reserve is
+never planned as a wait: the job resized to it would fit, and Slurm would start it at once.
 Mixed clusters (``move_partitions``, on by default): a job that allows several partitions
 is moved to the one where it is predicted to finish first (``policy/partitions.py``).
 Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chosen);
@@ -78,7 +78,7 @@ from typing import Any, ClassVar, Collection, Mapping, Optional
 from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.policy.common import (Option, Plan, Timeline, best_run_s, current_config, decision_for, fits_now,
-                                           free_by_node, job_options, predicted_end_s, rank_factors,
+                                           free_by_node, job_options, lends_poorly, predicted_end_s, rank_factors,
                                            remaining_iterations)
 from pipeswift_slurm.policy.earliest_fit import EarliestFit
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
@@ -199,6 +199,7 @@ class PipeSwiftPolicy:
         reserve = self.knobs.expand_reserve_fraction * self._total
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
         never: Optional[Option] = None  # a count the lane never has room for
+        own = next((o for o in options if o.gpus == user_gpus), None)  # the count the user asked for
         # a starving job may close the lane only briefly: when the long jobs' share has room
         # for it within short_lane_max_s; else it waits for that room, in its turn among the
         # starving (``_share``). Exempt: one past its bound (holding it would only grow the
@@ -221,6 +222,8 @@ class PipeSwiftPolicy:
                     and (self._short_about or opt.gpus <= self._long_cap or opt.gpus > user_gpus)
             if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
+            if lends_poorly(opt, own, self.knobs.lend_efficiency):
+                continue  # lent GPUs must pay (``lend_efficiency``)
             if long_job and opt.gpus > user_gpus and self._borrowed + opt.gpus - user_gpus > self._borrow_cap:
                 continue  # GPUs lent for a long run are bounded: the jobs still to come need them
             start = timeline.earliest(opt.gpus, opt.run_s)
@@ -353,11 +356,8 @@ class PipeSwiftPolicy:
         self._borrow_cap = (self.knobs.borrow_share if short_about else 1.0) * total
         self._borrowed = sum(max(0, r.gpus - profiles[r.job_id].requested.gpus) for r in view.running
                              if r.job_id in profiles and ends[r.job_id] - now > self.knobs.short_lane_max_s)
-        # The lane holds whether or not short jobs are about now: a long job started or
-        # grown into it keeps it for hours to days, and the short jobs that come meanwhile
-        # find no GPU (issue 24: 1-minute jobs waited 7-23 h behind long jobs started while
-        # none was about). With ``preempt`` a long job that holds others up can be
-        # requeued, so there the lane is kept only while short jobs are about.
+        # The lane holds whether or not short jobs are about now (see the module's text);
+        # with ``preempt`` (long jobs can be requeued) only while they are.
         lane_on = short_about or not self.knobs.preempt
         self._long_cap = (1.0 - (self.knobs.short_lane_fraction if lane_on else 0.0)) * total
         # the long jobs' share over time: running long jobs to their predicted ends, those this

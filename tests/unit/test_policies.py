@@ -589,6 +589,31 @@ def test_pipeswift_never_resizes_a_job_to_a_count_it_bars_though_free() -> None:
     assert grown.reason == "start now on 8 GPUs" and grown.config is not None and grown.config.gpus == 8, grown
 
 
+@pytest.mark.parametrize("iters", [100, 100_000])
+def test_pipeswift_lends_gpus_only_where_they_pay(iters: int) -> None:
+    """Issue 24 (11cb48 day 14, behind sjf on every grid): a burst of 2-minute 1-GPU jobs
+    on an idle cluster; each was grown to 2 GPUs for a 4 % shorter run (the start cost
+    dominates), and the jobs of the burst behind them waited a minute for GPUs. A job is
+    lent GPUs only where it uses them at least ``lend_efficiency`` (0.6) as well as its
+    own: twice its GPUs must make it 1.2 x faster. Here a 60-s start cost: 100 iterations
+    (about 24 s of work) gain too little and start on the 1 GPU asked for; 100,000 gain
+    nearly 2 x and are lent the second GPU. With the rule off, both grow."""
+    args = ZOO["gpt-1.3b"].argv(1, 2, 1)
+    for flag, value in (("--micro-batch-size", "1"), ("--pipeline-model-parallel-size", "1"),
+                        ("--train-iters", str(iters))):
+        args[args.index(flag) + 1] = value
+    profile = megatron.profile_from_argv(args, world_size=1, gpus_per_node=8, gpu_range=(1, 2))
+    view, profiles = _view(1, 8, [(1, "PENDING", 1, 0.0, profile)], now=60.0)
+    est = Estimator(CostModel(replace(GPU, startup_s=60.0)), 8)
+    one, two = sorted(PipeSwiftPolicy()._job_options(profile, est, (8, 1)), key=lambda o: o.gpus)
+    pays = one.run_s >= 0.6 * 2 * two.run_s
+    assert pays == (iters == 100_000), (one, two)  # the premise: 1.1 x faster, or nearly 2 x
+    decision = get_policy("pipeswift").decide(view, profiles, est)[0]
+    assert decision.reason == "start now on %d GPUs" % (2 if pays else 1), decision
+    always = get_policy("pipeswift", lend_efficiency=0.0).decide(view, profiles, est)[0]
+    assert always.reason == "start now on 2 GPUs", always
+
+
 @pytest.mark.parametrize("short_about", [False, True])
 def test_pipeswift_never_grows_a_long_job_into_the_short_job_lane(short_about: bool) -> None:
     """Issue 24, small jobs: long jobs hold 24 of 32 GPUs; job 4 (24 h on 4, allows 4-8)
@@ -984,7 +1009,7 @@ def test_knob_defaults_are_the_dataclass_fields() -> None:
 
     assert knob_class("pipeswift") is PipeSwiftKnobs
     assert knob_defaults("pipeswift") == {f.name: f.default for f in fields(PipeSwiftKnobs)}
-    assert len(knob_defaults("pipeswift")) == 26 and knob_defaults("fifo") == {}
+    assert len(knob_defaults("pipeswift")) == 27 and knob_defaults("fifo") == {}
     assert get_policy("pipeswift").knobs == PipeSwiftKnobs()
 
 
