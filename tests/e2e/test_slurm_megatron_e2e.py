@@ -8,9 +8,12 @@ job would not do: the controller leaves jobs held by their user or an admin alon
 resizes it to 2 GPUs with pp=2, because for this job shape (GPT-2 sized vocabulary 50304,
 h=128) the cost model predicts pp=2 on 2 GPUs to be the fastest config of all (the first and
 last stage split the big embedding and logits; data parallelism would all-reduce them):
-``pipeswift plan --gpus 1-2 -- <args>`` ranks it first. Nothing forces the size: no knob, no
-allowed-pp restriction, every count in 1-2 is free. The test checks that choice before it
-relies on it, so a cost-model change fails here with the reason instead of a puzzling mismatch.
+``pipeswift plan --gpus 1-2 -- <args>`` ranks it first. Nothing forces the size (no
+allowed-pp restriction, every count in 1-2 is free) but one knob: the gain is a hair (4
+iterations; the start cost is the whole run), so the default policy would rightly not lend
+the second GPU (``lend_efficiency``), and the test's config sets it to 0. The test checks
+the choice before it relies on it, so a cost-model change fails here with the reason
+instead of a puzzling mismatch.
 
 After the partition is UP again Slurm starts the job on 2 GPUs, ``pipeswift-launch`` reads the
 decision from AdminComment, injects ``--pipeline-model-parallel-size 2`` (and the decided
@@ -143,7 +146,8 @@ def _controller_config(folder: Path) -> Path:
     path = folder / "controller.toml"
     path.write_text(
         "[store]\nurl = \"%s\"\n\n[slurm]\nbackend = \"cli\"\ngpu_type = \"%s\"\n\n"
-        "[policy]\nname = \"pipeswift\"\n\n[controller]\nlock_file = \"%s\"\n"
+        "[policy]\nname = \"pipeswift\"\n\n[policy.knobs]\nlend_efficiency = 0.0\n\n"
+        "[controller]\nlock_file = \"%s\"\n"
         % (folder / "pipeswift.sqlite", GPU_TYPE, folder / "tick.lock"))
     return path
 

@@ -101,10 +101,11 @@ def test_gpu_cap(caps: SiteCaps, cluster: int, want: int) -> None:
 
 
 def biggest_config(caps: Optional[SiteCaps]) -> int:
-    """A 1-GPU job allowing 1-16 GPUs, alone on 4 x 8 free GPUs: how wide the tick makes it."""
+    """A 1-GPU job allowing 1-16 GPUs, alone on 4 x 8 free GPUs: how wide the tick makes it
+    (every lent GPU allowed: the caps are what is tested, not ``lend_efficiency``)."""
     one = pending(1) if caps is None else replace(pending(1), caps=caps)
     backend = KeepingBackend(4, 8, [one])
-    Controller(backend, get_policy("pipeswift"), estimator()).tick()
+    Controller(backend, get_policy("pipeswift", lend_efficiency=0.0), estimator()).tick()
     return max((d.config.gpus for d in backend.applied if d.config is not None), default=1)
 
 
