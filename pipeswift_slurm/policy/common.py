@@ -59,14 +59,15 @@ def _job_options(profile: JobProfile, estimator: EstimatorProtocol, lo: int, hi:
                  for gpus, config, run_s in best)
 
 
-def lends_poorly(option: Option, own: Optional[Option], efficiency: float) -> bool:
-    """Whether ``option`` runs a job on more GPUs than it asked for (``own``: its option
-    at that count) and would use them at under ``efficiency`` of its own count's rate: its
-    GPU-seconds ``own.run_s x own.gpus`` against ``option.run_s x option.gpus``. At 0.6, a
-    job given twice its GPUs must run at least 1.2 x faster: lent GPUs must pay, since
-    the jobs that arrive while it runs cannot have them."""
-    return own is not None and option.gpus > own.gpus and \
-        own.run_s * own.gpus < efficiency * option.run_s * option.gpus
+def lends_poorly(option: Option, user_gpus: int, least_gpu_s: float, efficiency: float) -> bool:
+    """Whether ``option`` runs a job on more GPUs than ``user_gpus`` and would use them at
+    under ``efficiency`` of the job's best rate: its GPU-seconds ``run_s x gpus`` against
+    ``least_gpu_s``, the fewest of any count the job allows. At 0.6, a 1-GPU job given 2
+    must run at least 1.2 x faster: lent GPUs must pay, since the jobs that arrive while it
+    runs cannot have them. (Against the job's best count, not its own: a cron tick sees a
+    job it resized at its new size, so a bar set by the job's size would move with every
+    resize.)"""
+    return option.gpus > user_gpus and least_gpu_s < efficiency * option.run_s * option.gpus
 
 
 def best_run_s(options: Sequence[Option]) -> float:

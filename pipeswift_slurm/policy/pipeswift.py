@@ -43,7 +43,7 @@ GPU-seconds (a saturated queue drains that much sooner). Only jobs that save and
 checkpoints are ever requeued, never a multi-node one that once starved, and never
 past their own share of the wait bound.
 Lending: a job gets more GPUs than it asked for only where it would use them at least
-``lend_efficiency`` as well as its own count (``common.lends_poorly``); a long one
+``lend_efficiency`` as well as its best count (``common.lends_poorly``); a long one
 (predicted over ``short_lane_max_s``) only while the GPUs lent to long runs stay within
 ``borrow_share`` of the cluster: nothing gives them back before the job ends. Short-job
 lane (``short_lane_fraction`` > 0): jobs predicted to run longer than ``short_lane_max_s``
@@ -199,7 +199,7 @@ class PipeSwiftPolicy:
         reserve = self.knobs.expand_reserve_fraction * self._total
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
         never: Optional[Option] = None  # a count the lane never has room for
-        own = next((o for o in options if o.gpus == user_gpus), None)  # the count the user asked for
+        least_gpu_s = min((o.run_s * o.gpus for o in options), default=math.inf)  # lent GPUs must pay
         # a starving job may close the lane only briefly: when the long jobs' share has room
         # for it within short_lane_max_s; else it waits for that room, in its turn among the
         # starving (``_share``). Exempt: one past its bound (holding it would only grow the
@@ -222,8 +222,8 @@ class PipeSwiftPolicy:
                     and (self._short_about or opt.gpus <= self._long_cap or opt.gpus > user_gpus)
             if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
-            if lends_poorly(opt, own, self.knobs.lend_efficiency):
-                continue  # lent GPUs must pay (``lend_efficiency``)
+            if lends_poorly(opt, user_gpus, least_gpu_s, self.knobs.lend_efficiency):
+                continue
             if long_job and opt.gpus > user_gpus and self._borrowed + opt.gpus - user_gpus > self._borrow_cap:
                 continue  # GPUs lent for a long run are bounded: the jobs still to come need them
             start = timeline.earliest(opt.gpus, opt.run_s)
