@@ -94,8 +94,10 @@ def tick(site: Site) -> None:
 def test_jobs_of_the_qos_are_never_given_more_than_its_gpus(tmp_path: Path, dbd_env: dict[str, str],
                                                             slurm: SubprocessRunner) -> None:
     """Both nodes busy; two pending 4-GPU jobs allowing 1-16 GPUs, one in the QOS: the
-    tick widens the other to 16, the QOS's job to 8 at most, on this tick and the next."""
+    tick widens the other to 16, the QOS's job to 8 at most, on this tick and the next.
+    Every lent GPU is allowed (``lend_efficiency`` 0): the caps are what is tested."""
     site = Site(tmp_path, dbd_env)
+    site.config.write_text(site.config.read_text() + '[policy]\nname = "pipeswift"\n[policy.knobs]\nlend_efficiency = 0.0\n')
     running(slurm, submit(slurm, "-N2", "--exclusive", "--gpus-per-node=8", "-t", "10"))
     capped = submit(slurm, "-N1", "--gpus-per-node=4", "--account", ACCOUNT, "--qos", QOS,
                     "--comment", profile((1, 16)))

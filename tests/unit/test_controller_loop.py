@@ -174,3 +174,18 @@ def test_a_held_jobs_site_factor_is_set_only_with_its_release() -> None:
     assert not unchanged_parts(Decision(1, site_factor=5000, hold=True), held).changes_anything
     release = unchanged_parts(Decision(1, site_factor=5000, hold=False), held)
     assert (release.hold, release.site_factor) == (False, 5000)
+
+
+# ------------------------------------------------------------------ a resized job, seen again by cron
+def test_a_cron_tick_leaves_the_size_an_earlier_tick_gave_a_job() -> None:
+    """A 1-GPU job allowing 1-16 GPUs on 4 x 8 free GPUs, one fresh controller per tick
+    (cron): each re-reads the job at the size the last one gave it. BUG (the live tests,
+    when lent GPUs first had to pay): the bar was set by the job's own count, which a cron
+    tick reads as its current size, so each tick widened the job again (4 -> 8 -> ...).
+    The bar is now set by the job's best count, which no resize moves."""
+    backend = KeepingBackend(4, 8, [pending(1)])
+    sizes = []
+    for _ in range(3):
+        Controller(backend, get_policy("pipeswift"), estimator()).tick()
+        sizes.append(backend.jobs[1].gpus)
+    assert sizes[0] > 1 and sizes == [sizes[0]] * 3, sizes
