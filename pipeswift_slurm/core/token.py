@@ -150,9 +150,10 @@ def decode_profile(text: str) -> ProfileRequest:
     return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world, partitions)
 
 
-def encode_decision(config: ExecConfig, decided_at: int, held: bool = False) -> str:
+def encode_decision(config: ExecConfig, decided_at: int, held: bool = False, asked_gpus: Optional[int] = None) -> str:
     """Render the decision token written to AdminComment (``hold=1`` marks a job the
-    controller held, so it only ever releases its own holds)."""
+    controller held, so it only ever releases its own holds; ``asked=N``, when the config
+    has another size, the GPUs the job was submitted with: ``submitted_gpus``)."""
     parts = [DECISION_PREFIX.rstrip(";")]
     for key, attr in _CONFIG_KEYS.items():
         value = getattr(config, attr)
@@ -161,7 +162,21 @@ def encode_decision(config: ExecConfig, decided_at: int, held: bool = False) -> 
     parts.append("at=%d" % decided_at)
     if held:
         parts.append("hold=1")
+    if asked_gpus and asked_gpus != config.gpus:
+        parts.append("asked=%d" % asked_gpus)
     return ";".join(parts)
+
+
+def submitted_gpus(admin_comment: str, gpus: int) -> int:
+    """The GPUs a job was submitted with: the ``asked=`` our decision token keeps in its
+    AdminComment (which only the admin writes) once the controller resized it, else its
+    size now (``gpus``). Never the size a user's Comment claims: a job claiming more than it
+    asked for would have its growth counted as its own, past the lending bars."""
+    try:
+        asked = _kv(admin_comment, DECISION_PREFIX).get("asked")
+        return token_int(asked, "asked") if asked else gpus
+    except TokenError:
+        return gpus
 
 
 def held_by_controller(admin_comment: str) -> bool:

@@ -43,8 +43,9 @@ def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: O
                            partitions=parts)
     profile = request_profile(asked, world_size=world,
                               gpus_per_node=per_node or gpu_count(environ.get("PIPESWIFT_GPUS_PER_NODE")) or 8)
-    # The token records the size the job was submitted with: the controller re-validates
-    # the user's arguments at that size on every tick, also after it resized the job.
+    # The token records the size the job was submitted with, for the history's replay; the
+    # controller reads that size from Slurm and its own AdminComment (``asked=``), never
+    # from this field, which the user can edit.
     request = ProfileRequest(tuple(megatron_words(words)), own.gpus, own.min_micro_batch_size, own.allowed_pp,
                              own.job_class, profile.requested.gpus, parts)
     return encode_profile(request), profile

@@ -236,7 +236,7 @@ def test_updates_leave_the_same_state(env: dict[str, str], slurm: SubprocessRunn
         assert factors.get(pair[0], 0) == factors.get(pair[1], 0), pair
     a = shown(slurm, resize[0])
     assert a["NumNodes"] == "2-2" and a["TimeLimit"] == "00:30:00" and factors[resize[0]] == 500
-    assert a["AdminComment"] == token.encode_decision(CFG, int(NOW))
+    assert a["AdminComment"] == token.encode_decision(CFG, int(NOW), asked_gpus=1)  # the twins asked 1 GPU
     assert shown(slurm, hold[0])["Reason"] == "JobHeldAdmin" and shown(slurm, release[0])["Reason"] != "JobHeldAdmin"
     # (a job just released is not in sprio until the next scheduling pass: its priority shows the factor)
     assert int(shown(slurm, release[0])["Priority"]) - int(shown(slurm, release_only[0])["Priority"]) == 300

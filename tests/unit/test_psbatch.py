@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -652,8 +653,12 @@ def test_check_warns_when_the_run_time_exceeds_the_time_limit(tmp_path, header, 
 def test_a_job_the_controller_resized_keeps_a_valid_profile():
     """Issue 28 item 1: -N1 --gpus-per-node=4, tp2 pp2 mbs4, global batch 256, gpus=4-16. The
     controller resized it to 12 GPUs (a layout valid there, e.g. pp6 or tp4 pp3); on the next
-    tick it must not re-check the user's tp2 pp2 mbs4 at 12 GPUs (256 % (4*3) != 0)."""
-    from pipeswift_slurm.core.model import Job
+    tick it must not re-check the user's tp2 pp2 mbs4 at 12 GPUs (256 % (4*3) != 0). The size
+    submitted is what the controller's own decision token (AdminComment) says, not the
+    Comment's world=, which the user can edit: a job of another size that claims 4 without
+    our token is refused, with the reason."""
+    from pipeswift_slurm.core.model import ExecConfig, Job
+    from pipeswift_slurm.core.token import encode_decision
     from pipeswift_slurm.slurm.controller import parse_profile
 
     text = ("#!/bin/bash\n#SBATCH -N1 --gpus-per-node=4\n#PSWIFT gpus=4-16\n"
@@ -664,10 +669,17 @@ def test_a_job_the_controller_resized_keeps_a_valid_profile():
     comment = next(w.split("=", 1)[1] for w in plan.argv if w.startswith("--comment="))
     assert decode_profile(comment).world_size == 4
     for gpus in (4, 12, 16):
-        job = Job(1, "PENDING", 0.0, gpus=gpus, num_nodes=1 if gpus == 4 else 2, opted_in=True, comment=comment)
+        nodes = 1 if gpus == 4 else 2
+        ours = encode_decision(ExecConfig(tp=1, pp=1, dp=gpus, micro_batch_size=1, num_micro_batches=256 // gpus,
+                                          num_nodes=nodes, gpus_per_node=gpus // nodes), 1, asked_gpus=4)
+        assert ("asked=4" in ours) == (gpus != 4)
+        job = Job(1, "PENDING", 0.0, gpus=gpus, num_nodes=nodes, opted_in=True, comment=comment, admin_comment=ours)
         profile, why = parse_profile(job, 8, 16)
         assert profile is not None, why
         assert profile.requested.gpus == 4 and (profile.min_gpus, profile.max_gpus) == (4, 16)
+        if gpus != 4:
+            profile, why = parse_profile(replace(job, admin_comment=""), 8, 16)
+            assert profile is None and why == "world=4, but the job was submitted with %d GPUs" % gpus
 
 
 def test_a_range_above_the_submitted_size_is_not_widened_by_the_controller():

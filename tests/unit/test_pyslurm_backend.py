@@ -98,7 +98,8 @@ def test_apply_resizes_via_scontrol_and_modifies_the_rest() -> None:
     backend.apply(Decision(2, config=CFG, site_factor=7, time_limit_s=600), job)
     assert run.calls[-1] == ["scontrol", "update", "JobId=2", "NumNodes=2-2", "TresPerNode=gres:gpu:a100:2"]
     assert mod.calls == ["modify 2 %s" % sorted({
-        "admin_comment": token.encode_decision(CFG, int(NOW)), "site_factor": 7, "time_limit": 10}.items())]
+        "admin_comment": token.encode_decision(CFG, int(NOW), asked_gpus=1), "site_factor": 7, "time_limit": 10}.items())]
+    assert job.gpus == 1 and "asked=1" in mod.calls[-1]  # the size it was submitted with: the controller reads it back
 
 
 def test_apply_requeue_skip_and_errors() -> None:

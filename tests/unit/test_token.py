@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeswift_slurm.core import token
 from pipeswift_slurm.core.model import ExecConfig
 from pipeswift_slurm.core.token import (
     DECISION_PREFIX,
@@ -137,3 +138,17 @@ def test_malformed_decision_tokens_raise_token_error(text: str) -> None:
 
 def test_token_error_is_a_value_error() -> None:
     assert issubclass(TokenError, ValueError)
+
+
+def test_the_decision_token_keeps_the_size_a_job_was_submitted_with() -> None:
+    """A resized job's size before the resize is kept in our AdminComment (``asked=``),
+    which only the admin writes, and read back by ``submitted_gpus``; the user's Comment is
+    never asked. Written only when the size changes; garbage there reads as no record."""
+    cfg = ExecConfig(tp=1, pp=2, dp=2, micro_batch_size=1, num_micro_batches=8, num_nodes=1, gpus_per_node=4)
+    grown = token.encode_decision(cfg, 1, asked_gpus=1)
+    assert grown.endswith(";asked=1") and token.submitted_gpus(grown, 4) == 1
+    assert token.submitted_gpus("ticket 42 " + grown, 4) == 1  # our word among the admin's
+    same = token.encode_decision(cfg, 1, asked_gpus=4)
+    assert "asked" not in same and token.submitted_gpus(same, 4) == 4
+    assert token.submitted_gpus("", 4) == 4 and token.submitted_gpus(grown.replace("asked=1", "asked=x"), 4) == 4
+    assert token.decode_decision(grown) == (cfg, 1)  # the launcher reads the config as before
