@@ -64,9 +64,9 @@ def lends_poorly(option: Option, user_gpus: int, least_gpu_s: float, efficiency:
     under ``efficiency`` of the job's best rate: its GPU-seconds ``run_s x gpus`` against
     ``least_gpu_s``, the fewest of any count the job allows. At 0.6, a 1-GPU job given 2
     must run at least 1.2 x faster: lent GPUs must pay, since the jobs that arrive while it
-    runs cannot have them. (Against the job's best count, not its own: a cron tick sees a
-    job it resized at its new size, so a bar set by the job's size would move with every
-    resize.)"""
+    runs cannot have them. (Against the job's best count, which no resize moves: a job
+    whose submitted size is not on record, e.g. resized by an older release, is seen by
+    a cron tick at its new size, and a bar set by that size rose with every resize.)"""
     return option.gpus > user_gpus and least_gpu_s < efficiency * option.run_s * option.gpus
 
 
