@@ -14,7 +14,7 @@ from typing import Optional
 
 from pipeswift_slurm.core.megatron import MegatronArgError, profile_from_argv, require_length
 from pipeswift_slurm.core.model import JobProfile
-from pipeswift_slurm.core.token import ProfileRequest
+from pipeswift_slurm.core.token import ProfileRequest, TokenError
 
 # GPU counts in a request are user text too: past the largest clusters, they only cost the
 # planner time (a prime world size of 10^9 kept node_shape busy for 30 s).
@@ -72,3 +72,15 @@ def request_profile(req: ProfileRequest, *, world_size: Optional[int] = None, gp
         gpu_range = (min(gpu_range[0], hi), hi)
     profile = require_length(parse(world, gpu_range))
     return replace(profile, partitions=req.partitions) if req.partitions else profile
+
+
+def submitted_profile(req: ProfileRequest, submitted_gpus: int, *, gpus_per_node: int,
+                      cluster_gpus: Optional[int]) -> JobProfile:
+    """The profile the controller plans a job by (``explain`` re-reads it the same way):
+    ``req`` read at the size the job was submitted with (``submitted_gpus``: Slurm's, or the
+    controller's own record in the AdminComment, ``token.submitted_gpus``). The size the
+    request records (``world=``, user text) is never taken for it: a request that records
+    another size is refused (TokenError)."""
+    if req.world_size is not None and req.world_size != submitted_gpus:
+        raise TokenError("world=%d, but the job was submitted with %d GPUs" % (req.world_size, submitted_gpus))
+    return request_profile(req, world_size=submitted_gpus, gpus_per_node=gpus_per_node, cluster_gpus=cluster_gpus)

@@ -2,7 +2,7 @@
 
 This module owns ``explain_job``: for one job id it reads the job's row, its recorded
 profile request and its decisions from the Store, re-parses the profile exactly as the
-controller does (``core.request.request_profile``: token + Megatron argv, re-validated), and
+controller does (``core.request.submitted_profile``: token + Megatron argv, re-validated), and
 ranks the candidate configs over the job's allowed GPU range with the planner and the
 estimator (calibrated with the calibration table): the best config per GPU count and its
 predicted run time, the chosen one marked. It needs no live cluster and never writes.
@@ -107,15 +107,15 @@ def _profile(
 ) -> tuple[Optional[JobProfile], Optional[str]]:
     """Re-read the recorded profile request as the controller does (``core.request``)."""
     from pipeswift_slurm.core.megatron import MegatronArgError
-    from pipeswift_slurm.core.request import request_profile
+    from pipeswift_slurm.core.request import submitted_profile
     from pipeswift_slurm.core.token import TokenError, decode_profile
 
     if raw is None:
         return None, "no profile recorded (not submitted with psbatch, or not opted in)"
     world = row["requested_gpus"] or row["gpus"] or 1
     try:
-        return request_profile(decode_profile(raw), world_size=world, gpus_per_node=cluster.gpus_per_node,
-                               cluster_gpus=cluster.total_gpus), None
+        return submitted_profile(decode_profile(raw), world, gpus_per_node=cluster.gpus_per_node,
+                                 cluster_gpus=cluster.total_gpus), None
     except (TokenError, MegatronArgError) as exc:
         return None, str(exc) or None
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Optional
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile, SiteCaps
-from pipeswift_slurm.core.request import request_profile
+from pipeswift_slurm.core.request import submitted_profile
 from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller, submitted_gpus
 from pipeswift_slurm.policy import Policy, wait_bound_of
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
@@ -94,13 +94,11 @@ def cluster_gpus_per_node(view: ClusterView, partitions: tuple[str, ...] = ()) -
 def parse_profile(job: Job, gpus_per_node: int, cluster_gpus: int) -> tuple[Optional[JobProfile], str]:
     """The JobProfile a job's Comment asks for, re-validated; (None, why) when unusable. The
     token is a request: its GPU range is clipped to the cluster, the Megatron arguments must
-    pass the same checks as anywhere else, at the size the job was submitted with (Slurm's,
-    or our AdminComment's: ``token.submitted_gpus``); a token claiming another is refused."""
+    pass the same checks as anywhere else, at the size the job was submitted with
+    (``request.submitted_profile``); a token claiming another is refused."""
     try:
-        request, world = decode_profile(job.comment), submitted_gpus(job.admin_comment, job.gpus)
-        if request.world_size is not None and request.world_size != world:
-            raise TokenError("world=%d, but the job was submitted with %d GPUs" % (request.world_size, world))
-        return request_profile(request, world_size=world, gpus_per_node=gpus_per_node, cluster_gpus=cluster_gpus), ""
+        return submitted_profile(decode_profile(job.comment), submitted_gpus(job.admin_comment, job.gpus),
+                                 gpus_per_node=gpus_per_node, cluster_gpus=cluster_gpus), ""
     except (TokenError, MegatronArgError, ArithmeticError, RecursionError) as exc:
         # Requests are user text: whatever one holds, the job is left as submitted with the
         # reason, and every other job of the tick is handled as usual.

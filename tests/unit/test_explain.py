@@ -297,3 +297,16 @@ def test_a_history_edited_by_hand_is_shown_without_what_cannot_be_true(history, 
     e = explain(str(copy), 3)
     assert e.run_s is None or e.run_s >= 0
     assert "-1000" not in explain_text(e) and "actual / predicted -" not in explain_text(e)
+
+
+def test_a_profile_that_claims_another_size_is_shown_refused_as_the_controller_refuses_it(tmp_path):
+    """``explain`` re-reads a profile as the controller does (``submitted_profile``): a
+    4-GPU job whose Comment records world=8 (user text, edited) is refused, with the reason,
+    not planned at the size it claims."""
+    store = Store.from_url(str(tmp_path / "p.sqlite"))
+    job = _job(9, "PENDING", gpus=4)
+    with store.tick(T0 + 60, "pipeswift") as tx:
+        tx.save_snapshot(ClusterView(T0 + 60, NODES, (job,)))
+        tx.upsert_profile(9, job.comment, _profile())
+    e = explain_job(store, 9, GPU)
+    assert e.candidates == [] and e.profile_error == "world=8, but the job was submitted with 4 GPUs", e
