@@ -284,37 +284,35 @@ def gpu_count(text: Optional[str]) -> Optional[int]:
     return int(count) if count.isascii() and count.isdigit() else None
 
 
-def _gres_gpus(text: Optional[str]) -> Optional[int]:
-    for item in (text or "").split(","):
-        parts = item.strip().split(":")
-        if parts[0] in ("gpu", "gres/gpu"):
-            m = re.match(r"\d+", parts[-1]) if len(parts) > 1 else None
-            return int(m.group(0)) if m else 1
-    return None
-
-
 def requested_world(values: dict[str, Optional[str]]) -> tuple[Optional[int], Optional[int]]:
-    """(total GPUs, GPUs per node) the job asks for; (None, None) without a GPU request.
+    """(total GPUs, GPUs per node) the job asks for, by the rule the controller reads Slurm's
+    view of the job with (``core.gres``); (None, None) without a GPU request, or for GPUs per
+    socket (how many sockets a node gives is Slurm's to say), so that such a job goes as
+    written. Called for Megatron jobs only (it imports the core).
 
     ``values`` maps sbatch long option names to values (last one wins). Nodes: the
-    minimum of ``-N a[-b]``, default 1.
+    minimum of ``-N a[-b]``, default 1; tasks: ``--ntasks``, else nodes x
+    ``--ntasks-per-node``.
     """
+    from pipeswift_slurm.core.gres import gres_gpu, job_gpus
+
     m = re.match(r"\d+", values.get("nodes") or "1")
     nodes = max(1, int(m.group(0))) if m else 1
-    per_node = gpu_count(values.get("gpus-per-node")) or _gres_gpus(values.get("gres"))
-    total = gpu_count(values.get("gpus"))
-    if total:
-        return total, (total // nodes if total % nodes == 0 else None)
-    if per_node:
-        return nodes * per_node, per_node
-    per_task = gpu_count(values.get("gpus-per-task"))
+    gres = gres_gpu(values.get("gres") or "")
+    counts = {"tres_per_node": gpu_count(values.get("gpus-per-node")) or (gres[0] if gres else None),
+              "tres_per_job": gpu_count(values.get("gpus")),
+              "tres_per_task": gpu_count(values.get("gpus-per-task")),
+              "tres_per_socket": gpu_count(values.get("gpus-per-socket"))}
     tasks = gpu_count(values.get("ntasks"))
-    if per_task and not tasks and gpu_count(values.get("ntasks-per-node")):
+    if not tasks and gpu_count(values.get("ntasks-per-node")):
         tasks = nodes * (gpu_count(values.get("ntasks-per-node")) or 1)
-    if per_task:
-        total = per_task * (tasks or 1)
-        return total, (total // nodes if total % nodes == 0 else None)
-    return None, None
+    asked = job_gpus(counts, nodes, tasks)
+    if asked is None or asked[0] == "tres_per_socket":
+        return None, None
+    field, total = asked
+    if field == "tres_per_node":
+        return total, total // nodes
+    return total, (total // nodes if total % nodes == 0 else None)
 
 
 _TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")

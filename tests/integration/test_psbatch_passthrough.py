@@ -178,6 +178,42 @@ def test_megatron_job_reaches_slurm_enriched(front_end, tmp_path, submitted):
         assert comment.startswith("pswift1;args=") and comment.rstrip().endswith(" mine") and "gpus=2-8" in comment
 
 
+# Every way sbatch takes a GPU count, each for 4 GPUs: psbatch sizes the profile by it
+# before the job exists, the controller reads Slurm's tres_per_* fields; one rule
+# (core.gres), so the controller never refuses an honest job's profile for its size.
+GPU_SPELLINGS = {
+    "gpus": ["--gpus=4"],
+    "gpus_typeless_per_node": ["-N", "2", "--gpus-per-node=2"],
+    "gres": ["--gres=gpu:4"],
+    "gres_two_nodes": ["-N", "2", "--gres=gpu:2"],
+    "gpus_per_task": ["--ntasks=4", "--gpus-per-task=1"],
+    "gpus_per_task_per_node": ["-N", "2", "--ntasks-per-node=2", "--gpus-per-task=1"],
+    "gpus_and_per_node": ["-N", "2", "--gpus=4", "--gpus-per-node=2"],
+}
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.parametrize("spelling", sorted(GPU_SPELLINGS))
+def test_psbatch_and_the_controller_count_a_jobs_gpus_alike(spelling, tmp_path, submitted):
+    from pipeswift_slurm.core.request import submitted_profile
+    from pipeswift_slurm.core.token import decode_profile
+    from pipeswift_slurm.slurm.backends.slurm_parse import parse_squeue_json
+
+    text = ("#!/bin/bash\n"
+            "torchrun pretrain_gpt.py --num-layers 8 --hidden-size 256 --num-attention-heads 8"
+            " --seq-length 256 --global-batch-size 16 --train-iters 10\n")
+    (tmp_path / "train.sh").write_text(text)
+    job_id, _, comment = _submit_enriched(PSBATCH, ["-H", "--parsable"] + GPU_SPELLINGS[spelling] + ["train.sh"],
+                                          tmp_path, submitted)
+    request = decode_profile(comment.strip())
+    squeue = subprocess.run(["squeue", "--json"], capture_output=True, text=True, check=True).stdout
+    (job,) = [j for j in parse_squeue_json(squeue) if j.job_id == int(job_id)]
+    assert request.world_size == job.gpus == 4
+    profile = submitted_profile(request, job.gpus, gpus_per_node=8, cluster_gpus=None)  # not refused
+    assert profile.requested.gpus == 4
+
+
 @needs_slurm
 @pytest.mark.slurm
 def test_megatron_stdin_job_reaches_slurm_enriched(front_end, tmp_path, submitted):

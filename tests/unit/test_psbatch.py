@@ -132,6 +132,10 @@ def test_read_header_takes_the_old_slurm_directives_as_sbatch_does():
     ({"gpus": "5", "nodes": "2"}, (5, None)),
     ({"gpus-per-task": "1", "ntasks": "4"}, (4, 4)),
     ({"gpus-per-task": "2", "ntasks-per-node": "2", "nodes": "2"}, (8, 4)),
+    # both per job and per node: per node decides, as the controller reads Slurm's fields
+    ({"gpus": "4", "gpus-per-node": "2", "nodes": "2"}, (4, 2)),
+    # per socket: Slurm says how many sockets a node gives; the job goes as written
+    ({"gpus-per-socket": "2"}, (None, None)),
     # not counts (sbatch refuses them): no world to plan for, so the job goes as written
     ({"gpus": "-4"}, (None, None)),
     ({"gpus": "a100:-4"}, (None, None)),

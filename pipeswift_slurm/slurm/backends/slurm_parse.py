@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any, Iterable, Mapping, Optional
 
 from pipeswift_slurm.core import token
+from pipeswift_slurm.core.gres import GPU_FIELDS, gres_gpu, job_gpus
 from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, ExecConfig, GpuRequest, Job, Node
 from pipeswift_slurm.slurm.backends import BackendError
 
@@ -67,30 +68,16 @@ json_int, json_state, json_text = _num, _state, _text
 
 
 def parse_gres(spec: str) -> Optional[GpuRequest]:
-    """Find the GPU item in a TRES/GRES spec such as ``gres:gpu:2``, ``gres/gpu:a100:4``,
-    ``gpu:8(IDX:0-7)``, ``gres:gpu`` (count 1) or ``gres/gpu=2``; None if it has no GPU.
+    """The GPU item of a TRES/GRES spec (``core.gres.gres_gpu``); None if it has none.
     The returned ``field`` is left at its default; callers set it."""
-    for item in re.split(r",(?![^()]*\))", _text(spec)):
-        item = re.sub(r"\(.*\)$", "", item.strip())
-        slash = item.startswith("gres/")
-        if item.startswith(("gres/", "gres:")):
-            item = item[5:]
-        parts = re.split(r"[:=]", item)
-        if parts[0] != "gpu":
-            continue
-        rest = parts[1:]
-        count = int(rest[-1]) if rest and rest[-1].isdigit() else 1
-        gpu_type = rest[0] if rest and not rest[0].isdigit() else None
-        return GpuRequest(count=count, gpu_type=gpu_type, slash=slash)
-    return None
-
-
-_GPU_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
+    item = gres_gpu(_text(spec))
+    return None if item is None else GpuRequest(count=item[0], gpu_type=item[1], slash=item[2])
 
 
 def gpu_request_of(fields: Mapping[str, Any]) -> GpuRequest:
-    """The job's GPU request from its ``tres_per_*`` fields (first one naming a GPU)."""
-    for name in _GPU_FIELDS:
+    """The job's GPU request from its ``tres_per_*`` fields (the first one naming a GPU, in
+    ``core.gres.GPU_FIELDS`` order)."""
+    for name in GPU_FIELDS:
         req = parse_gres(_text(fields.get(name)))
         if req is not None:
             return replace(req, field=name)
@@ -98,11 +85,9 @@ def gpu_request_of(fields: Mapping[str, Any]) -> GpuRequest:
 
 
 def _requested_gpus(req: GpuRequest, num_nodes: int, num_tasks: Optional[int]) -> int:
-    if req.field == "tres_per_job":
-        return req.count
-    if req.field == "tres_per_task":
-        return req.count * (num_tasks or 1)
-    return req.count * max(1, num_nodes)  # per node (per socket: at least one socket each)
+    """The GPUs the job asks for, by the rule psbatch sizes its profile with (``core.gres``)."""
+    asked = job_gpus({req.field: req.count}, num_nodes, num_tasks)
+    return asked[1] if asked else 0
 
 
 def _gpus_in(details: Iterable[str]) -> int:
