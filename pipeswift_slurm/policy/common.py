@@ -70,6 +70,19 @@ def lends_poorly(option: Option, user_gpus: int, least_gpu_s: float, efficiency:
     return option.gpus > user_gpus and least_gpu_s < efficiency * option.run_s * option.gpus
 
 
+def kept_size(waits: Sequence[tuple[float, Option]], best: tuple[float, Option], gpus: int, now: float,
+              margin: float) -> tuple[float, Option]:
+    """Of a waiting job's plans (predicted end, option), ``best`` unless the plan at the
+    size the job has now (``gpus``: asked, or given by an earlier tick) ends within
+    ``margin`` of it (measured from ``now``): then that one. Predictions err, and a job
+    resized to another target at every tick had Slurm re-plan it at every tick, never
+    starting (issue 24, 11cb48 day 28: an 8-GPU job sent between 9 and 16 GPUs for 5 h)."""
+    kept = next((w for w in waits if w[1].gpus == gpus), None)
+    if kept is None or best[1].gpus == gpus or kept[0] - now > (best[0] - now) * (1 + margin):
+        return best
+    return kept
+
+
 def best_run_s(options: Sequence[Option]) -> float:
     """The shortest predicted run among a job's options (inf when it has none)."""
     return min((o.run_s for o in options), default=math.inf)

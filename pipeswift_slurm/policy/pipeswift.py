@@ -12,36 +12,31 @@ Each tick (pure; only ``view.now`` as the clock):
    ahead need at most ``starve_share`` of the GPUs together (the oldest always goes
    first): starvation control is a bounded share, not a switch to submit order. An
    optional credit of ``aging`` seconds per second waited lowers a job's key.
-3. Walk the order over a free-GPU timeline built from the running jobs' predicted ends
-   (count-level, exact node placement only for "now"). For each job compare starting
-   now on GPUs free now (the best config for that count; fragments included) with
-   waiting for a count that frees up later; pick the earlier predicted completion, with
-   a margin ``start_margin`` in favour of starting now (predictions err). A job that
-   waits reserves its GPUs from its predicted start, and later jobs may only use what
-   does not delay that reservation. Only the first ``plan_depth`` jobs are planned; the
-   rest keep their size and just get their place in the order.
-4. Levers: each pending job gets its SiteFactor from its rank, and when its chosen size
-   or config differs, a resize (nodes x GPUs), the decision token and a time limit
-   scaled by the predicted run-time ratio. Running jobs are never touched unless
-   ``reshape_running`` is on (off by default; needs requeue allowed), and then only when
-   no pending job waits, into GPUs left idle beyond ``expand_reserve_fraction`` of the
-   cluster, in a shape that fits now, for jobs that checkpoint, and when the predicted
-   gain exceeds the switch cost (a restart and the work since the last checkpoint) by
-   ``reshape_margin`` (``running.reshapes``). It gives back their GPUs to multi-day jobs that a
-   crowded queue started small. With ``reshape_waiting`` (on by default) a running job
-   also grows while jobs wait, shortest remaining first, into GPUs idle after this tick's
-   starts, when its new remaining run is shorter than every waiting job's best run time
-   (what shortest-remaining-first would give those GPUs to).
+3. Walk the order over a free-GPU timeline built from the running jobs' predicted ends (count-level, exact
+   node placement only for "now"). For each job compare starting now on GPUs free now (the best config for
+   that count; fragments included) with waiting for a count that frees up later; pick the earlier predicted
+   completion, with a margin ``start_margin`` in favour of starting now (predictions err), and for a job
+   that waits, in favour of the size it has (``common.kept_size``). A job that waits reserves its GPUs from
+   its predicted start, and later jobs may only use what does not delay that reservation. Only the first
+   ``plan_depth`` jobs are planned; the rest keep their size and just get their place in the order.
+4. Levers: each pending job gets its SiteFactor from its rank, and when its chosen size or config differs, a
+   resize (nodes x GPUs), the decision token and a time limit scaled by the predicted run-time ratio.
+   Running jobs are never touched unless ``reshape_running`` is on (off by default; needs requeue allowed),
+   and then only when no pending job waits, into GPUs left idle beyond ``expand_reserve_fraction`` of the
+   cluster, in a shape that fits now, for jobs that checkpoint, and when the predicted gain exceeds the
+   switch cost (a restart and the work since the last checkpoint) by ``reshape_margin``
+   (``running.reshapes``). It gives back their GPUs to multi-day jobs that a crowded queue started small.
+   With ``reshape_waiting`` (on by default) a running job also grows while jobs wait, shortest remaining
+   first, into GPUs idle after this tick's starts, when its new remaining run is shorter than every waiting
+   job's best run time (what shortest-remaining-first would give those GPUs to).
 A requeued job is planned on the work it has left from its last checkpoint
-(``common.remaining_iterations``), not as if it started over.
-Preemption (``preempt``, off by default; needs requeue allowed at the site): a long
-running job is requeued when the waiting saved by it exceeds what it loses (until the
-shorter jobs that start at once on its GPUs end, plus its restart and the work since its
-last checkpoint) by ``preempt_margin`` (``running.preemptions``). The waiting saved is those
-jobs' predicted waits, plus, for every other queued job, its share of the freed
-GPU-seconds (a saturated queue drains that much sooner). Only jobs that save and resume
-checkpoints are ever requeued, never a multi-node one that once starved, and never
-past their own share of the wait bound.
+(``common.remaining_iterations``), not as if it started over. Preemption (``preempt``, off by default; needs
+requeue allowed at the site): a long running job is requeued when the waiting saved by it exceeds what it
+loses (until the shorter jobs that start at once on its GPUs end, plus its restart and the work since its
+last checkpoint) by ``preempt_margin`` (``running.preemptions``). The waiting saved is those jobs' predicted
+waits, plus, for every other queued job, its share of the freed GPU-seconds (a saturated queue drains that
+much sooner). Only jobs that save and resume checkpoints are ever requeued, never a multi-node one that once
+starved, and never past their own share of the wait bound.
 Lending: a job gets more GPUs than it asked for only where it would use them at least
 ``lend_efficiency`` as well as its best count (``common.lends_poorly``); a long one
 (predicted over ``short_lane_max_s``) only while the GPUs lent to long runs stay within
@@ -78,8 +73,8 @@ from typing import Any, ClassVar, Collection, Mapping, Optional
 from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.policy.common import (Option, Plan, Timeline, best_run_s, current_config, decision_for, fits_now,
-                                           free_by_node, job_options, lends_poorly, predicted_end_s, rank_factors,
-                                           remaining_iterations)
+                                           free_by_node, job_options, kept_size, lends_poorly, predicted_end_s,
+                                           rank_factors, remaining_iterations)
 from pipeswift_slurm.policy.earliest_fit import EarliestFit
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.policy.lane import hold_backfill_over_lane, long_share
@@ -198,6 +193,7 @@ class PipeSwiftPolicy:
             now + self.knobs.risk_fraction * self.knobs.wait_bound_s - job.queued_s(now)
         reserve = self.knobs.expand_reserve_fraction * self._total
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
+        waits: list[tuple[float, Option]] = []  # (predicted end, option) of each count that waits
         never: Optional[Option] = None  # a count the lane never has room for
         least_gpu_s = min((o.run_s * o.gpus for o in options), default=math.inf)  # lent GPUs must pay
         # a starving job may close the lane only briefly: when the long jobs' share has room
@@ -246,8 +242,11 @@ class PipeSwiftPolicy:
                     late = (start, opt)
             elif start < math.inf:
                 key = start if starving else start + opt.run_s
+                waits.append((key, opt))
                 if best_wait is None or key < best_wait[0]:
                     best_wait = (key, opt)
+        if best_wait is not None and not starving:
+            best_wait = kept_size(waits, best_wait, job.gpus, now, self.knobs.start_margin)
         if best_now is None and best_wait is None and late is not None:
             starving, best_wait = True, late
         if best_now is not None:

@@ -614,6 +614,37 @@ def test_pipeswift_lends_gpus_only_where_they_pay(iters: int) -> None:
     assert always.reason == "start now on 2 GPUs", always
 
 
+@pytest.mark.parametrize("size, sooner, other_by, planned", [
+    (4, 8, 0.05, 4),   # 8 GPUs end it 5 % sooner: within the margin, it keeps the 4 it has
+    (8, 4, 0.05, 8),   # an earlier tick gave it 8; 4 are 5 % sooner: it keeps 8
+    (4, 8, 0.25, 8),   # 8 GPUs are clearly sooner: resized
+])
+def test_pipeswift_keeps_a_waiting_jobs_size_unless_another_is_clearly_sooner(
+        size: int, sooner: int, other_by: float, planned: int) -> None:
+    """Issue 24 (11cb48 day 28): an 8-GPU job waited 5 h, resized at almost every tick to
+    another target (9, 10, 12, 14, 16 GPUs), each predicted to start within minutes, so
+    Slurm re-planned it each time. A job that waits keeps the size it has (asked, or given
+    by an earlier tick) unless another size is predicted to end it sooner by
+    ``start_margin`` (0.1). One 8-GPU node is busy: 4 GPUs free when job 1 ends, all 8 when
+    job 2 does; job 3 (1.5 h on 4 GPUs, allows 4-8) waits."""
+    _, pend = _profile(4, 1.5, 8, gpu_range=(4, 8))
+    est = Estimator(COST, 8)
+    run = {o.gpus: o.run_s for o in PipeSwiftPolicy()._job_options(pend, est, (8, 1))}
+    _, first = _profile(4, 0.5, 8)
+    first_end = predicted_end_s(Job(1, "RUNNING", 0.0, gpus=4, start_time=0.0), {1: first}, est, 0.0)
+    ends = {4: first_end + run[4]}  # job 3's predicted end on 4 GPUs; on 8, the other one's
+    ends[8] = ends[4] * (1 - other_by) if sooner == 8 else ends[4] / (1 - other_by)
+    _, second = _profile(4, 3.0, 8)
+    second_start = ends[8] - run[8] - predicted_end_s(Job(2, "RUNNING", 0.0, gpus=4, start_time=0.0),
+                                                      {2: second}, est, 0.0)
+    view, profiles = _view(1, 8, [(1, "RUNNING", 4, 0.0, first), (2, "RUNNING", 4, second_start, second),
+                                  (3, "PENDING", size, 0.0, pend)], busy={0: 8})
+    assert second_start < 0 < first_end < ends[8] - run[8]  # the premise: 8 free later than 4
+    (decision,) = get_policy("pipeswift").decide(view, profiles, est)
+    assert decision.reason.startswith("wait for %d GPUs" % planned), decision
+    assert (decision.config.gpus if decision.config else size) == planned
+
+
 @pytest.mark.parametrize("short_about", [False, True])
 def test_pipeswift_never_grows_a_long_job_into_the_short_job_lane(short_about: bool) -> None:
     """Issue 24, small jobs: long jobs hold 24 of 32 GPUs; job 4 (24 h on 4, allows 4-8)
