@@ -198,7 +198,7 @@ GPU_SPELLINGS = {
 def test_psbatch_and_the_controller_count_a_jobs_gpus_alike(spelling, tmp_path, submitted):
     from pipeswift_slurm.core.request import submitted_profile
     from pipeswift_slurm.core.token import decode_profile
-    from pipeswift_slurm.slurm.backends.slurm_parse import parse_squeue_json
+    from pipeswift_slurm.slurm.backends.slurm_cli import SlurmCliBackend
 
     text = ("#!/bin/bash\n"
             "torchrun pretrain_gpt.py --num-layers 8 --hidden-size 256 --num-attention-heads 8"
@@ -207,8 +207,10 @@ def test_psbatch_and_the_controller_count_a_jobs_gpus_alike(spelling, tmp_path, 
     job_id, _, comment = _submit_enriched(PSBATCH, ["-H", "--parsable"] + GPU_SPELLINGS[spelling] + ["train.sh"],
                                           tmp_path, submitted)
     request = decode_profile(comment.strip())
-    squeue = subprocess.run(["squeue", "--json"], capture_output=True, text=True, check=True).stdout
-    (job,) = [j for j in parse_squeue_json(squeue) if j.job_id == int(job_id)]
+    # the controller's own read of the job (squeue --json through its backend: other tests'
+    # jobs carry names that are not UTF-8)
+    job = SlurmCliBackend().snapshot().job(int(job_id))
+    assert job is not None
     assert request.world_size == job.gpus == 4
     profile = submitted_profile(request, job.gpus, gpus_per_node=8, cluster_gpus=None)  # not refused
     assert profile.requested.gpus == 4
