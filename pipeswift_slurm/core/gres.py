@@ -17,13 +17,31 @@ from typing import Mapping, Optional
 GPU_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
 
 
+def _items(spec: str) -> list[str]:
+    """The comma-separated items of a GRES list, a comma inside parentheses kept
+    (``gpu:2(IDX:0,1)``); one pass, as the text may be a user's (psbatch reads ``--gres``)."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(spec):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            items.append(spec[start:i])
+            start = i + 1
+    items.append(spec[start:])
+    return items
+
+
 def gres_gpu(spec: str) -> Optional[tuple[int, Optional[str], bool]]:
     """The GPU item of a GRES/TRES list such as ``gpu:2``, ``gres:gpu:2``,
     ``gres/gpu:a100:4``, ``gpu:8(IDX:0-7)``, ``gres:gpu`` (count 1) or ``gres/gpu=2``:
     (count, GPU type or None, whether it is spelled ``gres/gpu``); None without a GPU item
     or with a count that is not a plain number."""
-    for item in re.split(r",(?![^()]*\))", spec):
-        item = re.sub(r"\(.*\)$", "", item.strip())
+    for item in _items(spec):
+        item = item.strip()
+        if item.endswith(")") and "(" in item:  # gpu:8(IDX:0-7)
+            item = item[:item.index("(")]
         slash = item.startswith("gres/")
         if item.startswith(("gres/", "gres:")):
             item = item[5:]

@@ -187,13 +187,12 @@ class PipeSwiftPolicy:
         ``risk_fraction`` of the bound while it has another choice; with none, it waits
         for the earliest start, as a starving job does."""
         best_now: Optional[Option] = None
-        best_wait: Optional[tuple[float, Option]] = None
         late: Optional[tuple[float, Option]] = None  # the earliest start past that point
         deadline_s = math.inf if starving or self.knobs.risk_fraction <= 0 else \
             now + self.knobs.risk_fraction * self.knobs.wait_bound_s - job.queued_s(now)
         reserve = self.knobs.expand_reserve_fraction * self._total
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
-        waits: list[tuple[float, Option]] = []  # (predicted end, option) of each count that waits
+        waits: list[tuple[float, Option]] = []  # (predicted end; start if starving, option) per count
         never: Optional[Option] = None  # a count the lane never has room for
         least_gpu_s = min((o.run_s * o.gpus for o in options), default=math.inf)  # lent GPUs must pay
         # a starving job may close the lane only briefly: when the long jobs' share has room
@@ -241,10 +240,8 @@ class PipeSwiftPolicy:
                 if late is None or start < late[0]:
                     late = (start, opt)
             elif start < math.inf:
-                key = start if starving else start + opt.run_s
-                waits.append((key, opt))
-                if best_wait is None or key < best_wait[0]:
-                    best_wait = (key, opt)
+                waits.append((start if starving else start + opt.run_s, opt))
+        best_wait = min(waits, key=lambda w: w[0], default=None)
         if best_wait is not None and not starving:
             best_wait = kept_size(waits, best_wait, job.gpus, now, self.knobs.start_margin)
         if best_now is None and best_wait is None and late is not None:

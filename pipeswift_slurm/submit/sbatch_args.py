@@ -309,9 +309,7 @@ def requested_world(values: dict[str, Optional[str]]) -> tuple[Optional[int], Op
     asked = job_gpus(counts, nodes, tasks)
     if asked is None or asked[0] == "tres_per_socket":
         return None, None
-    field, total = asked
-    if field == "tres_per_node":
-        return total, total // nodes
+    total = asked[1]
     return total, (total // nodes if total % nodes == 0 else None)
 
 

@@ -17,6 +17,9 @@ from pipeswift_slurm.core.gres import GPU_FIELDS, gres_gpu, job_gpus
     ("", None),
     ("gpu:a100:x4", None),        # no count Slurm would take: none read
     ("gpu:a100:\u0664", None),    # a digit, but not one Slurm reads
+    ("gpu:2(IDX:0,1),shard:1", (2, None, False)),  # a comma inside parentheses
+    ("," * 200_000 + "gpu:3", (3, None, False)),  # user text (--gres): read in one pass
+    ("(" * 200_000 + ")", None),
 ])
 def test_gres_gpu_reads_the_gpu_item(spec, item):
     assert gres_gpu(spec) == item
