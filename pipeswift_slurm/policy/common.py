@@ -161,13 +161,14 @@ def priority_order(view: ClusterView, jobs: Iterable[Job]) -> list[Job]:
 @dataclass
 class Plan:
     """A pending job's plan: ``option`` (None: keep its size), its predicted start (None:
-    none foreseen), and why; ``lane``: it waits for the short-job lane (a long job that
-    would take long jobs past their share of the GPUs), so it is held meanwhile."""
+    none foreseen), and why; ``held``: it waits for the short-job lane (a long job that
+    would take long jobs past their share of the GPUs), so Slurm's hold keeps it from
+    starting meanwhile."""
 
     option: Optional[Option]
     start_s: Optional[float]
     reason: str
-    lane: bool = False
+    held: bool = False
 
 
 class Timeline:

@@ -55,8 +55,11 @@ when the long jobs' share has room for it within ``short_lane_max_s``; otherwise
 for that room, which the starving jobs take oldest first (issue 24: starving multi-day jobs
 skipping the lane held every GPU for days). Slurm's backfill starts a job planned to wait
 if it fits now, so such long jobs meet the same test (``policy/lane.py``). Jobs past the
-wait bound are never held. A GPU count that is free now but barred by the expand reserve is
-never planned as a wait: the job resized to it would fit, and Slurm would start it at once.
+wait bound are never held. While short jobs are about, a starving job that can start now
+on a count that fits beside the lane takes the fastest such count, not a faster one in it
+(a multi-day job keeps the lane for days; issue 24, 11cb48 day 70 with expert layouts).
+A GPU count that is free now but barred by the expand reserve is never planned as a wait:
+the job resized to it would fit, and Slurm would start it at once.
 Mixed clusters (``move_partitions``, on by default): a job that allows several partitions
 is moved to the one where it is predicted to finish first (``policy/partitions.py``).
 Ablation knobs: ``resize=False`` keeps every job's GPU count (config still chosen);
@@ -77,7 +80,7 @@ from pipeswift_slurm.policy.common import (Option, Plan, Timeline, best_run_s, c
                                            rank_factors, remaining_iterations)
 from pipeswift_slurm.policy.earliest_fit import EarliestFit
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
-from pipeswift_slurm.policy.lane import hold_backfill_over_lane, long_share
+from pipeswift_slurm.policy.lane import breaks_promise, hold_backfill_over_lane, long_share
 from pipeswift_slurm.policy.running import idle_reserve, preemptions, reshapes
 
 
@@ -194,6 +197,7 @@ class PipeSwiftPolicy:
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
         waits: list[tuple[float, Option]] = []  # (predicted end; start if starving, option) per count
         never: Optional[Option] = None  # a count the lane never has room for
+        beside: Optional[Option] = None
         least_gpu_s = min((o.run_s * o.gpus for o in options), default=math.inf)  # lent GPUs must pay
         # a starving job may close the lane only briefly: when the long jobs' share has room
         # for it within short_lane_max_s; else it waits for that room, in its turn among the
@@ -213,7 +217,8 @@ class PipeSwiftPolicy:
             else:
                 # a long job bigger than the long jobs' share never fits beside the lane: at
                 # its own size (not grown) it may take the lane while no short job is about
-                lane_full = long_job and (over or self._breaks_promise(now, opt)) \
+                lane_full = long_job and (over or breaks_promise(self._promised, self._long_ends, self._long_cap,
+                                                                 now, opt)) \
                     and (self._short_about or opt.gpus <= self._long_cap or opt.gpus > user_gpus)
             if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
@@ -235,12 +240,15 @@ class PipeSwiftPolicy:
             elif start == now and fits_now(free, opt.config) is not None:
                 if best_now is None or opt.run_s < best_now.run_s:
                     best_now = opt
+                if starving and self._short_about and not over and (beside is None or opt.run_s < beside.run_s):
+                    beside = opt
                 continue
             if start > deadline_s and start < math.inf:
                 if late is None or start < late[0]:
                     late = (start, opt)
             elif start < math.inf:
                 waits.append((start if starving else start + opt.run_s, opt))
+        best_now = beside or best_now  # a starving job enters the lane only when it cannot start beside it
         best_wait = min(waits, key=lambda w: w[0], default=None)
         if best_wait is not None and not starving:
             best_wait = kept_size(waits, best_wait, job.gpus, now, self.knobs.start_margin)
@@ -264,7 +272,7 @@ class PipeSwiftPolicy:
             return Plan(never, None, "held for the short-job lane: a %.1f h job on %d GPUs would put long jobs on "
                         "%d of the %.0f GPUs they may hold (short_lane_fraction %g)"
                         % (never.run_s / 3600, never.gpus, self._long_busy + never.gpus, self._long_cap,
-                           self.knobs.short_lane_fraction), lane=True)
+                           self.knobs.short_lane_fraction), held=True)
         if best_wait is None:
             return Plan(None, None, "no GPU count fits in the predicted future")
         opt = best_wait[1]
@@ -278,25 +286,10 @@ class PipeSwiftPolicy:
             if start > now and opt.config.num_nodes > 1:
                 self._promised.append((start, opt.gpus, opt.run_s))
             return Plan(opt, start, "held for the short-job lane: wait for %d GPUs (predicted start in %.0f s)"
-                        % (opt.gpus, start - now), lane=True)
+                        % (opt.gpus, start - now), held=True)
         if start - now < 1:  # when whole nodes free up is not foreseen: no start now
             return Plan(opt, None, "wait for %d GPUs (free now, but not on enough whole nodes)" % opt.gpus)
         return Plan(opt, start, "wait for %d GPUs (predicted start in %.0f s)" % (opt.gpus, start - now))
-
-    def _breaks_promise(self, now: float, opt: Option) -> bool:
-        """Whether a long job run as ``opt`` from now would take the room promised to a
-        shorter long job earlier in the order that waits for the lane on whole nodes
-        (``_promised``): at each such start before it ends, the long jobs still running,
-        those promised by then and this one must fit the long jobs' share. A job on whole
-        nodes cannot start in the fragments that free meanwhile, so without its promise the
-        longer jobs behind it take every room the lane frees (issue 24, 2869ce day 63)."""
-        for start_s, _, promised_run_s in self._promised:
-            if start_s < now + opt.run_s and opt.run_s > promised_run_s:
-                busy = sum(used for end_s, used in self._long_ends if end_s > start_s)
-                promised = sum(used for s, used, _ in self._promised if s <= start_s)
-                if busy + promised + opt.gpus > self._long_cap:
-                    return True
-        return False
 
     def _lane_room_s(self, gpus: int, now: float) -> float:
         """When long jobs (running, or started by this tick's plan) will have ended enough
@@ -313,7 +306,7 @@ class PipeSwiftPolicy:
         """The short-job lane: hold a long job that waits while long jobs fill their share
         of the cluster (Slurm would otherwise start it as soon as it fits); release it
         once the plan starts it now or the lane has room. None: leave as is."""
-        if plan.lane and plan.option is not None:
+        if plan.held and plan.option is not None:
             return None if job.held else True
         return False if job.held else None
 
@@ -337,7 +330,7 @@ class PipeSwiftPolicy:
         timeline = Timeline(now, sum(free), [(ends[r.job_id], r.gpus) for r in view.running])
         self._reserved = 0
         # (start, GPUs, run) of long jobs on whole nodes held for the lane: their room is
-        # promised against longer long jobs later in the order (``_breaks_promise``)
+        # promised against longer long jobs later in the order (``lane.breaks_promise``)
         self._promised: list[tuple[float, int, float]] = []
         self._long_ends = sorted((ends[r.job_id], r.gpus) for r in view.running
                                  if ends[r.job_id] - (now if r.start_time is None else r.start_time)

@@ -1133,3 +1133,31 @@ def test_pipeswift_preemption_leaves_the_gpus_a_job_planned_to_start_now_counts_
     planned_now = sum(view.jobs[i].gpus for i, j in ((1, 2), (2, 3))
                       for d in decisions if d.job_id == j and d.predicted_start_s == now and not d.requeue)
     assert planned_now <= view.free_gpus + freed, [(d.job_id, d.requeue, d.reason) for d in decisions]
+
+
+def test_a_starving_job_enters_the_lane_only_when_it_cannot_start_beside_it() -> None:
+    """Issue 24 (11cb48 day 70, expert layouts: two 16-GPU multi-day jobs past their bound
+    started together on 16 and 14 of 32 GPUs, a 1-GPU one took the last GPU, and 1-minute
+    jobs waited 24 h). 2 x 8 GPUs, half of them the lane (long jobs may hold 8); a long job
+    runs on 4 and a short one on 2 of node 1. A starving 10-h job that may run on 4 to 8
+    GPUs starts now on 4, beside the lane, not on 8 in it; one that can only run on 8 enters
+    the lane (it is never held); with no short job about, the flexible one takes 8 too."""
+    _, long_run = _profile(4, 20.0, 8)
+    _, short = _profile(2, 0.5, 8)
+    _, flexible = _profile(8, 10.0, 8, gpu_range=(4, 8))
+    _, rigid = _profile(8, 10.0, 8)
+    est = Estimator(COST, 8)
+
+    def decide(profile: Any, short_about: bool = True) -> Decision:
+        now = 5 * HOUR
+        jobs = [(1, "RUNNING", 4, now - HOUR, long_run), (2, "PENDING", 8, now - 1000.0, profile)]
+        jobs += [(3, "RUNNING", 2, now - 60.0, short)] if short_about else []
+        view, profiles = _view(2, 8, jobs, now=now, busy={0: 6 if short_about else 4})
+        policy = get_policy("pipeswift", short_lane_fraction=0.5, wait_bound_s=65.0)
+        return next(d for d in policy.decide(view, profiles, est) if d.job_id == 2)
+
+    beside = decide(flexible)
+    assert beside.reason == "start now on 4 GPUs" and beside.config is not None and beside.config.gpus == 4, beside
+    inside = decide(rigid)
+    assert inside.reason == "start now on 8 GPUs" and inside.hold is None, inside
+    assert decide(flexible, short_about=False).reason == "start now on 8 GPUs"
