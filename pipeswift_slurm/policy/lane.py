@@ -9,6 +9,7 @@ planned to wait, could all be backfilled at once and fill the lane (issue 24: 11
 63 at flex 0.5, three multi-day 4-GPU jobs planned to wait 40 h started together, and
 1-minute jobs then waited 25 h).
 """
+
 from __future__ import annotations
 
 import math

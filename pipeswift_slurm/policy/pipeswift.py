@@ -197,7 +197,7 @@ class PipeSwiftPolicy:
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
         waits: list[tuple[float, Option]] = []  # (predicted end; start if starving, option) per count
         never: Optional[Option] = None  # a count the lane never has room for
-        beside: Optional[Option] = None
+        beside: Optional[Option] = None  # a starving job's fastest start now beside the lane
         least_gpu_s = min((o.run_s * o.gpus for o in options), default=math.inf)  # lent GPUs must pay
         # a starving job may close the lane only briefly: when the long jobs' share has room
         # for it within short_lane_max_s; else it waits for that room, in its turn among the
