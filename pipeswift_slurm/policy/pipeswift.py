@@ -189,7 +189,7 @@ class PipeSwiftPolicy:
         not starving never waits for a start that would take its wait past
         ``risk_fraction`` of the bound while it has another choice; with none, it waits
         for the earliest start, as a starving job does."""
-        best_now: Optional[Option] = None
+        nows: list[tuple[bool, Option]] = []  # (whether it enters the lane, option) per count that starts now
         late: Optional[tuple[float, Option]] = None  # the earliest start past that point
         deadline_s = math.inf if starving or self.knobs.risk_fraction <= 0 else \
             now + self.knobs.risk_fraction * self.knobs.wait_bound_s - job.queued_s(now)
@@ -197,7 +197,6 @@ class PipeSwiftPolicy:
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
         waits: list[tuple[float, Option]] = []  # (predicted end; start if starving, option) per count
         never: Optional[Option] = None  # a count the lane never has room for
-        beside: Optional[Option] = None  # a starving job's fastest start now beside the lane
         least_gpu_s = min((o.run_s * o.gpus for o in options), default=math.inf)  # lent GPUs must pay
         # a starving job may close the lane only briefly: when the long jobs' share has room
         # for it within short_lane_max_s; else it waits for that room, in its turn among the
@@ -238,17 +237,17 @@ class PipeSwiftPolicy:
                 # count that fits now makes Slurm start it at once, the bar ignored
                 continue
             elif start == now and fits_now(free, opt.config) is not None:
-                if best_now is None or opt.run_s < best_now.run_s:
-                    best_now = opt
-                if starving and self._short_about and not over and (beside is None or opt.run_s < beside.run_s):
-                    beside = opt
+                nows.append((over, opt))
                 continue
             if start > deadline_s and start < math.inf:
                 if late is None or start < late[0]:
                     late = (start, opt)
             elif start < math.inf:
                 waits.append((start if starving else start + opt.run_s, opt))
-        best_now = beside or best_now  # a starving job enters the lane only when it cannot start beside it
+        # the fastest start now; a starving job, while short jobs are about, enters the lane
+        # only when it cannot start beside it
+        beside_first = starving and self._short_about
+        best_now = min(nows, key=lambda n: (beside_first and n[0], n[1].run_s), default=(False, None))[1]
         best_wait = min(waits, key=lambda w: w[0], default=None)
         if best_wait is not None and not starving:
             best_wait = kept_size(waits, best_wait, job.gpus, now, self.knobs.start_margin)

@@ -1136,9 +1136,9 @@ def test_pipeswift_preemption_leaves_the_gpus_a_job_planned_to_start_now_counts_
 
 
 def test_a_starving_job_enters_the_lane_only_when_it_cannot_start_beside_it() -> None:
-    """Issue 24 (11cb48 day 70, expert layouts: two 16-GPU multi-day jobs past their bound
-    started together on 16 and 14 of 32 GPUs, a 1-GPU one took the last GPU, and 1-minute
-    jobs waited 24 h). 2 x 8 GPUs, half of them the lane (long jobs may hold 8); a long job
+    """Issue 24 (11cb48 day 70, expert layouts: three 16-GPU multi-day jobs past their bound
+    and a 1-GPU one at risk held every one of 32 GPUs, one after another, and 1-minute jobs
+    waited 24 h). 2 x 8 GPUs, half of them the lane (long jobs may hold 8); a long job
     runs on 4 and a short one on 2 of node 1. A starving 10-h job that may run on 4 to 8
     GPUs starts now on 4, beside the lane, not on 8 in it; one that can only run on 8 enters
     the lane (it is never held); with no short job about, the flexible one takes 8 too."""
