@@ -76,9 +76,11 @@ def cluster_gpus(rows: Sequence[TraceRow], gpus_per_node: int = 8) -> int:
 
 
 def windows(rows: Sequence[TraceRow], vcs: Optional[Sequence[str]] = None, min_jobs: int = MIN_JOBS,
-            window_days: float = WINDOW_DAYS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(windows to run, windows skipped for fewer than ``min_jobs`` jobs): one dict per VC
-    and window start (``vc``, ``start_day``, ``jobs``, ``gpus``), in VC then day order."""
+            window_days: float = WINDOW_DAYS, max_jobs: Optional[int] = None
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(windows to run, windows skipped for fewer than ``min_jobs`` jobs or, with
+    ``max_jobs``, more): one dict per VC and window start (``vc``, ``start_day``, ``jobs``,
+    ``gpus``), in VC then day order."""
     by_vc: dict[str, list[TraceRow]] = defaultdict(list)
     for r in rows:
         by_vc[r.category].append(r)
@@ -95,7 +97,8 @@ def windows(rows: Sequence[TraceRow], vcs: Optional[Sequence[str]] = None, min_j
             counts[int(r.submit_s // (window_days * 86400.0))] += 1
         for k in sorted(counts):
             item = {"vc": vc, "start_day": k * window_days, "jobs": counts[k], "gpus": gpus}
-            (run if counts[k] >= min_jobs else skipped).append(item)
+            keep = counts[k] >= min_jobs and (max_jobs is None or counts[k] <= max_jobs)
+            (run if keep else skipped).append(item)
     return run, skipped
 
 
@@ -375,6 +378,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--truth-shape-noise", type=float, default=0.0,
                         help="log-normal sigma per config shape (where the runner has it)")
     parser.add_argument("--min-jobs", type=int, default=MIN_JOBS)
+    parser.add_argument("--max-jobs", type=int, help="skip windows with more jobs (listed as skipped): b436b2's"
+                        " day-42 window, 6,127 jobs, alone runs for most of an hour")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--dated", action="store_true", help="run each window at the trace's own dates, as"
@@ -402,7 +407,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise SystemExit("policy_windows.py: --truth-noise, --truth-shape-noise >= 0 and --workers >= 1")
     has_shape = SHAPE_FIELD in {f.name for f in dataclasses.fields(RunSpec)}
     try:
-        wins, skipped = windows(read_trace(args.workload), args.vc.split(",") if args.vc else None, args.min_jobs)
+        wins, skipped = windows(read_trace(args.workload), args.vc.split(",") if args.vc else None, args.min_jobs,
+                              max_jobs=args.max_jobs)
     except WorkloadError as exc:
         raise SystemExit("policy_windows.py: %s" % exc) from None
     wins = quick_subset(wins) if args.quick else wins
@@ -414,6 +420,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     partial=Path(args.out + ".partial.jsonl") if args.out else None, dated=args.dated)
     settings = {"workload": args.workload, "quick": args.quick, "loads": loads, "flex": flexes, "layouts": layouts,
                 "policies": POLICIES, "seed": args.seed, "dated": args.dated, "window_days": WINDOW_DAYS, "min_jobs": args.min_jobs,
+                "max_jobs": args.max_jobs,
                 "wait_bound_h": WAIT_BOUND_S / 3600, "truth_noise": args.truth_noise,
                 "truth_shape_noise": args.truth_shape_noise,
                 "truth_shape_noise_applied": bool(args.truth_shape_noise and has_shape),

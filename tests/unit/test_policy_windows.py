@@ -39,6 +39,9 @@ def test_windows_and_the_cluster_rule() -> None:
     assert [(w["start_day"], w["jobs"]) for w in run] == [(0.0, 1), (7.0, 1)] and not skipped
     run, skipped = pw.windows(rows, min_jobs=2)
     assert not run and len(skipped) == 2
+    rows.append(TraceRow("e", 11 * DAY, 60, 1, category="x"))  # week 1 now has 2 jobs
+    run, skipped = pw.windows(rows, min_jobs=1, max_jobs=1)
+    assert [w["start_day"] for w in run] == [0.0] and [(w["start_day"], w["jobs"]) for w in skipped] == [(7.0, 2)]
     with pytest.raises(WorkloadError, match="--vc nope.*known: x"):
         pw.windows(rows, ["nope"])
 
