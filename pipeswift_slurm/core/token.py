@@ -179,6 +179,13 @@ def submitted_gpus(admin_comment: str, gpus: int) -> int:
         return gpus
 
 
+def decision_token(config: ExecConfig, decided_at: int, held: bool, admin_comment: str, gpus: int) -> str:
+    """The decision token for a job whose AdminComment is ``admin_comment`` and whose size
+    now is ``gpus``: ``encode_decision`` with the GPUs it was submitted with carried over
+    (``submitted_gpus``), the one way every backend writes it."""
+    return encode_decision(config, decided_at, held=held, asked_gpus=submitted_gpus(admin_comment, gpus))
+
+
 def held_by_controller(admin_comment: str) -> bool:
     """Whether the decision token in ``admin_comment`` says the controller held the job."""
     try:

@@ -152,3 +152,7 @@ def test_the_decision_token_keeps_the_size_a_job_was_submitted_with() -> None:
     assert "asked" not in same and token.submitted_gpus(same, 4) == 4
     assert token.submitted_gpus("", 4) == 4 and token.submitted_gpus(grown.replace("asked=1", "asked=x"), 4) == 4
     assert token.decode_decision(grown) == (cfg, 1)  # the launcher reads the config as before
+    # a second resize keeps the first size, not the one in between: the backends' one way
+    regrown = token.decision_token(cfg, 2, True, grown, 2)
+    assert regrown.endswith(";hold=1;asked=1") and token.submitted_gpus(regrown, 4) == 1
+    assert "asked" not in token.decision_token(cfg, 2, False, "", 4)  # submitted at this size

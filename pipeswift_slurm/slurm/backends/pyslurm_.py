@@ -130,8 +130,9 @@ def modify_kwargs(decision: Decision, now: float, job: Optional[Job] = None,
     if decision.site_factor is not None:
         kwargs["site_factor"] = int(decision.site_factor)
     if decision.config is not None:
-        ours = token.encode_decision(decision.config, int(now), held=bool(decision.hold) if held is None else held,
-                                     asked_gpus=token.submitted_gpus(job.admin_comment, job.gpus) if job else None)
+        mark = bool(decision.hold) if held is None else held
+        ours = token.decision_token(decision.config, int(now), mark, job.admin_comment, job.gpus) if job else \
+            token.encode_decision(decision.config, int(now), held=mark)
         kwargs["admin_comment"] = admin_comment_value(job.admin_comment, ours, job.job_id) if job else ours
     return kwargs
 

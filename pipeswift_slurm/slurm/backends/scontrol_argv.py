@@ -153,8 +153,7 @@ def update_argv(decision: Decision, job: Job, now: float, held: Optional[bool] =
         fields.append("SiteFactor=%d" % int(decision.site_factor))
     if decision.config is not None:
         mark = bool(decision.hold) if held is None else held
-        ours = token.encode_decision(decision.config, int(now), held=mark,
-                                     asked_gpus=token.submitted_gpus(job.admin_comment, job.gpus))
+        ours = token.decision_token(decision.config, int(now), mark, job.admin_comment, job.gpus)
         fields.append(_admin_comment_field(admin_comment_value(job.admin_comment, ours, job.job_id)))
     return ["scontrol", "update", "JobId=%d" % job.job_id, *fields] if fields else None
 

@@ -212,12 +212,12 @@ class SimBackend:
         if decision.partition is not None:
             sim.partition = decision.partition
         if decision.config is not None:
-            from pipeswift_slurm.core.token import encode_decision, submitted_gpus
+            from pipeswift_slurm.core.token import decision_token
 
-            asked = submitted_gpus(sim.admin_comment, sim.gpus)
+            # the token reads the size the job had before this update
+            sim.admin_comment = decision_token(decision.config, int(self.now), sim.held, sim.admin_comment, sim.gpus)
             sim.num_nodes, sim.gpus_per_node = decision.config.num_nodes, decision.config.gpus_per_node
             sim.config = decision.config
-            sim.admin_comment = encode_decision(decision.config, int(self.now), held=sim.held, asked_gpus=asked)
         if decision.site_factor is not None:
             sim.site_factor = decision.site_factor
         if decision.time_limit_s is not None:
