@@ -223,7 +223,11 @@ class Timeline:
 
 def decision_for(job: Job, profile: JobProfile, option: Optional[Option], site_factor: int,
                  reason: str, estimator: EstimatorProtocol, start_s: Optional[float] = None) -> Decision:
-    """A decision resizing ``job`` to ``option`` (None = keep its size) at ``site_factor``."""
+    """A decision resizing ``job`` to ``option`` (None = keep its size) at ``site_factor``.
+    The reason says when the controller's exploration rule kept the job to layouts the site
+    has measured (``JobProfile.known_layouts_only``), so ``pipeswift explain`` tells its user."""
+    if profile.known_layouts_only:
+        reason += " (layouts the site has measured only: another job of its class is trying a new one)"
     if option is None:
         return Decision(job.job_id, site_factor=site_factor, reason=reason, predicted_start_s=start_s)
     old = current_config(job, profile)

@@ -225,6 +225,13 @@ def test_a_held_job_runs_its_users_layout_or_one_the_site_measured() -> None:
     assert all((cfg.tp, cfg.pp) == (4, 1) for _, cfg, _ in est.option_run_times_s(held, 8, 16))
     assert est.option_run_times_key(held, 8, 16) != est.option_run_times_key(profile, 8, 16)
     assert launcher.best_config(held, launcher.Allocation(*node_shape(8, 8)), est) == profile.requested
+    # its decision says why, for `pipeswift explain`; a free job's does not
+    from pipeswift_slurm.core.model import Job
+    from pipeswift_slurm.policy.common import Option, decision_for
+
+    job, opt = Job(1, "PENDING", 0.0, gpus=4), Option(8, profile.requested, 3600.0)
+    assert "another job of its class" in decision_for(job, held, opt, 5, "start now", est).reason
+    assert decision_for(job, profile, None, 5, "start now", est).reason == "start now"
     ran = {feature_key("gpt-1.3b", f, v): 1.0 for f, v in layout_features(fastest)}
     assert est.with_bias({**own, **ran}).best(held, 8).config == fastest
 
