@@ -17,6 +17,10 @@ import shlex
 from typing import Mapping, NamedTuple, Optional, Sequence
 
 MAX_LOGICAL_LINES = 400  # physical lines one shell command may span
+# Words that variable substitution may produce over a whole script. A real job script
+# expands a few hundred; assignments that each double the last (A2="$A1 $A1") would
+# otherwise grow without end. Past it, variables are left as written (unknown).
+MAX_EXPANDED_WORDS = 100_000
 
 
 # ---------------------------------------------------------------- script text
@@ -229,16 +233,24 @@ def _scanned_lines(lines: Sequence[str]) -> list[tuple[int, str, tuple[bool, lis
 
 class _Vars:
     """Shell variables as psbatch knows them: the script's plain assignments, over the
-    submit environment (an unquoted ``$X`` splits on blanks; split only when used)."""
+    submit environment (an unquoted ``$X`` splits on blanks; split only when used). Every
+    substitution spends its words from ``MAX_EXPANDED_WORDS``; once spent, a variable reads
+    as unknown, so reading a script stays bounded whatever its assignments."""
 
     def __init__(self, environ: Optional[Mapping[str, str]]) -> None:
         self.assigned: dict[str, list[str]] = {}
         self.environ = environ or {}
+        self.words_left = MAX_EXPANDED_WORDS
 
     def get(self, name: str) -> Optional[list[str]]:
         words = self.assigned.get(name)
         if words is None and name in self.environ:
             words = self.environ[name].split()
+        if words is not None:
+            if len(words) > self.words_left:
+                self.words_left = 0
+                return None
+            self.words_left -= len(words)
         return words
 
 

@@ -112,8 +112,12 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
     from pipeswift_slurm.core.token import MAX_TOKEN_CHARS
 
     if len(comment) > MAX_TOKEN_CHARS:
-        raise PsbatchError("the job's comment and its profile token are %d characters, over the %d the controller"
-                           " reads; shorten --comment" % (len(comment), MAX_TOKEN_CHARS))
+        if values.get("comment"):
+            raise PsbatchError("the job's comment and its profile token are %d characters, over the %d the"
+                               " controller reads; shorten --comment" % (len(comment), MAX_TOKEN_CHARS))
+        raise PsbatchError("the profile token of the training command on line %d is %d characters, over the %d"
+                           " the controller reads; pass fewer arguments there"
+                           % (cmd.line + 1, len(comment), MAX_TOKEN_CHARS))
     new_text = text if routed(cmd) else "\n".join(rewrite_lines(lines, cmd))
     return Plan(_with_options(argv, scan, comment, new_text), new_text, cmd, profile)
 

@@ -186,6 +186,17 @@ def test_variables_expand_from_script_and_environment():
     assert cmd.words[-6:] == ("--num-layers", "12", "--hidden-size", "64", "--seq-length", "128")
 
 
+def test_variables_that_double_at_each_line_are_read_in_bounded_work():
+    # a fuzzed script: each assignment doubles the last, so the 40th would hold 2**40 words;
+    # substitution spends a budget over the whole script, and past it a variable stays as
+    # written (the fuzz found 24 such lines took 19 s and 936 MB, and 27 would need 8 GB)
+    lines = ["A0=--bf16"] + ['A%d="$A%d $A%d"' % (i, i - 1, i - 1) for i in range(1, 41)]
+    lines.append("torchrun pretrain_gpt.py --num-layers 2 $A40 $A3")
+    cmd = training.find_training_command(lines)
+    assert cmd is not None and cmd.words[-2:] == ("$A40", "$A3")
+    assert len(cmd.words) < 10
+
+
 def test_declared_arrays_keep_their_flags():
     lines = ["declare -a BATCH=(--micro-batch-size 2 --global-batch-size 64)", "export -n L=12",
              'torchrun pretrain_gpt.py --num-layers $L "${BATCH[@]}"']
@@ -383,6 +394,14 @@ def test_a_comment_too_long_for_the_token_goes_unchanged(tmp_path):
     done, calls = _psbatch(["--comment=" + "x" * 60_000, "job.sh"], tmp_path)
     assert done.returncode == 0 and calls[0]["argv"] == ["--comment=" + "x" * 60_000, "job.sh"]
     assert "over the 60000 the controller reads; shorten --comment; submitted unchanged" in done.stderr.decode()
+    # with no comment, the training command's own arguments are what is too long, and the
+    # line says so (the fuzzed script behind the word budget above blamed a comment it did not have)
+    long_args = CHECKED.replace("pretrain_gpt.py", "pretrain_gpt.py " + " ".join(["--bf16"] * 9000))
+    (tmp_path / "job.sh").write_text(long_args)
+    done, calls = _psbatch(["job.sh"], tmp_path)
+    assert done.returncode == 0 and calls[-1]["argv"] == ["job.sh"]
+    assert "the profile token of the training command on line" in done.stderr.decode()
+    assert "pass fewer arguments there; submitted unchanged" in done.stderr.decode()
 
 
 def test_megatron_wrap_and_stdin_are_enriched(tmp_path):
