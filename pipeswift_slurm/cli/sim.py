@@ -280,9 +280,10 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Hard bound on any job's wait for pipeswift (hours).")
 @click.option("--truth-bias", multiple=True, help="CLASS_PREFIX=RATIO: true/predicted run time for a job class.")
 @click.option("--truth-noise", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
-              help="Log-normal sigma of per-job truth noise.")
+              help="Log-normal sigma of per-job truth noise (0 to 1).")
 @click.option("--truth-shape-noise", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
-              help="Log-normal sigma of a seeded true/predicted factor per config shape (tp, pp, micro-batch).")
+              help="Log-normal sigma of a seeded true/predicted factor per config shape (tp, pp, micro-batch;"
+              " 0 to 1).")
 @click.option("--truth-user-favour", type=FiniteFloatRange(min=0.1, max=10), default=1.0, show_default=True,
               help="The layout shape each job asked for really runs this many times faster than predicted.")
 @click.option("--layouts", type=click.Choice(("user", "expert")), default="user", show_default=True,

@@ -22,7 +22,7 @@ from pipeswift_slurm.sim.learning import learner, unseen_layout_errors
 from pipeswift_slurm.sim.mixed import SimPartition, assign_partitions, check_partitions
 from pipeswift_slurm.sim.metrics import alone_s, lower_bound_s, summarize, worst_user
 from pipeswift_slurm.sim.replay import to_workload, what_changed
-from pipeswift_slurm.sim.truth import ShapeNoise, TruthModel
+from pipeswift_slurm.sim.truth import MAX_TRUTH_SIGMA, ShapeNoise, TruthModel
 from pipeswift_slurm.sim.workload import (Conversion, TraceRow, WorkloadError, WorkloadJob, build_workload, offered_load,
                        read_trace, rescale_load, select_window, synthetic_trace, window_start_s)
 
@@ -166,6 +166,10 @@ def build_jobs(spec: RunSpec, cost: CostModel) -> tuple[list[WorkloadJob], dict[
     """Workload jobs plus a description (counts, offered load) for the report."""
     if spec.gpus % spec.gpus_per_node:
         raise WorkloadError("--gpus %d is not a multiple of --gpus-per-node %d" % (spec.gpus, spec.gpus_per_node))
+    for option, sigma in (("--truth-noise", spec.noise_sigma), ("--truth-shape-noise", spec.shape_sigma)):
+        if not 0 <= sigma <= MAX_TRUTH_SIGMA:
+            raise WorkloadError("%s %g: a log-normal sigma from 0 to %g (0.3 is a typical prediction error)"
+                                % (option, sigma, MAX_TRUTH_SIGMA))
     if spec.history is not None:
         conv = Conversion(cost, spec.gpus, spec.gpus_per_node, seed=spec.seed)
         jobs, facts = history_jobs(spec, conv)

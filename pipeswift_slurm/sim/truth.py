@@ -33,6 +33,11 @@ from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.hardware import GpuType
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 
+# The widest log-normal sigma of a truth error (per job or per shape): 1 already puts one job
+# in a hundred past 10 x its prediction; wider ones make run times astronomical (a simulation
+# of three jobs at sigma 10 never ends, and e**(sigma x z) overflows from about 700).
+MAX_TRUTH_SIGMA = 1.0
+
 ShapeKey = tuple[int, int, int, int, int]
 
 

@@ -71,6 +71,10 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "simulate --load inf": lambda t: [*SIM, "--load", "inf"],
     "simulate --own-layout-first without --learn": lambda t: [*SIM, "--own-layout-first"],
     "simulate --load 1e308": lambda t: [*SIM, "--load", "1e308"],
+    # found by fuzzing: sigma 1000 overflowed (a traceback), sigma 10 never ended
+    "simulate --truth-noise 1000": lambda t: [*SIM, "--truth-noise", "1000"],
+    "simulate --truth-noise 10": lambda t: [*SIM, "--truth-noise", "10"],
+    "simulate --truth-shape-noise 1e300": lambda t: [*SIM, "--policy", "fifo,pipeswift", "--truth-shape-noise", "1e300"],
     "simulate --flex nan": lambda t: [*SIM, "--flex", "nan"],
     "simulate --tick-interval inf": lambda t: [*SIM, "--tick-interval", "inf"],
     "simulate --gpus 1000000007": lambda t: ["simulate", "--policy", "fifo", "--jobs", "5", "--gpus", "1000000007"],
