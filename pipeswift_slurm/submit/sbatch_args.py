@@ -180,13 +180,21 @@ def strip_own_options(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, s
         PsbatchUsageError: an unknown ``--pipeswift-KEY`` (sbatch would refuse an unknown
             option too; a typo of ``--pipeswift=check`` must not submit the job).
     """
-    own_spans = [o for o in scan_argv(argv).opts if o.name.startswith("pipeswift")]
+    scan = scan_argv(argv)
+    own_spans = [o for o in scan.opts if o.name.startswith("pipeswift")]
     if not own_spans:
         return list(argv), []
     for o in own_spans:
         if o.name.rstrip("-") != "pipeswift" and o.name[len("pipeswift-"):] not in OWN_KEYS:
             raise PsbatchUsageError("unknown option --%s (known: %s, --pipeswift=off, --pipeswift=check)"
                                     % (o.name, ", ".join("--pipeswift-" + k for k in OWN_KEYS)))
+    last = own_spans[-1]
+    if scan.script_index is None and last.end == len(argv) and last.end - last.start == 2:
+        try:  # the last word went to an own option as a value it cannot be: it was the script
+            own_options([(last.name[len("pipeswift-"):], last.value or "")])
+        except PsbatchError:
+            raise PsbatchUsageError("--%s took %r, the last word, as its value, which leaves no script; write"
+                                    " --%s=VALUE before the script" % (last.name, last.value, last.name)) from None
     drop = {i for o in own_spans for i in range(o.start, o.end)}
     pairs = [(o.name[len("pipeswift"):].lstrip("-"), o.value or "") for o in own_spans]
     return [a for i, a in enumerate(argv) if i not in drop], pairs

@@ -582,6 +582,21 @@ def test_a_script_that_cannot_be_written_is_submitted_as_written(tmp_path):
         " rewritten script: no folder for it (/tmp: No space left on device); submitted unchanged\n"
 
 
+def test_an_own_option_that_took_the_script_as_its_value_submits_nothing(tmp_path):
+    """Found by fuzzing: ``--pipeswift-gpus job.sh`` took the script's name as the range and
+    left sbatch no script ("submitted unchanged", reading stdin). A value its option cannot
+    take, in the last word, with no script after it, is refused; a good one (the script on
+    stdin) is not."""
+    (tmp_path / "job.sh").write_text(CHECKED)
+    done, calls = _psbatch(["--pipeswift-gpus", "job.sh"], tmp_path, stdin=b"echo INJECTED\n")
+    assert done.returncode == 2 and calls == []
+    assert done.stderr.decode() == ("psbatch: error: --pipeswift-gpus took 'job.sh', the last word, as its value,"
+                                    " which leaves no script; write --pipeswift-gpus=VALUE before the script;"
+                                    " nothing submitted\n")
+    done, calls = _psbatch(["--pipeswift-gpus", "2-8"], tmp_path, stdin=CHECKED.encode())
+    assert done.returncode == 0 and calls[0]["argv"][0].startswith("--comment=pswift1;")
+
+
 @pytest.mark.parametrize("args", [["--pipeswift-check", "job.sh"], ["--pipeswift-gpu", "job.sh"],
                                   ["--pipeswift-check", "--pipeswift=check", "job.sh"]])
 def test_an_unknown_own_option_submits_nothing_and_keeps_the_script(tmp_path, args):
