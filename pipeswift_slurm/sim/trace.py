@@ -41,8 +41,8 @@ class TraceRow:
 def _open_text(path: Path) -> io.TextIOBase:
     raw = open_nowait(path)  # a FIFO nobody writes is an empty file, not a hang
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(raw, "rb"), encoding="utf-8")
-    return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        return io.TextIOWrapper(gzip.open(raw, "rb"), encoding="utf-8-sig")  # -sig: a BOM (Excel) is no field
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
 
 
 # The largest value of each number column: beyond any real cluster's trace (a submit time in

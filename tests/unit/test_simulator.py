@@ -651,6 +651,9 @@ def test_read_trace_errors_name_file_line_and_column(tmp_path: Path) -> None:
         read_trace(path)
     path.write_text("job_id,submit_time_s,duration_s,num_gpus,user,cluster\nj1,0,60,1,alice,vc1\n")
     assert read_trace(path) == [TraceRow("j1", 0.0, 60.0, 1, "alice", "vc1")]
+    # a CSV saved by Excel starts with a byte-order mark: it is not part of the first column's name
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert read_trace(path) == [TraceRow("j1", 0.0, 60.0, 1, "alice", "vc1")]
 
 
 @pytest.mark.parametrize("row, needle", [
