@@ -509,9 +509,13 @@ def test_hands_off_whenever_python_would_look_closer(bins, args, job, stdin, mon
     starts Python (here: fails to, and says so); sbatch always gets the same stdin bytes."""
     (bins.work / "job.sh").write_bytes(job)
     monkeypatch.chdir(bins.work)
-    stripped, pairs = sbatch_args.strip_own_options(args)
-    source = psbatch.read_source(stripped, _Stdin(stdin or b""))
-    python_looks = bool(pairs) or (source.text is not None and any(m in source.text for m in plan.MARKERS))
+    try:
+        stripped, pairs = sbatch_args.strip_own_options(args)
+    except sbatch_args.PsbatchUsageError:  # an own option Python refuses (it took the script as its value)
+        python_looks = True
+    else:
+        source = psbatch.read_source(stripped, _Stdin(stdin or b""))
+        python_looks = bool(pairs) or (source.text is not None and any(m in source.text for m in plan.MARKERS))
     got = _run(bins, [bins.no_python], args, stdin)
     handed = got.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")
     assert handed or not python_looks
