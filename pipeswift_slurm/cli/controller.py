@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 
 import click
 
-from pipeswift_slurm.cli.common import Obj, fail, pass_obj
+from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, pass_obj
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +348,7 @@ def tick_cmd(obj: Obj, config_path: Optional[str], db_url: Optional[str], backen
 @_config_option
 @_db_option
 @_backend_option
-@click.option("--interval", "interval_s", type=click.FloatRange(min=1), default=60.0, show_default=True,
+@click.option("--interval", "interval_s", type=FiniteFloatRange(min=1, max=86400), default=60.0, show_default=True,
               help="Seconds between ticks.")
 @click.option("--max-ticks", type=click.IntRange(min=1), help="Stop after this many ticks (tests).")
 @_dry_run_option

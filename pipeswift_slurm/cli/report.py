@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import click
 
-from pipeswift_slurm.cli.common import Obj, echo_json, fail, output_file, pass_obj
+from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, echo_json, fail, output_file, pass_obj
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.slurm.config import DEFAULT_PATH as DEFAULT_CONFIG_PATH
@@ -106,14 +106,14 @@ def _report_options(default_by: Optional[str]) -> Callable[..., Any]:
             ),
             click.option(
                 "--threshold",
-                type=click.FloatRange(0, 1),
+                type=FiniteFloatRange(0, 1),
                 default=0.5,
                 show_default=True,
                 help="Queue share of small jobs' JCT above which the verdict is queue-bound.",
             ),
             click.option(
                 "--wait-bound-h",
-                type=click.FloatRange(min=0),
+                type=FiniteFloatRange(min=0),
                 default=PipeSwiftKnobs().wait_bound_s / 3600.0,
                 show_default=True,
                 help="Waits above this count as over the bound (default: the policy's wait_bound_s).",

@@ -5,6 +5,13 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
+def visible(text: str) -> str:
+    """``text`` with every character a terminal would act on (ESC, BEL, a newline, any
+    other that is not printable) written as its escape (``\\x1b``, ``\\n``): job names,
+    users and reasons come from users and from a history anyone may have edited."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -16,7 +23,7 @@ def _cell(value: Any) -> str:
         if abs(value) >= 10:
             return "%.1f" % value
         return "%.3g" % value
-    return str(value)
+    return visible(str(value))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -115,7 +115,10 @@ def _in_range(value: float, meta: Mapping[str, Any]) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float, and one a float knob can take (not an int past 1e308)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    return math.isfinite(value) if isinstance(value, float) else abs(value) < 2 ** 1023
 
 
 def check_knob(cls: type, name: str, value: Any) -> Any:

@@ -20,7 +20,7 @@ from dataclasses import asdict, astuple, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Optional
 
-from pipeswift_slurm.core.fmt import duration, table
+from pipeswift_slurm.core.fmt import duration, table, visible
 from pipeswift_slurm.reports.metrics import Metrics, prometheus_text  # noqa: F401
 from pipeswift_slurm.reports.plots import draw_bias, draw_decisions, draw_jct_cdf, draw_queue_ratio  # noqa: F401
 from pipeswift_slurm.reports.plots import draw_waits, figure, png_bytes, save_png  # noqa: F401
@@ -242,7 +242,7 @@ def csv_tables(tables: Sequence[Table]) -> str:
         if len(tables) > 1:
             out.write("%s# %s\n" % ("\n" if i else "", t.name))
         writer.writerow(t.headers)
-        writer.writerows([["" if v is None else v for v in row] for row in t.rows])
+        writer.writerows([["" if v is None else visible(v) if isinstance(v, str) else v for v in row] for row in t.rows])
     return out.getvalue()
 
 
@@ -373,4 +373,4 @@ def explain_text(e: Any) -> str:
             )
         )
         lines.append("  * chosen   u the user's own config   fits_now: fits the GPUs free at the last tick")
-    return "\n".join(lines)
+    return "\n".join(visible(line) for line in lines)

@@ -124,15 +124,17 @@ def _check(path: str, section: str, key: str, value: Any, kind: type) -> Any:
         raise ConfigError("%s: [%s] %s must be at most %d (got %r)" % (path, section, key, MAX_GPUS_PER_NODE, value))
     if kind is not int and not isinstance(value, kind):
         raise ConfigError("%s: [%s] %s must be a %s (got %r)" % (path, section, key, kind.__name__, value))
+    if kind is str and "\0" in value:  # every string is a path, a name or a URL: none can hold one
+        raise ConfigError("%s: [%s] %s must not contain a NUL character" % (path, section, key))
     if kind is list:
-        if not all(isinstance(v, str) and v.strip() for v in value):
+        if not all(isinstance(v, str) and v.strip() and "\0" not in v for v in value):
             raise ConfigError("%s: [%s] %s must be a list of names (strings, none empty)" % (path, section, key))
         return tuple(value)
     if key == "measure_dir" and value and not os.path.isabs(value):
         raise ConfigError("%s: [%s] %s must be an absolute path (got %r): the launchers write there from"
                           " every job's own working directory" % (path, section, key, value))
     if key == "partition_gpu_types":
-        if not all(isinstance(v, str) and v for v in value.values()):
+        if not all(isinstance(v, str) and v and k.strip() and "\0" not in k for k, v in value.items()):
             raise ConfigError("%s: [%s.%s] each value must be a GPU type name, e.g. a100 = \"A100-80GB\""
                               % (path, section, key))
         return tuple(sorted(value.items()))
@@ -155,6 +157,8 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
         data = tomllib.loads(read_plain(chosen, MAX_CONFIG_BYTES).decode("utf-8"))  # never waits on a FIFO
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("%s: cannot read config: %s" % (chosen, exc)) from None
+    except RecursionError:  # tomllib reads nested arrays and tables recursively
+        raise ConfigError("%s: cannot read config: values nested too deeply" % chosen) from None
     values: dict[str, Any] = {"source": chosen}
     for section, table in data.items():
         if section not in _SCHEMA:

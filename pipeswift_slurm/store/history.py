@@ -38,6 +38,7 @@ This module must not be imported by the policy; it imports nothing from Slurm ba
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,8 +111,8 @@ def shown_url(url: str) -> str:
         return url
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+    except (ArgumentError, ValueError):  # not a URL SQLAlchemy reads: hide what may be a password
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def sqlite_path(url: str) -> Optional[Path]:
@@ -183,19 +184,13 @@ JOURNAL_MODES = ("DELETE", "WAL")
 
 def make_engine(url: str, busy_timeout_s: float = 30.0, *, readonly: bool = False,
                 journal_mode: str = "DELETE") -> Engine:
-    """Create an engine; a bare file path means SQLite. SQLite connections get tuned.
-
-    Args:
-        url: SQLAlchemy URL (``sqlite:////var/lib/pipeswift/pipeswift.sqlite``,
-            ``postgresql://...``) or a plain file path. A SQLite file's folder is created
-            if missing (not for a reader).
-        busy_timeout_s: how long a SQLite connection waits for another one's lock.
-        readonly: open a SQLite file read-only (``mode=ro``): nothing is created, no
-            pragma writes, so a user with read permission only can read it; on
-            PostgreSQL, every transaction is READ ONLY.
-        journal_mode: "DELETE" (the controller's history: readable by any reader) or
-            "WAL" (a private file written fast, e.g. by a simulation).
-    """
+    """Create an engine for ``url`` (``sqlite:////var/lib/pipeswift/pipeswift.sqlite``,
+    ``postgresql://...``, or a plain file path: SQLite, its folder made if missing, not for a
+    reader). SQLite connections wait ``busy_timeout_s`` for a lock. ``readonly``: a SQLite
+    file opens with ``mode=ro`` (nothing created or written: a user who may only read can),
+    a PostgreSQL transaction is READ ONLY. ``journal_mode``: "DELETE" (the controller's
+    history, readable by any reader) or "WAL" (a private file written fast: a simulation).
+    A URL or path that cannot be opened raises StoreUnavailable (one line to show)."""
     if journal_mode not in JOURNAL_MODES:
         raise ValueError("journal_mode must be one of %s (got %r)" % (", ".join(JOURNAL_MODES), journal_mode))
     if "://" not in url:
@@ -208,7 +203,7 @@ def make_engine(url: str, busy_timeout_s: float = 30.0, *, readonly: bool = Fals
             return engine.execution_options(postgresql_readonly=True) if readonly else engine
     except ImportError as exc:
         raise _driver_missing(url, exc) from None
-    except (ArgumentError, NoSuchModuleError) as exc:
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:  # ValueError: a port that is no number
         raise StoreUnavailable("%s is not a history URL SQLAlchemy can open (%s): give a SQLite file path"
                                " or a URL such as postgresql+psycopg://user@host/db"
                                % (shown_url(url), exc)) from None
@@ -216,14 +211,19 @@ def make_engine(url: str, busy_timeout_s: float = 30.0, *, readonly: bool = Fals
     in_memory = database in ("", ":memory:")
     kwargs: dict[str, Any] = {}
     target: Any = url
-    if in_memory:
-        kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
-    elif readonly and not database.startswith("file:"):
-        path = str(Path(database).expanduser().resolve())
-        target = parsed.set(database="file:%s" % quote(path), query={**parsed.query, "mode": "ro", "uri": "true"})
-    elif not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(target, **kwargs)
+    try:
+        if in_memory:
+            kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+        elif readonly and not database.startswith("file:"):
+            path = str(Path(database).expanduser().resolve())
+            target = parsed.set(database="file:%s" % quote(path), query={**parsed.query, "mode": "ro", "uri": "true"})
+        elif not database.startswith("file:"):
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(target, **kwargs)
+    except ImportError as exc:  # sqlite+DRIVER whose module is not installed
+        raise _driver_missing(url, exc) from None
+    except (OSError, ValueError) as exc:  # a folder that cannot be made; a NUL in the path
+        raise StoreUnavailable("cannot open the history %s: %s" % (shown_url(url), exc)) from None
     _tune_sqlite(engine, busy_timeout_s, None if in_memory or readonly else journal_mode)
     return engine
 

@@ -126,7 +126,32 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "controller tick with wait_bound_s='long'": lambda t: [
         "controller", "tick", "--config", config(t, '[store]\nurl = "%s"\n[policy]\nname = "pipeswift"\n'
                                                  '[policy.knobs]\nwait_bound_s = "long"\n' % (t / "h.sqlite"))],
+    # found by fuzzing the admin's side (tracebacks, or a daemon that ticks back to back or never)
+    "controller run --interval nan": lambda t: ["controller", "run", "--dry-run", "--interval", "nan"],
+    "controller run --interval inf": lambda t: ["controller", "run", "--dry-run", "--interval", "inf"],
+    "report queue-ratio --threshold nan": lambda t: ["report", "queue-ratio", "--threshold", "nan",
+                                                     "--db", history(t)],
+    "report waits --wait-bound-h nan": lambda t: ["report", "waits", "--wait-bound-h", "nan", "--db", history(t)],
+    "report --db with a port that is no number": lambda t: ["report", "jct", "--db", "postgresql://u@db:x/p"],
+    "report --db sqlite driver not installed": lambda t: ["report", "jct", "--db",
+                                                          "sqlite+pysqlcipher:///%s" % history(t)],
+    "config nested too deeply": lambda t: ["controller", "tick", "--dry-run", "--config",
+                                           config(t, "x = " + "[" * 5000 + "]" * 5000 + "\n")],
+    "config knob an int past 1e308": lambda t: ["controller", "tick", "--dry-run", "--config", config(
+        t, '[policy]\nname = "pipeswift"\n[policy.knobs]\nwait_bound_s = %s\n' % ("9" * 400))],
+    "config NUL in a path": lambda t: ["controller", "tick", "--dry-run", "--config",
+                                       config(t, '[controller]\nlock_file = "/tmp/a\\u0000b"\n')],
+    "simulate PriorityMaxAge superscript": lambda t: [*SIM, "--slurm-config",
+                                                      slurm_conf(t, "PriorityMaxAge=\u00b2\n")],
+    "simulate PriorityMaxAge 400 digits": lambda t: [*SIM, "--slurm-config",
+                                                     slurm_conf(t, "PriorityMaxAge=%s\n" % ("9" * 400))],
 }
+
+
+def slurm_conf(tmp: Path, text: str) -> str:
+    path = tmp / "slurm.conf"
+    path.write_text(text)
+    return str(path)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -862,3 +862,24 @@ def test_an_output_that_is_no_plain_file_is_never_replaced(ctl_db, tmp_path):
     assert (tmp_path / "link.prom").is_symlink() and "pipeswift_queue_ratio" in real.read_text()
     with pytest.raises(OSError, match="is not a plain file"):
         write_atomic(str(fifo), "x")
+
+
+def test_text_from_users_or_an_edited_history_cannot_drive_the_terminal() -> None:
+    """Found by fuzzing: an ESC sequence in a stored reason (it set the terminal's title) and
+    a newline in a user name reached the admin's terminal as they were; every table cell,
+    CSV cell and explain line now shows them as escapes."""
+    from pipeswift_slurm.core.fmt import table, visible
+    from pipeswift_slurm.reports.render import Table, csv_tables
+
+    assert visible("evil\x1b]0;pwn\x07\nuser") == "evil\\x1b]0;pwn\\x07\\nuser"
+    assert visible("plain é, tabs\tno") == "plain é, tabs\\tno" and visible("ok") == "ok"
+    shown = table(["user", "n"], [["a\nb\x1b[31m", 1]])
+    assert "\x1b" not in shown and shown.splitlines()[2].startswith("a\\nb\\x1b[31m")
+    csv = csv_tables([Table("t", "T", ["user"], [["a\x1bb"]], [])])
+    assert "\x1b" not in csv and "a\\x1bb" in csv
+
+
+def test_a_url_sqlalchemy_cannot_read_is_shown_without_its_password() -> None:
+    from pipeswift_slurm.store.history import shown_url
+
+    assert shown_url("postgresql://u:secret@db:notaport/p") == "postgresql://u:***@db:notaport/p"

@@ -126,8 +126,8 @@ def settings_from_pairs(pairs: dict[str, str], where: str = "slurm config") -> S
     if kv.get("prioritymaxage"):
         age = parse_duration_s(kv["prioritymaxage"])
         if age is None:
-            raise SchedulingSettingsError("%s: PriorityMaxAge=%r is not a Slurm duration (e.g. 7-0)"
-                                          % (where, kv["prioritymaxage"]))
+            shown = kv["prioritymaxage"] if len(kv["prioritymaxage"]) <= 40 else kv["prioritymaxage"][:40] + "..."
+            raise SchedulingSettingsError("%s: PriorityMaxAge=%r is not a Slurm duration (e.g. 7-0)" % (where, shown))
         out["max_age_s"] = float(age)
     out["favor_small"] = kv.get("priorityfavorsmall", "no").lower() in ("yes", "1", "true")
     if "slurmdbd" not in kv.get("accountingstoragetype", ""):

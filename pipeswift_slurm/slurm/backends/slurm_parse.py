@@ -235,17 +235,21 @@ def parse_kv_line(line: str) -> dict[str, str]:
 
 def parse_duration_s(value: str) -> Optional[int]:
     """Slurm duration ``[D-]HH:MM:SS`` / ``MM:SS`` / ``D-HH[:MM]`` / minutes to seconds;
-    None if UNLIMITED."""
-    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", value.strip())
+    None if UNLIMITED, or not a duration (ASCII digits only, at most 32 characters: ``²`` or
+    a 400-digit count of minutes is no duration Slurm prints)."""
+    value = value.strip()
+    if len(value) > 32 or not value.isascii():
+        return None
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", value)
     if match:
         days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
         if match.group(1) is not None and match.group(2) is None:  # D-HH:MM
             days, hours, minutes, seconds = days, minutes, seconds, 0
         return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    match = re.fullmatch(r"(\d+)-(\d+)", value.strip())  # D-HH
+    match = re.fullmatch(r"(\d+)-(\d+)", value)  # D-HH
     if match:
         return (int(match.group(1)) * 24 + int(match.group(2))) * 3600
-    return int(value) * 60 if value.strip().isdigit() else None
+    return int(value) * 60 if value.isdigit() else None
 
 
 # ------------------------------------------------------------------------------------ nodes, sprio
