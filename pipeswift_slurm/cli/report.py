@@ -9,57 +9,20 @@ matplotlib is imported only when a plot or HTML file is asked for.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Optional
 
 import click
 
 from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, echo_json, fail, output_file, pass_obj
+from pipeswift_slurm.cli.history_db import open_history, readable_values
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.slurm.config import DEFAULT_PATH as DEFAULT_CONFIG_PATH
 
 DEFAULT_DB = "/var/lib/pipeswift/pipeswift.sqlite"
 BY_CHOICES = ("hour", "day", "user", "size", "partition")
-
-
-def open_history(db: str) -> Any:
-    """The Store over ``db`` opened read-only (a user who may read the file may run every
-    report); one error line (exit 2) when unusable."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from pipeswift_slurm.reports.queries import has_history_tables
-    from pipeswift_slurm.store.history import Store, StoreUnavailable, shown_url, sqlite_path
-
-    path = sqlite_path(db)
-    if path is not None:
-        if not path.is_file():
-            fail("no history database at %s (give --db FILE or set PIPESWIFT_DB)" % path)
-    try:
-        store = Store.reader(db)
-        if not has_history_tables(store.engine):
-            fail("%s is not a pipeswift history database (no jobs/ticks/decisions tables)" % shown_url(db))
-        return store
-    except StoreUnavailable as exc:
-        fail(str(exc))
-    except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__]
-        fail("cannot read %s: %s%s" % (shown_url(db), reason[0], wal_hint(path)))
-
-
-def wal_hint(path: Optional[Path]) -> str:
-    """Why a read-only user cannot open a WAL database, and what helps ("" otherwise)."""
-    try:
-        if path is None or path.read_bytes()[18:20] != b"\x02\x02" or os.access(path.parent, os.W_OK):
-            return ""
-    except OSError:
-        return ""
-    return ("; it is in WAL mode, which a reader can only open with write access to %s: run one controller"
-            " tick of this release (it switches the history to journal_mode DELETE), or read it as its owner"
-            % path.parent)
 
 
 def _db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -216,20 +179,21 @@ def run_report(kind: str, o: dict[str, Any]) -> None:
         if o.get(key):
             output_file(o[key], what)  # before any work, not after the tables
     store = open_history(o["db"])
-    window = _window(store, o.get("since"), o.get("until"))
-    if o.get("prometheus"):
-        _write_prometheus(store, window, o)
-    data = _compute(kind, store, window, o)
-    if _is_empty(kind, store, window, data):
-        line = _empty_line(kind, window, o["db"])
-        if o.get("html_out"):
-            _save(o["html_out"], rr.html_report("pipeswift report", [line], [], []))
-        click.echo(line, err=o["fmt"] != "table" or o["quiet"])
-        return
-    if not o["quiet"]:
-        _print(kind, data, o["fmt"])
-    if o.get("plot") or o.get("html_out"):
-        _figures(kind, store, window, data, o)
+    with readable_values(o["db"]):
+        window = _window(store, o.get("since"), o.get("until"))
+        if o.get("prometheus"):
+            _write_prometheus(store, window, o)
+        data = _compute(kind, store, window, o)
+        if _is_empty(kind, store, window, data):
+            line = _empty_line(kind, window, o["db"])
+            if o.get("html_out"):
+                _save(o["html_out"], rr.html_report("pipeswift report", [line], [], []))
+            click.echo(line, err=o["fmt"] != "table" or o["quiet"])
+            return
+        if not o["quiet"]:
+            _print(kind, data, o["fmt"])
+        if o.get("plot") or o.get("html_out"):
+            _figures(kind, store, window, data, o)
 
 
 def _print(kind: str, data: Any, fmt: str) -> None:
@@ -382,10 +346,12 @@ def explain(
     from pipeswift_slurm.reports.render import explain_text
 
     store = open_history(db)
+    cfg = _controller_config(gpu_type)
     try:
-        cfg = _controller_config(gpu_type)
-        expl = explain_job(store, job_id, _gpu_of_partition(obj, gpu_type, cfg), gpus_per_node, top,
-                           own_layout_first=cfg is not None and cfg.own_layout_first)
+        with readable_values(db):
+            expl = explain_job(store, job_id, _gpu_of_partition(obj, gpu_type, cfg), gpus_per_node, top,
+                               own_layout_first=cfg is not None and cfg.own_layout_first)
+            text = None if as_json else explain_text(expl)
     except UnknownJob:
         fail(
             "job %d is not in the history DB %s (the controller has not seen it yet, or wrong --db)"
@@ -394,5 +360,5 @@ def explain(
     if as_json:
         echo_json(asdict(expl))
     else:
-        click.echo(explain_text(expl))
+        click.echo(text)
     sys.stdout.flush()

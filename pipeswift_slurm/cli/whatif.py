@@ -31,7 +31,7 @@ def load_history(sacct: Optional[str], history_db: Optional[str], **trace_only: 
             return read_sacct(sacct)
         except WorkloadError as exc:
             fail(str(exc))
-    from pipeswift_slurm.cli.report import open_history
+    from pipeswift_slurm.cli.history_db import open_history
     from pipeswift_slurm.store.history import shown_url
     from pipeswift_slurm.store.reads import ran_job_rows
 

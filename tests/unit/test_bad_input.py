@@ -132,6 +132,9 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "report queue-ratio --threshold nan": lambda t: ["report", "queue-ratio", "--threshold", "nan",
                                                      "--db", history(t)],
     "report waits --wait-bound-h nan": lambda t: ["report", "waits", "--wait-bound-h", "nan", "--db", history(t)],
+    "report jct on a damaged history": lambda t: ["report", "jct", "--db", damaged_history(t)],
+    "report all on a damaged history": lambda t: ["report", "all", "--db", damaged_history(t)],
+    "explain on a damaged history": lambda t: ["explain", "5", "--db", damaged_history(t)],
     "report --db with a port that is no number": lambda t: ["report", "jct", "--db", "postgresql://u@db:x/p"],
     "report --db sqlite driver not installed": lambda t: ["report", "jct", "--db",
                                                           "sqlite+pysqlcipher:///%s" % history(t)],
@@ -146,6 +149,20 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "simulate PriorityMaxAge 400 digits": lambda t: [*SIM, "--slurm-config",
                                                      slurm_conf(t, "PriorityMaxAge=%s\n" % ("9" * 400))],
 }
+
+
+def damaged_history(tmp: Path) -> str:
+    """A history with text where a tick's time belongs (SQLite keeps it: it does not enforce
+    a column's type) and a job whose times are past any date."""
+    import sqlite3
+
+    path = history(tmp)
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO ticks (tick_id, started_at, finished_at, policy, dry_run, status)"
+                   " VALUES (1, 's', 's', 'pipeswift', 0, 'ok')")
+        db.execute("INSERT INTO jobs (job_id, state, submit_time, start_time, end_time, queue_s, run_s, gpus)"
+                   " VALUES (5, 'COMPLETED', 1e308, 1e308, 1e308, 1, 1, 1)")
+    return path
 
 
 def slurm_conf(tmp: Path, text: str) -> str:
