@@ -233,7 +233,9 @@ def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Option
     another controller holds the history's lease (``controller_lease``: two hosts, or two
     lock files, sharing one database never act in the same tick)."""
     from pipeswift_slurm.slurm.backends import BackendError
-    from pipeswift_slurm.store.history import StoreBusy, StoreError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from pipeswift_slurm.store.history import StoreBusy, StoreError, shown_url
 
     try:
         with tick_lock(cfg.lock_file) as got:
@@ -252,6 +254,10 @@ def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Option
                 fail("database busy: %s" % exc, 1)
             except StoreError as exc:
                 fail("database: %s (nothing more was changed in Slurm; the next tick reads back what was)" % exc, 1)
+            except SQLAlchemyError as exc:  # e.g. a database holding another program's tables of these names
+                why = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+                fail("database %s: %s (is it pipeswift's history? give another [store] url)"
+                     % (shown_url(cfg.db_url), why), 1)
     except LockPathError as exc:
         fail(str(exc))
     return None

@@ -192,8 +192,10 @@ def _finished_jobs(s: Session, job_class: Optional[str], since: Optional[float],
         query = query.where(JobRow.job_class == job_class)
     if since is not None:
         query = query.where(JobRow.end_time >= since)
+    # SQLite keeps text in a REAL column (a history edited by hand): such a row is no run to learn from
     return [FinishedJob(r.job_id, r.job_class or "", r.predicted_run_s, r.run_s, r.end_time,
-                        r.state, r.partition, r.calibration_skip, r.user or "") for r in s.execute(query)]
+                        r.state, r.partition, r.calibration_skip, r.user or "") for r in s.execute(query)
+            if all(isinstance(v, (int, float)) for v in (r.predicted_run_s, r.run_s, r.end_time))]
 
 
 def _calibration(s: Session) -> dict[str, tuple[float, int]]:

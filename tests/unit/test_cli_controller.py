@@ -70,6 +70,33 @@ def test_a_config_file_without_dry_run_is_live(cluster, tmp_path):
     assert result.exit_code == 0 and "dry run" not in result.stderr
 
 
+def test_a_history_of_another_program_or_edited_by_hand_is_one_line_not_a_traceback(cluster, tmp_path):
+    """Found by fuzzing: a database whose ``ticks`` and ``jobs`` are another program's tables
+    ended the tick in an IntegrityError traceback; text in a finished job's run time ended a
+    live tick in the calibration refit (a TypeError), after its decisions were recorded."""
+    import sqlite3
+
+    foreign = tmp_path / "other.sqlite"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE jobs (x)")
+        db.execute("CREATE TABLE ticks (y)")
+    path = tmp_path / "config.toml"
+    path.write_text("[store]\nurl = '%s'\n[controller]\nlock_file = '%s'\n" % (foreign, tmp_path / "l.lock"))
+    result = CliRunner().invoke(pipeswift, ["controller", "tick", "--dry-run", "--config", str(path)])
+    assert result.exit_code == 1 and result.exception.__class__ is SystemExit, result.output
+    assert result.stderr.splitlines()[-1].startswith("pipeswift: error: database %s: " % foreign)
+    assert "is it pipeswift's history?" in result.stderr
+
+    from pipeswift_slurm.store.history import Store
+
+    mine = tmp_path / "h.sqlite"
+    store = Store.from_url(str(mine))
+    with sqlite3.connect(mine) as db:
+        db.execute("INSERT INTO jobs (job_id, state, job_class, predicted_run_s, run_s, end_time)"
+                   " VALUES (3, 'COMPLETED', 'gpt', 100.0, 'x', 1.0), (4, 'COMPLETED', 'gpt', 100.0, 90.0, 2.0)")
+    assert [f.job_id for f in store.finished_jobs()] == [4]  # the row that is no run is not learned from
+
+
 def test_run_takes_dry_run(cluster, tmp_path):
     path = tmp_path / "config.toml"
     path.write_text("[store]\nurl = '%s'\n[controller]\nlock_file = '%s'\n" % (tmp_path / "h.sqlite",
