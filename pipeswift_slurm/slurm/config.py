@@ -154,7 +154,7 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
     if chosen is None:
         return ControllerConfig(dry_run=True, db_url="", source=NO_FILE)
     try:
-        data = tomllib.loads(read_plain(chosen, MAX_CONFIG_BYTES).decode("utf-8"))  # never waits on a FIFO
+        data = tomllib.loads(read_plain(chosen, MAX_CONFIG_BYTES).decode("utf-8-sig"))  # no FIFO wait; a BOM is no key
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("%s: cannot read config: %s" % (chosen, exc)) from None
     except RecursionError:  # tomllib reads nested arrays and tables recursively

@@ -182,3 +182,10 @@ def test_a_config_that_is_a_fifo_is_one_error_not_a_hang(tmp_path):
     os.mkfifo(tmp_path / "c.toml")
     with pytest.raises(ConfigError, match="cannot read config: not a plain file"):
         load_config(str(tmp_path / "c.toml"))
+
+
+def test_a_config_saved_with_a_byte_order_mark_loads(tmp_path):
+    """An editor that writes a BOM made the first line "Invalid statement" (found by fuzzing)."""
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"\xef\xbb\xbf[store]\nurl = '/var/lib/pipeswift/h.sqlite'\n")
+    assert load_config(str(path)).db_url == "/var/lib/pipeswift/h.sqlite"
