@@ -54,7 +54,8 @@ def readable_values(db: str) -> Iterator[None]:
             raise
         why = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0][:200]
         fail("cannot read %s: it holds a value the reports do not expect (%s: %s); it may be damaged, or from an"
-             " older version (a controller tick adds the columns a newer one reads)" % (shown_url(db), type(exc).__name__, why))
+             " older version (a controller tick adds the columns a newer one reads)"
+             % (shown_url(db), type(exc).__name__, why))
 
 
 def wal_hint(path: Optional[Path]) -> str:
