@@ -13,6 +13,7 @@ import click
 from pipeswift_slurm.cli.common import Obj, echo_json, fail, layer_profile_option, load_layer_profile, pass_obj
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, GpuType
 from pipeswift_slurm.core.request import MAX_GPUS
+from pipeswift_slurm.slurm.config import MAX_GPUS_PER_NODE
 
 
 def _profile(megatron_args: Sequence[str], world: Optional[int], gpus_per_node: int,
@@ -87,7 +88,7 @@ def estimate_dict(est: Any, profile: Any, cost: Any) -> dict[str, Any]:
 @click.command()
 @gpu_type_option
 @click.option("--num-gpus", type=click.IntRange(min=1, max=MAX_GPUS), help="World size (default tp*pp*cp).")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(1, MAX_GPUS_PER_NODE), default=8, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
 @layer_profile_option
 @click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
@@ -155,7 +156,7 @@ def parse_gpu_range(text: str) -> tuple[int, int]:
 
 @click.command()
 @click.option("--gpus", "gpus_text", required=True, help="GPU count or range, e.g. 8 or 4-64.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(1, MAX_GPUS_PER_NODE), default=8, show_default=True)
 @gpu_type_option
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--explain", is_flag=True, help="Also list excluded configs and why.")

@@ -20,6 +20,7 @@ from pipeswift_slurm.cli.history_db import open_history, readable_values
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.slurm.config import DEFAULT_PATH as DEFAULT_CONFIG_PATH
+from pipeswift_slurm.slurm.config import MAX_GPUS_PER_NODE
 
 DEFAULT_DB = "/var/lib/pipeswift/pipeswift.sqlite"
 BY_CHOICES = ("hour", "day", "user", "size", "partition")
@@ -329,7 +330,7 @@ def _gpu_of_partition(obj: Obj, gpu_type: Optional[str], cfg: Any) -> Callable[[
 @click.option("--gpu-type", help="The GPU type to predict on. Default: the job's partition's in the controller's"
               " config ([slurm.partition_gpu_types], else [slurm] gpu_type; $PIPESWIFT_CONFIG or %s), else %s."
               % (DEFAULT_CONFIG_PATH, DEFAULT_GPU_TYPE))
-@click.option("--gpus-per-node", type=click.IntRange(min=1), help="Default: from the last tick (else 8).")
+@click.option("--gpus-per-node", type=click.IntRange(1, MAX_GPUS_PER_NODE), help="Default: from the last tick (else 8).")
 @click.option(
     "--top", type=click.IntRange(min=1), default=8, show_default=True, help="Candidate configs listed."
 )

@@ -132,6 +132,7 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "report queue-ratio --threshold nan": lambda t: ["report", "queue-ratio", "--threshold", "nan",
                                                      "--db", history(t)],
     "report waits --wait-bound-h nan": lambda t: ["report", "waits", "--wait-bound-h", "nan", "--db", history(t)],
+    "explain --gpus-per-node 99999999": lambda t: ["explain", "5", "--gpus-per-node", "99999999", "--db", history(t)],
     "report jct on a damaged history": lambda t: ["report", "jct", "--db", damaged_history(t)],
     "report all on a damaged history": lambda t: ["report", "all", "--db", damaged_history(t)],
     "explain on a damaged history": lambda t: ["explain", "5", "--db", damaged_history(t)],
