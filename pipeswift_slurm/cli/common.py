@@ -72,6 +72,13 @@ def output_file(path: str, what: str) -> Path:
     return target
 
 
+def error_reason(exc: BaseException) -> str:
+    """The first line of a database error's reason (the driver's own message, under
+    SQLAlchemy's wrapper), else the exception's type name: what one error line quotes."""
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def open_store(url: str, *, reader: bool = False, journal_mode: str = "DELETE") -> Any:
     """The history Store at ``url`` (a SQLite file path or SQLAlchemy URL), for writing or,
     with ``reader``, read-only. A URL whose driver is missing (one line naming what to
@@ -85,9 +92,7 @@ def open_store(url: str, *, reader: bool = False, journal_mode: str = "DELETE") 
     except StoreUnavailable as exc:
         fail(str(exc))
     except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        fail("cannot open the history at %s: %s"
-             % (shown_url(url), reason[0] if reason else type(exc).__name__))
+        fail("cannot open the history at %s: %s" % (shown_url(url), error_reason(exc)))
 
 
 def echo_json(data: Any) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 
 import click
 
-from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, pass_obj
+from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, error_reason, fail, pass_obj
 
 log = logging.getLogger(__name__)
 
@@ -255,9 +255,8 @@ def run_one_tick(cfg: Any, obj: Obj, controller: Optional[Any] = None) -> Option
             except StoreError as exc:
                 fail("database: %s (nothing more was changed in Slurm; the next tick reads back what was)" % exc, 1)
             except SQLAlchemyError as exc:  # e.g. a database holding another program's tables of these names
-                why = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
                 fail("database %s: %s (is it pipeswift's history? give another [store] url)"
-                     % (shown_url(cfg.db_url), why), 1)
+                     % (shown_url(cfg.db_url), error_reason(exc)), 1)
     except LockPathError as exc:
         fail(str(exc))
     return None

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeswift_slurm.cli.common import fail
+from pipeswift_slurm.cli.common import error_reason, fail
 
 
 def open_history(db: str) -> Any:
@@ -34,8 +34,7 @@ def open_history(db: str) -> Any:
     except StoreUnavailable as exc:
         fail(str(exc))
     except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__]
-        fail("cannot read %s: %s%s" % (shown_url(db), reason[0], wal_hint(path)))
+        fail("cannot read %s: %s%s" % (shown_url(db), error_reason(exc), wal_hint(path)))
 
 
 @contextmanager
@@ -52,10 +51,9 @@ def readable_values(db: str) -> Iterator[None]:
     except (SQLAlchemyError, TypeError, ValueError, OverflowError, KeyError) as exc:
         if os.environ.get("PIPESWIFT_DEBUG"):
             raise
-        why = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0][:200]
         fail("cannot read %s: it holds a value the reports do not expect (%s: %s); it may be damaged, or from an"
              " older version (a controller tick adds the columns a newer one reads)"
-             % (shown_url(db), type(exc).__name__, why))
+             % (shown_url(db), type(exc).__name__, error_reason(exc)[:200]))
 
 
 def wal_hint(path: Optional[Path]) -> str:
