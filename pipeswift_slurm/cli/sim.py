@@ -331,7 +331,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
             output_file(path, what)  # before the run, not after it
     site, no_requeue = None, ()  # type: Optional[tuple[str, dict[str, Any]]], tuple[str, ...]
     gpu = obj.gpu(gpu_type) if gpu_type else None
-    if config_path:
+    if config_path is not None:
         from pipeswift_slurm.cli.controller import site_gpu
 
         cfg, site = _site(config_path)

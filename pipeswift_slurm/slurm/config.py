@@ -130,15 +130,23 @@ def _check(path: str, section: str, key: str, value: Any, kind: type) -> Any:
         if not all(isinstance(v, str) and v.strip() and "\0" not in v for v in value):
             raise ConfigError("%s: [%s] %s must be a list of names (strings, none empty)" % (path, section, key))
         return tuple(value)
-    if key == "measure_dir" and value and not os.path.isabs(value):
-        raise ConfigError("%s: [%s] %s must be an absolute path (got %r): the launchers write there from"
-                          " every job's own working directory" % (path, section, key, value))
+    if key in _JOB_SIDE_PATHS and value and not os.path.isabs(value):
+        raise ConfigError("%s: [%s] %s must be an absolute path (got %r): the launchers %s it from"
+                          " every job's own working directory" % (path, section, key, value, _JOB_SIDE_PATHS[key]))
     if key == "partition_gpu_types":
-        if not all(isinstance(v, str) and v and k.strip() and "\0" not in k for k, v in value.items()):
+        if not all(k.strip() and "\0" not in k for k in value):
+            raise ConfigError("%s: [%s.%s] a partition name is empty; write each as name = \"GPU type\""
+                              % (path, section, key))
+        if not all(isinstance(v, str) and v for v in value.values()):
             raise ConfigError("%s: [%s.%s] each value must be a GPU type name, e.g. a100 = \"A100-80GB\""
                               % (path, section, key))
         return tuple(sorted(value.items()))
     return value
+
+
+# paths the jobs' launchers use too, each from its own working directory: relative, they
+# would name another file in every job
+_JOB_SIDE_PATHS = {"measure_dir": "write to", "publish_file": "read"}
 
 
 def load_config(path: Optional[str] = None) -> ControllerConfig:
@@ -150,6 +158,9 @@ def load_config(path: Optional[str] = None) -> ControllerConfig:
     Raises:
         ConfigError: unreadable file, unknown section or key, or a wrong type.
     """
+    if path is not None and not path.strip():
+        raise ConfigError("--config %r: an empty path; give the config file's path, or leave --config out"
+                          % path)
     chosen = path or os.environ.get("PIPESWIFT_CONFIG") or (DEFAULT_PATH if Path(DEFAULT_PATH).exists() else None)
     if chosen is None:
         return ControllerConfig(dry_run=True, db_url="", source=NO_FILE)

@@ -145,6 +145,9 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
         t, '[policy]\nname = "pipeswift"\n[policy.knobs]\nwait_bound_s = %s\n' % ("9" * 400))],
     "config NUL in a path": lambda t: ["controller", "tick", "--dry-run", "--config",
                                        config(t, '[controller]\nlock_file = "/tmp/a\\u0000b"\n')],
+    # an empty --config was a config-less dry run for the controller, and ignored by simulate
+    "controller tick --config ''": lambda t: ["controller", "tick", "--config", ""],
+    "simulate --config ''": lambda t: [*SIM, "--config", ""],
     "simulate PriorityMaxAge superscript": lambda t: [*SIM, "--slurm-config",
                                                       slurm_conf(t, "PriorityMaxAge=\u00b2\n")],
     "simulate PriorityMaxAge 400 digits": lambda t: [*SIM, "--slurm-config",

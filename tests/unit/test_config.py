@@ -152,6 +152,9 @@ def test_controller_cli_exits_2_on_bad_values(tmp_path, text, needle):
     ('[slurm]\npartitions = [""]\n', r"\[slurm\] partitions must be a list of names \(strings, none empty\)"),
     ('[calibration]\nexclude_partitions = [" "]\n', r"exclude_partitions must be a list of names"),
     ('[calibration]\nmeasure_dir = "spool"\n', r"measure_dir must be an absolute path \(got 'spool'\)"),
+    ('[calibration]\npublish_file = "site.json"\n', r"publish_file must be an absolute path \(got 'site.json'\)"),
+    ('[slurm.partition_gpu_types]\n"" = "H100-80GB"\n', r"partition_gpu_types\] a partition name is empty"),
+    ('[slurm.partition_gpu_types]\nh100 = ""\n', r"partition_gpu_types\] each value must be a GPU type name"),
 ])
 def test_a_mistake_an_admin_makes_is_named(tmp_path, text, needle):
     """Each was accepted before and then quietly did nothing (an empty partition name
