@@ -143,8 +143,12 @@ def decode_profile(text: str) -> ProfileRequest:
     if "gpus" in kv:
         lo, _, hi = kv["gpus"].partition("-")
         gpus = (token_int(lo, "gpus"), token_int(hi or lo, "gpus"))
+        if not 1 <= gpus[0] <= gpus[1]:
+            raise TokenError("gpus=%s: need 1 <= A <= B in gpus=A-B" % kv["gpus"][:40])
     allowed = tuple(token_int(p, "pp") for p in kv["pp"].split(",")) if kv.get("pp") else None
     mbmin = token_int(kv["mbmin"], "mbmin") if "mbmin" in kv else None
+    if 0 in (allowed or ()) or mbmin == 0:
+        raise TokenError("pp and mbmin are counts of at least 1")
     world = token_int(kv["world"], "world") if kv.get("world") else None
     partitions = partition_names(kv["parts"]) if kv.get("parts") else ()
     return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world, partitions)

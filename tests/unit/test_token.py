@@ -115,6 +115,10 @@ def _b64(obj: object) -> str:
     "pswift1;args=" + _b64(["ok"]) + ";gpus=four-8",
     "pswift1;args=" + _b64(["ok"]) + ";mbmin=x",
     "pswift1;args=" + _b64(["ok"]) + ";pp=2,x",
+    "pswift1;args=" + _b64(["ok"]) + ";gpus=8-4",  # a range the planner would search as empty
+    "pswift1;args=" + _b64(["ok"]) + ";gpus=0-4",
+    "pswift1;args=" + _b64(["ok"]) + ";pp=0,2",
+    "pswift1;args=" + _b64(["ok"]) + ";mbmin=0",
     "pswift1;args=" + _b64(["ok"]) + ";noequals",
     "pswift1;" + "x" * MAX_TOKEN_CHARS,
 ])
