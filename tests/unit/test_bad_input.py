@@ -150,6 +150,8 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "simulate --config ''": lambda t: [*SIM, "--config", ""],
     "simulate PriorityMaxAge superscript": lambda t: [*SIM, "--slurm-config",
                                                       slurm_conf(t, "PriorityMaxAge=\u00b2\n")],
+    "simulate --slurm-config in UTF-16": lambda t: [*SIM, "--slurm-config", slurm_conf(
+        t, "PriorityWeightAge=1000\nPriorityMaxAge=1-0\n", "utf-16")],
     "simulate PriorityMaxAge 400 digits": lambda t: [*SIM, "--slurm-config",
                                                      slurm_conf(t, "PriorityMaxAge=%s\n" % ("9" * 400))],
 }
@@ -169,9 +171,9 @@ def damaged_history(tmp: Path) -> str:
     return path
 
 
-def slurm_conf(tmp: Path, text: str) -> str:
+def slurm_conf(tmp: Path, text: str, encoding: str = "utf-8") -> str:
     path = tmp / "slurm.conf"
-    path.write_text(text)
+    path.write_text(text, encoding=encoding)
     return str(path)
 
 

@@ -183,6 +183,9 @@ def read_scheduling_settings(path: str) -> SchedulingSettings:
     except OSError as exc:
         raise SchedulingSettingsError("%s: cannot read it (%s); give `scontrol show config` output or a"
                                       " slurm.conf" % (path, exc.strerror or exc)) from None
+    if "\0" in text:  # a binary file, or UTF-16 text (a Windows editor's): read, it would be all defaults
+        raise SchedulingSettingsError("%s: not a text file (it holds NUL bytes: binary, or UTF-16); give"
+                                      " `scontrol show config` output or a slurm.conf as UTF-8 text" % path)
     if is_show_config(text):
         return parse_show_config(text, path)
     if not any("=" in line for line in text.splitlines()):
