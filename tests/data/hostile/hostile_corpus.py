@@ -183,7 +183,7 @@ def _lying_forms() -> list[Form]:
         _form("base64-truncated", "lying length", "skip", token(raw_args=b64(json.dumps(HONEST_ARGV).encode())[:-7])),
         _form("world-lies-4096", "lying length", "skip", token(extra=";world=4096")),
         _form("claims-one-iteration", "lying length", "own", token(argv_with("--train-iters", "1"))),
-        _form("gpus-reversed-range", "lying length", "own", token(extra=";gpus=8-1")),
+        _form("gpus-reversed-range", "lying length", "skip", token(extra=";gpus=8-1")),
         _form("int3-rampup-two-values", "lying length", "skip",
               token(list(HONEST_ARGV) + ["--rampup-batch-size", "16", "16"])),
         _form("digits-only-comment-1010", "size", "skip", "pswift1;world=" + "9" * 1010),
