@@ -177,11 +177,11 @@ def build_controller(cfg: Any, obj: Obj) -> Any:
     from pipeswift_slurm.slurm.measured import folder_problem
 
     gpu = site_gpu(cfg, obj)
+    store = open_store(cfg.db_url) if cfg.db_url else None  # a config mistake first, then the host's
     try:
         backend = get_backend(cfg.backend, partitions=cfg.partitions or None)
     except BackendError as exc:
         fail(str(exc), 1)
-    store = open_store(cfg.db_url) if cfg.db_url else None
     policy = get_policy(cfg.policy, **policy_knobs(cfg))  # name and knobs checked by load_config
     gpn = cfg.gpus_per_node or 8
     layer_profile = load_layer_profile(cfg.layer_profile, gpu, what="%s: [slurm] layer_profile" % cfg.source)

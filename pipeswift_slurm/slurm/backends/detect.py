@@ -88,5 +88,5 @@ def detect_backend(pyslurm_version: Callable[[], Optional[str]] = _pyslurm_versi
             log.warning("pyslurm %s matches Slurm %s but does not import; using the commands", have, running)
     if which("squeue"):
         return "cli"
-    raise BackendError("no Slurm found: neither a matching pyslurm nor squeue on PATH; "
-                       "use --backend sim or install the Slurm client")
+    raise BackendError("no Slurm found: neither a matching pyslurm nor squeue on PATH; install the Slurm"
+                       " client commands on this host (`pipeswift simulate` tries the policies without Slurm)")
