@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -213,10 +213,12 @@ def load_gpu_types(path: Optional[Union[str, Path]] = None) -> dict[str, GpuType
         if name in types:
             types[name] = replace(types[name], **values)
         else:
-            try:
-                types[name] = GpuType(name=name, **values)
-            except TypeError as exc:
-                raise HardwareError("%s: gpu.%s: %s" % (path, name, exc)) from None
+            missing = [f.name for f in fields(GpuType) if f.name not in values and f.name != "name"
+                       and f.default is f.default_factory is MISSING]
+            if missing:
+                raise HardwareError("%s: gpu.%s: a new GPU type needs %s (or name a known type to change some of"
+                                    " its values: %s)" % (path, name, ", ".join(missing), ", ".join(sorted(types))))
+            types[name] = GpuType(name=name, **values)
     return types
 
 

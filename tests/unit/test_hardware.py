@@ -115,7 +115,9 @@ def test_toml_unknown_key_names_file_and_key(tmp_path: Path) -> None:
     ('[gpu."A100-80GB"]\nmem_gib = "lots"\n', "mem_gib"),
     ('[gpu."A100-80GB"]\nmem_gib = -1\n', "mem_gib"),
     ('[gpu."A100-80GB"]\ngpus_per_node = 2.5\n', "gpus_per_node must be a positive integer"),
-    ('[gpu."NEW"]\nmem_gib = 10\n', "NEW"),  # a new type must give the required numbers
+    # a new type must give the required numbers: named as keys of the file, not Python's arguments
+    ('[gpu."NEW"]\nmem_gib = 10\n', "gpu.NEW: a new GPU type needs peak_tflops, fp32_tflops, hbm_gbps, nvlink_gbps,"
+                                    " inter_node_gbps (or name a known type"),
     ('[gpu."A100-80GB"\n', "cannot read"),
 ])
 def test_toml_bad_values_are_clear(tmp_path: Path, text: str, fragment: str) -> None:
