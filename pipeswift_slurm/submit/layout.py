@@ -41,6 +41,9 @@ _TORCHRUN_COUNTS = {"--nnodes", "--nproc-per-node"}
 _TORCHRUN_RENDEZVOUS = {"--node-rank", "--master-addr", "--master-port", "--rdzv-backend", "--rdzv-endpoint",
                         "--rdzv-id", "--rdzv-conf", "--standalone"}
 _PYTHON_VALUE = {"-X", "-W"}
+# python's own options that change neither what it runs nor where its arguments start; any
+# other (-c CODE, -, --, -um, ...) names a program the rewrite cannot find safely
+_PYTHON_FLAG = {"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-b", "-bb", "-q", "-d", "-v", "-P", "-R"}
 
 
 class LayoutError(ValueError):
@@ -128,9 +131,16 @@ def _python_program(command: Sequence[str], i: int) -> tuple[list[str], Optional
     None, index of the program)."""
     j = i + 1
     while j < len(command) and command[j].startswith("-") and command[j] != "-m":
-        j += 2 if command[j] in _PYTHON_VALUE else 1
+        option = command[j]
+        if not (option in _PYTHON_FLAG or option in _PYTHON_VALUE or option[:2] in _PYTHON_VALUE):
+            raise LayoutError("python option %s: pipeswift-launch cannot tell which program it runs" % option[:40])
+        j += 2 if option in _PYTHON_VALUE else 1
     if j < len(command) and command[j] == "-m":
+        if j + 1 >= len(command):
+            raise LayoutError("python -m names no module")
         return list(command[i:j]), j + 1, j + 1
+    if j >= len(command):
+        raise LayoutError("python names no program")
     return list(command[i:j]), None, j
 
 

@@ -39,6 +39,7 @@ FORMS = [
     ["python", "-u", "-m", "torch.distributed.launch", "--nproc_per_node", "2", "--use-env"] + ARGS,
     ["python"] + ARGS,
     ["python3.11", "-u"] + ARGS,
+    ["python", "-X", "faulthandler", "-Wignore", "-O"] + ARGS,
     ["srun", "-l", "torchrun", "--nproc_per_node", "4"] + ARGS,
     ["srun", "--ntasks-per-node=4", "python"] + ARGS,
     ["srun", "-N", "1", "-n", "4", "python3"] + ARGS,
@@ -78,6 +79,14 @@ def test_single_node_keeps_the_users_rendezvous():
     ["torchrun", "--unknown-flag", "3"] + ARGS,
     ["srun"],
     ["torchrun", "--nnodes"],
+    # python's own forms whose program the rewrite would misplace (found by fuzzing: -c CODE
+    # became "python -c -m torch.distributed.run ... CODE")
+    ["python", "-c", "import runpy; runpy.run_path('pretrain_gpt.py')"] + ARGS,
+    ["python", "--", "pretrain_gpt.py"] + ARGS,
+    ["python", "-", "--num-layers", "2"],
+    ["python", "-um", "megatron.pretrain"] + ARGS,
+    ["python", "-u", "-m"],
+    ["python", "-u"],
 ])
 def test_forms_it_cannot_read_are_refused(command):
     with pytest.raises(LayoutError):
