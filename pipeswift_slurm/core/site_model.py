@@ -85,6 +85,8 @@ def parse(text: str) -> SiteModel:
         data = json.loads(text)
     except ValueError as exc:
         raise SiteModelError("not JSON (%s)" % exc) from None
+    except RecursionError:  # json reads nested arrays recursively
+        raise SiteModelError("not a site model: values nested too deeply") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise SiteModelError("not a %s file" % FORMAT)
     if data.get("version") != VERSION:

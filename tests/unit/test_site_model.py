@@ -68,6 +68,7 @@ def test_round_trip_and_readable_by_all(tmp_path: Path) -> None:
     ('{"format": "pipeswift-site-model", "version": 1, "gpu_type": 3}', "gpu_type must be a string"),
     ('{"format": "pipeswift-site-model", "version": 1, "written_at": "now"}', "written_at"),
     ('{"format": "pipeswift-site-model", "version": 1, "own_layout_first": "yes"}', "own_layout_first"),
+    ("[" * 100_000, "nested too deeply"),  # a RecursionError stopped the launcher before its job ran
 ])
 def test_a_bad_file_is_refused_with_its_reason(text: str, says: str) -> None:
     with pytest.raises(SiteModelError, match=says):
