@@ -2,20 +2,14 @@
 layout for exactly that allocation, rewrite the command's Megatron and torchrun arguments,
 and exec it.
 
-Owns: reading the allocation from Slurm's environment; reading the controller's decision
+Owns: reading the controller's decision
 from the admin-only ``AdminComment`` (the user-editable ``Comment`` only ever supplies a
 *request*: GPU range, minimum micro-batch, allowed pp, class); checking the decision with
 ``megatron_rules.config_for_allocation``, as the history does; otherwise planning the best config itself with the estimator;
 the emulation mode for test clusters. The command is exec'd as an argv list: no user string
 is ever given to a shell. Must not import SQLAlchemy, the store, click or any backend.
 
-Allocation, in this order (first that answers wins):
-  nodes:          SLURM_JOB_NUM_NODES, SLURM_NNODES, else 1;
-  GPUs per node:  SLURM_GPUS_ON_NODE (slurmd's count on this node), SLURM_JOB_GPUS (index
-                  list), CUDA_VISIBLE_DEVICES (list), SLURM_GPUS_PER_NODE ("[type:]N"),
-                  SLURM_GPUS ("[type:]N" per job) / nodes, SLURM_TRES_PER_TASK
-                  ("gres/gpu:N") x SLURM_NTASKS_PER_NODE (default 1).
-Nodes are assumed to hold the same number of GPUs (Megatron needs that too).
+The allocation is read by ``submit/allocation.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ import json
 import logging
 import math
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -38,6 +31,7 @@ from pipeswift_slurm.core.megatron_rules import config_for_allocation
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
 from pipeswift_slurm.core.switch import switch
 from pipeswift_slurm.core.token import ProfileRequest, TokenError, decode_decision, decode_profile
+from pipeswift_slurm.submit.allocation import Allocation, LaunchError, allocation_from_env
 from pipeswift_slurm.submit.iterlog import MEASURE_DIR_ENV, run_measured
 from pipeswift_slurm.submit.layout import LayoutError, Rewritten, Target, set_processes
 
@@ -47,65 +41,6 @@ Runner = Callable[[Sequence[str]], str]
 DEFAULT_EMULATE_SCALE = 0.001
 MAX_EMULATE_SCALE = 1000.0
 MAX_EMULATED_S = 366 * 86400.0  # no emulated run sleeps longer (a time limit ends it sooner)
-
-
-class LaunchError(Exception):
-    """The launcher cannot run the command (bad usage or no allocation)."""
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """The GPUs this job really got. ``source`` names the variable the count came from."""
-
-    num_nodes: int
-    gpus_per_node: int
-    job_id: Optional[int] = None
-    source: str = ""
-
-    @property
-    def gpus(self) -> int:
-        return self.num_nodes * self.gpus_per_node
-
-
-def _int(text: Optional[str]) -> Optional[int]:
-    m = re.search(r"(\d+)\s*$", text or "")
-    return int(m.group(1)) if m else None
-
-
-def _list_len(text: Optional[str]) -> Optional[int]:
-    if text is None or not text.strip() or text.strip() in ("NoDevFiles", "N/A"):
-        return None
-    return len([x for x in text.split(",") if x.strip()])
-
-
-def allocation_from_env(env: dict[str, str]) -> Allocation:
-    """Read the allocation from Slurm's environment (order in the module docstring).
-
-    Raises:
-        LaunchError: no GPU count can be found.
-    """
-    nodes = _int(env.get("SLURM_JOB_NUM_NODES")) or _int(env.get("SLURM_NNODES")) or 1
-    job_id = _int(env.get("SLURM_JOB_ID")) or _int(env.get("SLURM_JOBID"))
-    candidates = (
-        ("SLURM_GPUS_ON_NODE", _int(env.get("SLURM_GPUS_ON_NODE"))),
-        ("SLURM_JOB_GPUS", _list_len(env.get("SLURM_JOB_GPUS"))),
-        ("CUDA_VISIBLE_DEVICES", _list_len(env.get("CUDA_VISIBLE_DEVICES"))),
-        ("SLURM_GPUS_PER_NODE", _int(env.get("SLURM_GPUS_PER_NODE"))),
-        ("SLURM_GPUS", (_int(env.get("SLURM_GPUS")) or 0) // nodes or None),
-        ("SLURM_TRES_PER_TASK", _tres_gpus(env.get("SLURM_TRES_PER_TASK"))
-         and _tres_gpus(env.get("SLURM_TRES_PER_TASK"), _int(env.get("SLURM_NTASKS_PER_NODE")) or 1)),
-    )
-    for name, count in candidates:
-        if count:
-            return Allocation(nodes, count, job_id, name)
-    raise LaunchError("no GPUs in this allocation (none of SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS,"
-                      " CUDA_VISIBLE_DEVICES, SLURM_GPUS_PER_NODE, SLURM_GPUS, SLURM_TRES_PER_TASK is set);"
-                      " use --local-gpus N outside Slurm")
-
-
-def _tres_gpus(text: Optional[str], tasks: int = 1) -> Optional[int]:
-    m = re.search(r"gres[:/]gpu(?::[^:,]+)?:(\d+)", text or "")
-    return int(m.group(1)) * tasks if m else None
 
 
 # ---------------------------------------------------------------- the job record
@@ -346,12 +281,23 @@ def choose(command: Sequence[str], alloc: Allocation, env: dict[str, str],
 def launch(argv: Sequence[str], env: dict[str, str], run: Runner = subprocess_runner,
            execvp: Callable[[str, list[str]], object] = os.execvp,
            sleep: Callable[[float], object] = time.sleep) -> int:
-    """Choose the config, print it, then exec the rewritten command (or emulate it)."""
+    """Choose the config, print it, then exec the rewritten command (or emulate it). Only a
+    usage error stops here (``LaunchError`` from ``parse_options``): a job whose allocation
+    or request cannot be read, or that cannot be planned, runs its command as written."""
     opts = parse_options(argv, env)
-    alloc = Allocation(1, opts.local_gpus, None, "--local-gpus") if opts.local_gpus else allocation_from_env(env)
-    cfg, profile, why = choose(opts.command, alloc, env, run)
     command = list(opts.command)
-    if cfg is not None and profile is not None:
+    alloc: Optional[Allocation] = None
+    cfg, profile = None, None  # type: Optional[ExecConfig], Optional[JobProfile]
+    try:
+        alloc = Allocation(1, opts.local_gpus, None, "--local-gpus") if opts.local_gpus else allocation_from_env(env)
+        cfg, profile, why = choose(opts.command, alloc, env, run)
+    except LaunchError as exc:
+        why = "warning: %s; running the command unchanged" % exc
+    except Exception as exc:  # what no check foresaw must not cost the job its run
+        log.debug("planning failed", exc_info=True)
+        why = "warning: cannot plan this job (%s: %s); running the command unchanged" % (
+            type(exc).__name__, str(exc)[:200])
+    if cfg is not None and profile is not None and alloc is not None:
         try:
             rewritten = rewrite_command(command, cfg, profile, alloc, socket.gethostname())
             command = rewritten.command
@@ -367,21 +313,21 @@ def launch(argv: Sequence[str], env: dict[str, str], run: Runner = subprocess_ru
     if opts.emulate:
         return _emulate(cfg, profile, alloc, env, sleep)
     measure_dir = env.get(MEASURE_DIR_ENV, "")
-    if measure_dir and cfg is not None and alloc.job_id:
-        return run_measured(command, measure_dir, alloc.job_id, cfg)  # Megatron's iteration times
     try:
+        if measure_dir and cfg is not None and alloc is not None and alloc.job_id:
+            return run_measured(command, measure_dir, alloc.job_id, cfg)  # Megatron's iteration times
         execvp(command[0], command)
-    except OSError as exc:
+    except OSError as exc:  # the command cannot be started (a shell's 127)
         _say("error: cannot run %s: %s" % (command[0], exc))
         return 127
     return 0
 
 
-def _emulate(cfg: Optional[ExecConfig], profile: Optional[JobProfile], alloc: Allocation,
+def _emulate(cfg: Optional[ExecConfig], profile: Optional[JobProfile], alloc: Optional[Allocation],
              env: dict[str, str], sleep: Callable[[float], object]) -> int:
     """Sleep for the predicted run time x PIPESWIFT_EMULATE_SCALE instead of training."""
     scale = emulate_scale(env)
-    if cfg is None or profile is None:
+    if cfg is None or profile is None or alloc is None:
         _say("emulating: no config to predict; finishing at once")
         return 0
     from pipeswift_slurm.core.estimator import job_side_estimator

@@ -38,6 +38,38 @@ def test_allocation_without_gpus_is_an_error():
         launcher.allocation_from_env({"SLURM_JOB_ID": "3", "CUDA_VISIBLE_DEVICES": "NoDevFiles"})
 
 
+def test_a_count_of_thousands_of_digits_is_no_count():
+    """int() refuses 4,300 digits and more: such a value was a traceback before the command ran."""
+    huge = "9" * 5000
+    with pytest.raises(launcher.LaunchError, match="no GPU count"):
+        launcher.allocation_from_env({"SLURM_GPUS_ON_NODE": huge, "SLURM_TRES_PER_TASK": "gres/gpu:" + huge})
+    alloc = launcher.allocation_from_env({"SLURM_JOB_ID": huge, "SLURM_JOB_NUM_NODES": huge, "SLURM_GPUS_ON_NODE": "4"})
+    assert (alloc.job_id, alloc.num_nodes, alloc.gpus_per_node) == (None, 1, 4)
+
+
+@pytest.mark.parametrize("env, fault", [
+    ({}, None),  # no GPU count: the job is not lost for it
+    ({"SLURM_GPUS_ON_NODE": "2"}, RuntimeError("a fault no check foresaw")),
+])
+def test_a_job_that_cannot_be_planned_runs_its_command_as_written(env, fault, capsys, monkeypatch):
+    if fault is not None:
+        monkeypatch.setattr(launcher, "choose", lambda *a: (_ for _ in ()).throw(fault))
+    seen = []
+    code = launcher.launch(["--"] + TORCHRUN, env, run=lambda a: "", execvp=lambda f, a: seen.append(a))
+    assert code == 0 and seen == [TORCHRUN]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "running the command unchanged" in err
+
+
+def test_a_command_that_cannot_start_is_one_line_and_127_when_measured_too(tmp_path, capsys):
+    env = {"SLURM_JOB_ID": "5", "SLURM_GPUS_ON_NODE": "1", "PIPESWIFT_MEASURE_DIR": str(tmp_path)}
+    missing = [str(tmp_path / "bin" / "python3")] + MEGATRON  # measured: run as a child, not exec'd
+    assert launcher.launch(["--"] + missing, env, run=lambda a: "",
+                           execvp=lambda *a: pytest.fail("exec'd: nothing measured")) == 127
+    planned, failed = capsys.readouterr().err.splitlines()
+    assert planned.startswith("pipeswift-launch: running ") and "error: cannot run %s" % missing[0] in failed
+
+
 def _runner(admin: str = "", comment: str = "", job_id: int = 7):
     """A fake squeue --json (22.05 lists every job, ours among them)."""
     payload = {"jobs": [{"job_id": 1, "admin_comment": "pswift-decision1;tp=8", "comment": ""},
