@@ -59,7 +59,7 @@ def test_copy_is_byte_identical() -> None:
     log = IterationLog()
     copy_and_parse(io.BytesIO(raw), sink, log)
     assert sink.getvalue() == raw
-    assert len(log.lines) == 5
+    assert log.count == 5
 
 
 def test_run_measured_writes_the_report_and_keeps_the_exit_code(tmp_path: Path) -> None:
@@ -126,3 +126,58 @@ def test_the_launcher_outlives_slurms_signal_while_the_training_saves(tmp_path: 
     os.killpg(proc.pid, signal.SIGTERM)  # as slurmstepd does
     rest, _ = proc.communicate(timeout=20)
     assert rest == b"saved checkpoint\n" and proc.returncode == 0
+
+
+# ---------------------------------------------------------------- found by fuzzing the launcher
+
+
+def test_a_resumed_run_reports_the_iterations_it_made() -> None:
+    """A run resumed from a checkpoint at 500 logs 510..1000: it made 500 iterations, and the
+    controller checks iterations x time against Slurm's elapsed time (1,000 refused it)."""
+    log = IterationLog()
+    for i in range(510, 1001, 10):
+        log.feed(b" iteration %d/ 1000 | elapsed time per iteration (ms): 1000.0 |" % i)
+    assert log.iterations == 500
+    fresh = IterationLog()
+    for line in LOG.splitlines():
+        fresh.feed(line.encode())
+    assert fresh.iterations == 15
+
+
+def test_numbers_past_megatrons_and_endless_lines_are_no_iteration_lines() -> None:
+    assert parse_iteration(b" iteration %s/10 | elapsed time per iteration (ms): 1.0 |" % (b"9" * 5000)) is None
+    assert parse_iteration(b" iteration 5/10 | elapsed time per iteration (ms): %s |" % (b"9" * 5000)) is None
+    sink, log = io.BytesIO(), IterationLog()
+    raw = b"x" * 3_000_000 + b"\n" + LOG.encode()  # a line of 3 MB: only its start is kept for the parser
+    copy_and_parse(io.BytesIO(raw), sink, log)
+    assert sink.getvalue() == raw and log.count == 5
+
+
+class _FullDisk(io.BytesIO):
+    def write(self, data):  # type: ignore[no-untyped-def, override]
+        raise OSError(28, "No space left on device")
+
+
+def test_a_log_that_cannot_be_written_costs_one_warning_and_the_training_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nfor _ in range(2000):\n    sys.stdout.write(%r)\nsys.exit(4)\n" % LOG)
+    assert run_measured([sys.executable, str(script)], str(tmp_path), 42, CFG, sink=_FullDisk()) == 4
+    assert capsys.readouterr().err.count("cannot copy the training's output") == 1
+    [path] = tmp_path.glob("42.*.json")
+    assert json.loads(path.read_text())["median_iter_s"] == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_process_left_running_in_the_background_does_not_hold_the_job(tmp_path: Path) -> None:
+    """The training exits but a process it started still holds its stdout: reading to the
+    end of the output waited for that process (here 60 s; a job's time limit in a real one)."""
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text("import subprocess, sys\nsubprocess.Popen(['sleep', '60'], stderr=subprocess.DEVNULL)\n"
+                      "sys.stdout.write(%r)\n" % LOG)  # its stderr is this test's pipe: only stdout is held
+    code = ("import sys; from pipeswift_slurm.core.model import ExecConfig; "
+            "from pipeswift_slurm.submit.iterlog import run_measured; "
+            "sys.exit(run_measured([sys.executable, %r], %r, 5, ExecConfig(1, 1, 1, 1, 1)))" % (str(script), str(tmp_path)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30, env=dict(os.environ))
+    assert done.returncode == 0 and done.stdout == LOG.encode()

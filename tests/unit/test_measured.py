@@ -146,9 +146,9 @@ def test_a_file_named_after_a_job_before_it_starts_cannot_keep_it_from_reporting
     name = report_name(1)
     assert name != report_name(1) and name.startswith("1.") and name.endswith(".json")
     log = IterationLog()
-    for line in (" iteration 5/100 | elapsed time per iteration (ms): %.1f |" % (1000 * ms) for ms in (9, 9, 9)):
-        log.feed(line.encode())
-    log.lines = [(i, estimator.cost.iter_time_s(profile(), DECIDED) * 1.5) for i in (5, 10, 15)]
+    ms = 1000 * estimator.cost.iter_time_s(profile(), DECIDED) * 1.5
+    for i in (5, 10, 15):
+        log.feed((" iteration %d/100 | elapsed time per iteration (ms): %.3f |" % (i, ms)).encode())
     write_report(str(tmp_path), name, 1, DECIDED, log)
     by_another = "no-such-user-pipeswift"  # the squatter's file, as the controller sees its owner
     assert ingest(str(tmp_path), [dataclasses.replace(job(), user=by_another)], lambda j: profile(),
