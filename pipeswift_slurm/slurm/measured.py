@@ -8,6 +8,11 @@ Why a user cannot use this channel to change other users' predictions:
     another user's file; a file named after someone else's job is skipped unread, and
     cannot take the name of that job's report either: the launcher adds a random part,
     ``iterlog.report_name``);
+  * its layout must be the controller's decision for the job where that decision is valid
+    for the job's allocation (the launcher runs exactly that one; 'not the decided layout'
+    otherwise: no user can claim a run in a layout the site never ran, and so have it
+    counted as measured for other users' jobs); where there is none (Slurm started the job
+    before a tick decided, and its launcher planned), any layout the job could have run;
   * its layout must be one Megatron accepts for that job's allocation, and its value
     within ``MEASURE_BOUND`` of the cost model's prediction for that layout ('out of
     bounds' otherwise: a typo or a lie cannot move a class far);
@@ -28,7 +33,7 @@ import re
 import stat
 from collections import Counter
 from dataclasses import fields
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Container, Iterable, Mapping, Optional
 
 from pipeswift_slurm.core.calibration import Observation
 from pipeswift_slurm.core.layout_fit import layout_features
@@ -41,6 +46,7 @@ MEASURE_BOUND = 3.0  # accepted: prediction / 3 <= measured <= prediction x 3
 ELAPSED_SLACK = 1.05  # iterations x measured may exceed the elapsed time by 5 % (rounding)
 MAX_REPORT_BYTES = 65536
 MAX_COUNT = 1 << 40  # no layout field or iteration count of a real run comes near it
+MAX_FILES_PER_JOB = 64  # a job writes one report per run: requeues and restarts stay far below
 OK = "ok"
 
 
@@ -74,18 +80,31 @@ def folder_problem(folder: str) -> Optional[str]:
 REPORT_NAME = re.compile(r"(\d{1,19})(?:\.[0-9a-f]{16})?\.json")
 
 
-def reports_in(folder: str) -> dict[int, list[str]]:
-    """Job id -> the report files named after it in ``folder`` (one listing per tick: a
-    job's reports cannot be found by name, since that is random, ``iterlog.report_name``)."""
+def reports_in(folder: str, wanted: Optional[Container[int]] = None) -> dict[int, list[str]]:
+    """Job id -> the report files named after it in ``folder``, for the jobs ``wanted`` (None:
+    all), at most ``MAX_FILES_PER_JOB`` each (one listing per tick: a job's reports cannot be
+    found by name, since that is random, ``iterlog.report_name``). Anyone may name files
+    after any job there: the cap keeps what a flood costs a tick bounded (a warning names the
+    jobs), and ``read_report`` reads only the files of the job's own user."""
     out: dict[int, list[str]] = {}
+    crowded: set[int] = set()
     try:
         with os.scandir(folder) as entries:
             for entry in entries:
                 got = REPORT_NAME.fullmatch(entry.name)
-                if got:
-                    out.setdefault(int(got.group(1)), []).append(entry.path)
+                if not got or (wanted is not None and int(got.group(1)) not in wanted):
+                    continue
+                paths = out.setdefault(int(got.group(1)), [])
+                if len(paths) < MAX_FILES_PER_JOB:
+                    paths.append(entry.path)
+                else:
+                    crowded.add(int(got.group(1)))
     except OSError as exc:
         log.warning("cannot list the measure folder %s (%s): no reports read", folder, exc.strerror or exc)
+    if crowded:
+        log.warning("the measure folder %s holds over %d files named after job(s) %s (a job writes one per run):"
+                    " only %d of each are looked at; clear the folder as /tmp, and see who wrote them",
+                    folder, MAX_FILES_PER_JOB, ", ".join(map(str, sorted(crowded)[:10])), MAX_FILES_PER_JOB)
     return out
 
 
@@ -174,6 +193,9 @@ def judge(data: Mapping[str, Any], job: Job, profile: Optional[JobProfile],
     valid, _why = config_for_allocation(cfg, profile, nodes, job.gpus // nodes) if cfg else (None, "")
     if valid is None:
         return cfg, math.nan, "invalid layout"
+    decided = config_for_allocation(job.config, profile, nodes, job.gpus // nodes)[0] if job.config else None
+    if decided is not None and valid != decided:  # the launcher ran the decision (valid for this allocation)
+        return valid, math.nan, "not the decided layout"
     predicted = iter_time_s(profile, valid)
     measured = _seconds(data.get("median_iter_s"))
     if measured is None or not predicted > 0:
@@ -192,9 +214,10 @@ def ingest(folder: str, jobs: Iterable[Job], profile_of: Callable[[Job], Optiona
     statuses counted."""
     from pipeswift_slurm.store.queries import MeasurementEntry
 
-    listing = reports_in(folder)
-    found = {job.job_id: (job, got) for job in jobs if job.start_time is not None and job.opted_in
-             and job.job_id in listing and (got := read_report(listing[job.job_id], job)) is not None}
+    started = [job for job in jobs if job.start_time is not None and job.opted_in]
+    listing = reports_in(folder, {job.job_id for job in started})
+    found = {job.job_id: (job, got) for job in started
+             if job.job_id in listing and (got := read_report(listing[job.job_id], job)) is not None}
     known = {m.job_id: m.reported_at for m in store.measurements(list(found))} if found else {}
     counts: Counter[str] = Counter()
     entries = []

@@ -169,6 +169,28 @@ def test_a_report_for_another_job_id_is_refused(tmp_path, estimator):
     assert [m.status for m in store.measurements()] == ["not this job's report"]
 
 
+def test_a_layout_other_than_the_decided_one_is_refused_and_with_no_decision_taken(tmp_path, estimator):
+    """The launcher runs the controller's decision where it fits the allocation: a report of
+    another layout (valid, within bounds) is a run that never happened, and would have
+    counted that layout as measured for every user's jobs of the class. With no decision
+    (Slurm started the job before a tick), the launcher planned it: any valid layout."""
+    from pipeswift_slurm.core.megatron_rules import enumerate_configs
+
+    other = next(c for c in enumerate_configs(profile(), 16, 8) if c != DECIDED)
+    store = Store.in_memory()
+    undecided = dataclasses.replace(job(), job_id=2, config=None)
+    record(store, 200.0, estimator, job(), undecided)
+    for job_id in (1, 2):
+        report(tmp_path, 1.0, estimator, job_id=job_id)
+        body = json.loads((tmp_path / ("%d.json" % job_id)).read_text())
+        body["config"] = dataclasses.asdict(other)
+        body["median_iter_s"] = estimator.cost.iter_time_s(profile(), other)
+        (tmp_path / ("%d.json" % job_id)).write_text(json.dumps(body))
+    StoreCalibration(store, measure_dir=str(tmp_path)).measured([job(), undecided], lambda j: profile(),
+                                                                 estimator.cost.iter_time_s, 200.0)
+    assert sorted((m.job_id, m.status) for m in store.measurements()) == [(1, "not the decided layout"), (2, "ok")]
+
+
 def test_a_link_is_refused(new_store, tmp_path, estimator):
     """A link named after a job is not a report of it, whoever owns its target."""
     record(new_store, 200.0, estimator, job())
@@ -211,3 +233,18 @@ def test_a_report_swapped_for_a_fifo_after_the_check_does_not_hang_the_tick(tmp_
     monkeypatch.setattr(measured.os, "lstat", lambda path: os.stat(plain))  # the check saw a file
     got = measured.read_report([str(tmp_path / "1.json")], job())
     assert got is not None and got[0] == {} and got[1] == "not a plain file of its user"
+
+
+def test_a_flood_of_files_named_after_jobs_costs_a_tick_a_bounded_look(tmp_path, caplog):
+    """Anyone may name files after any job in the shared folder: a tick looks only at the
+    files of the jobs it asks about, at most MAX_FILES_PER_JOB of each, and says so."""
+    from pipeswift_slurm.slurm.measured import MAX_FILES_PER_JOB, reports_in
+
+    for i in range(MAX_FILES_PER_JOB + 10):
+        (tmp_path / ("1.%016x.json" % i)).write_text("{}")
+        (tmp_path / ("9.%016x.json" % i)).write_text("{}")
+    (tmp_path / "2.json").write_text("{}")
+    with caplog.at_level("WARNING"):
+        got = reports_in(str(tmp_path), {1, 2})
+    assert sorted(got) == [1, 2] and len(got[1]) == MAX_FILES_PER_JOB and len(got[2]) == 1
+    assert "over %d files named after job(s) 1 " % MAX_FILES_PER_JOB in caplog.text
