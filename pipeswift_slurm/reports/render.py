@@ -348,12 +348,14 @@ def explain_text(e: Any) -> str:
     )
     if e.profile_error:
         lines.append("  profile: %s" % e.profile_error)
+    text = [visible(line) for line in lines]  # one line each: a value's own newline is escaped
     if e.candidates:
-        lines.append(
-            "\ncandidate configs on %s, %d GPUs per node (GPU range %d-%d), by predicted run time:"
+        text.append("")
+        text.append(visible(
+            "candidate configs on %s, %d GPUs per node (GPU range %d-%d), by predicted run time:"
             % (e.gpu_type, e.gpus_per_node, e.gpu_range[0], e.gpu_range[1])
-        )
-        lines.append(
+        ))
+        text.append(
             table(
                 ["", "gpus", "config", "iter_s", "run_time", "GPU·h", "bubble", "mem_GiB", "fits_now"],
                 [
@@ -372,5 +374,5 @@ def explain_text(e: Any) -> str:
                 ],
             )
         )
-        lines.append("  * chosen   u the user's own config   fits_now: fits the GPUs free at the last tick")
-    return "\n".join(visible(line) for line in lines)
+        text.append("  * chosen   u the user's own config   fits_now: fits the GPUs free at the last tick")
+    return "\n".join(text)  # the table escapes its own cells

@@ -219,6 +219,12 @@ def test_cli_explain_text_and_json(history):
     assert result.exit_code == 0, result.output
     assert "job 1 (train1, user alice" in result.output and "candidate configs on A100-80GB" in result.output
     assert chosen.short() in result.output
+    # the candidates are a table of one line per config (an escape of the whole text once
+    # printed it as one line with literal \n)
+    lines = result.output.splitlines()
+    heading = next(i for i, line in enumerate(lines) if line.startswith("candidate configs on"))
+    assert lines[heading - 1] == "" and lines[heading + 1].split()[:3] == ["gpus", "config", "iter_s"]
+    assert "\\n" not in result.output and sum(1 for line in lines if chosen.short() in line) >= 1
     result = runner.invoke(pipeswift, ["explain", "2", "--db", path, "--json", "--top", "3"])
     data = json.loads(result.output)
     assert data["state"] == "RUNNING" and data["predicted_end_s"] == pytest.approx(T0 + 500 + 5000.0 * BIAS)
