@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pipeswift_slurm.core.fmt import duration
+from pipeswift_slurm.core.fmt import duration, visible
 
 
 def worst_users_line(comp: Any) -> Optional[str]:
@@ -18,7 +18,7 @@ def worst_users_line(comp: Any) -> Optional[str]:
     if not worst:
         return None
     return "worst user's mean JCT / slurm's (users with >= %d jobs): %s" % (
-        MIN_USER_JOBS, ", ".join("%s %.2f (%s)" % (p, w["jct_ratio"], w["user"]) for p, w in worst))
+        MIN_USER_JOBS, ", ".join("%s %.2f (%s)" % (p, w["jct_ratio"], visible(w["user"])) for p, w in worst))
 
 
 def bound_warning(comp: Any) -> Optional[str]:

@@ -12,6 +12,14 @@ def visible(text: str) -> str:
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def csv_text(text: str) -> str:
+    """A text cell for CSV an admin may open in a spreadsheet: ``visible``, and led by a
+    quote where it starts as a formula would (``=``, ``+``, ``-``, ``@``), so that a name a
+    user chose is shown, never run as a formula."""
+    shown = visible(text)
+    return "'" + shown if shown[:1] in ("=", "+", "-", "@") else shown
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"

@@ -20,7 +20,7 @@ from dataclasses import asdict, astuple, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Optional
 
-from pipeswift_slurm.core.fmt import duration, table, visible
+from pipeswift_slurm.core.fmt import csv_text, duration, table, visible
 from pipeswift_slurm.reports.metrics import Metrics, prometheus_text  # noqa: F401
 from pipeswift_slurm.reports.plots import draw_bias, draw_decisions, draw_jct_cdf, draw_queue_ratio  # noqa: F401
 from pipeswift_slurm.reports.plots import draw_waits, figure, png_bytes, save_png  # noqa: F401
@@ -230,7 +230,7 @@ def text_tables(tables: Sequence[Table]) -> str:
     for t in tables:
         rows = [[_human(h, v) for h, v in zip(t.headers, row, strict=True)] for row in t.rows]
         body = table(t.headers, rows) if rows else "(no rows)"
-        parts.append("\n".join(["== %s" % t.title, body] + ["  " + n for n in t.notes]))
+        parts.append("\n".join(["== %s" % t.title, body] + ["  " + visible(n) for n in t.notes]))
     return "\n\n".join(parts)
 
 
@@ -242,7 +242,7 @@ def csv_tables(tables: Sequence[Table]) -> str:
         if len(tables) > 1:
             out.write("%s# %s\n" % ("\n" if i else "", t.name))
         writer.writerow(t.headers)
-        writer.writerows([["" if v is None else visible(v) if isinstance(v, str) else v for v in row] for row in t.rows])
+        writer.writerows([["" if v is None else csv_text(v) if isinstance(v, str) else v for v in row] for row in t.rows])
     return out.getvalue()
 
 
@@ -266,12 +266,12 @@ def html_table(t: Table) -> str:
     body = "".join(
         "<tr>%s</tr>"
         % "".join(
-            "<td>%s</td>" % html.escape("-" if c is None else str(c))
+            "<td>%s</td>" % html.escape("-" if c is None else visible(str(c)))
             for c in (_human(h, v) for h, v in zip(t.headers, row, strict=True))
         )
         for row in t.rows
     )
-    notes = "".join('<p class="note">%s</p>' % html.escape(n) for n in t.notes)
+    notes = "".join('<p class="note">%s</p>' % html.escape(visible(n)) for n in t.notes)
     return "<h2>%s</h2>\n%s\n<table><tr>%s</tr>%s</table>" % (html.escape(t.title), notes, head, body)
 
 

@@ -879,6 +879,23 @@ def test_text_from_users_or_an_edited_history_cannot_drive_the_terminal() -> Non
     assert "\x1b" not in csv and "a\\x1bb" in csv
 
 
+def test_user_text_is_never_a_formula_nor_raw_in_notes_or_html() -> None:
+    """Found by fuzzing the admins' outputs: a user name '=HYPERLINK(...)' was a live formula
+    in the CSV an admin opens in a spreadsheet; a class name with ESC reached the terminal
+    through a table's note, and ESC or U+202E the HTML report."""
+    from pipeswift_slurm.reports.render import Table, csv_tables, html_table, text_tables
+
+    rows = [["=HYPERLINK(\"http://x\",\"y\")", -1.5], ["+1", 2], ["@SUM(A1)", 3], ["-2+3", 4], ["ok", 5]]
+    import csv
+
+    read = list(csv.reader(csv_tables([Table("t", "T", ["user", "n"], rows, [])]).splitlines()))
+    assert [r[0] for r in read[1:]] == ["'=HYPERLINK(\"http://x\",\"y\")", "'+1", "'@SUM(A1)", "'-2+3", "ok"]
+    assert read[1][1] == "-1.5"  # a number stays a number
+    hostile = Table("t", "T", ["user"], [["a\u202eb\x1b[2J"]], ["class x\x1b[2J\ry"])
+    for out in (text_tables([hostile]), html_table(hostile)):
+        assert "\x1b" not in out and "\u202e" not in out and "\r" not in out
+
+
 def test_a_url_sqlalchemy_cannot_read_is_shown_without_its_password() -> None:
     from pipeswift_slurm.store.history import shown_url
 
