@@ -4,7 +4,6 @@ measured layer profile option. Imports nothing from the command modules or the g
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -96,7 +95,9 @@ def open_store(url: str, *, reader: bool = False, journal_mode: str = "DELETE") 
 
 
 def echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    from pipeswift_slurm.core.fmt import json_text
+
+    click.echo(json_text(data, indent=2, sort_keys=False))
 
 def load_layer_profile(path: Optional[str], gpu: Optional[GpuType] = None, job: Any = None,
                        what: str = "--layer-profile") -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import calendar
-import json
 import math
 import sys
 from datetime import datetime
@@ -15,6 +14,7 @@ import click
 from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, hand_over_history, output_file, pass_obj
 from pipeswift_slurm.cli.sim_notes import bound_warning, learn_line
 from pipeswift_slurm.cli.sim_table import print_comparison, utc_date
+from pipeswift_slurm.core.fmt import json_text
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.core.model import COMPLETED
 from pipeswift_slurm.core.request import MAX_GPUS
@@ -219,7 +219,7 @@ def plot_cdf(comp: Any, path: str) -> None:
 
 def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
     if json_out:
-        text = json.dumps(comparison_json(comp), indent=2)
+        text = json_text(comparison_json(comp), indent=2)
         if json_out == "-":
             click.echo(text)
         else:

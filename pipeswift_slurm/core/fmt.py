@@ -1,7 +1,10 @@
-"""Plain-text tables for the terminal. No I/O: returns strings."""
+"""Text for people and their tools: tables for the terminal, CSV cells, strict JSON. No
+I/O: returns strings."""
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any, Sequence
 
 
@@ -10,6 +13,23 @@ def visible(text: str) -> str:
     other that is not printable) written as its escape (``\\x1b``, ``\\n``): job names,
     users and reasons come from users and from a history anyone may have edited."""
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def json_text(data: Any, **dumps_args: Any) -> str:
+    """``data`` as strict JSON: a number that is not finite (from a damaged history, or a sum
+    that overflowed) is written ``null``, never ``NaN`` or ``Infinity``, which JSON has not
+    and its readers refuse."""
+    return json.dumps(_finite(data), allow_nan=False, **dumps_args)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def csv_text(text: str) -> str:

@@ -13,7 +13,6 @@ import base64
 import csv
 import html
 import io
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, astuple, dataclass, field, fields
@@ -21,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Optional
 
 from pipeswift_slurm.core.fmt import csv_text, duration, table, visible
+from pipeswift_slurm.core.fmt import json_text as fmt_json
 from pipeswift_slurm.reports.metrics import Metrics, prometheus_text  # noqa: F401
 from pipeswift_slurm.reports.plots import draw_bias, draw_decisions, draw_jct_cdf, draw_queue_ratio  # noqa: F401
 from pipeswift_slurm.reports.plots import draw_waits, figure, png_bytes, save_png  # noqa: F401
@@ -248,7 +248,7 @@ def csv_tables(tables: Sequence[Table]) -> str:
 
 def json_text(report: Any) -> str:
     """A report dataclass as JSON (full precision; times in epoch seconds)."""
-    return json.dumps(asdict(report), indent=2, default=str)
+    return fmt_json(asdict(report), indent=2, default=str)
 
 
 # ---------------------------------------------------------------- HTML

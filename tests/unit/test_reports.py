@@ -886,8 +886,6 @@ def test_user_text_is_never_a_formula_nor_raw_in_notes_or_html() -> None:
     from pipeswift_slurm.reports.render import Table, csv_tables, html_table, text_tables
 
     rows = [["=HYPERLINK(\"http://x\",\"y\")", -1.5], ["+1", 2], ["@SUM(A1)", 3], ["-2+3", 4], ["ok", 5]]
-    import csv
-
     read = list(csv.reader(csv_tables([Table("t", "T", ["user", "n"], rows, [])]).splitlines()))
     assert [r[0] for r in read[1:]] == ["'=HYPERLINK(\"http://x\",\"y\")", "'+1", "'@SUM(A1)", "'-2+3", "ok"]
     assert read[1][1] == "-1.5"  # a number stays a number
@@ -900,3 +898,13 @@ def test_a_url_sqlalchemy_cannot_read_is_shown_without_its_password() -> None:
     from pipeswift_slurm.store.history import shown_url
 
     assert shown_url("postgresql://u:secret@db:notaport/p") == "postgresql://u:***@db:notaport/p"
+
+
+def test_json_outputs_are_strict_json_whatever_the_history_holds() -> None:
+    """Found by fuzzing: an infinite value in an edited history, or a sum that overflowed,
+    was printed as Infinity / NaN, which JSON readers refuse."""
+    from pipeswift_slurm.core.fmt import json_text
+
+    text = json_text({"a": math.inf, "b": [math.nan, 1.5, (-math.inf,)], "c": {"d": 2}})
+    assert json.loads(text, parse_constant=lambda c: pytest.fail("non-strict %s" % c)) == \
+        {"a": None, "b": [None, 1.5, [None]], "c": {"d": 2}}
