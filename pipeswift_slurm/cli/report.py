@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import click
 
-from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, echo_json, fail, output_file, pass_obj
+from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, output_file, pass_obj
 from pipeswift_slurm.cli.history_db import open_history, readable_values
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
@@ -343,6 +343,7 @@ def explain(
     candidate configs with their predicted run times, and the chosen one."""
     from dataclasses import asdict
 
+    from pipeswift_slurm.core.fmt import json_text
     from pipeswift_slurm.reports.explain import UnknownJob, explain_job
     from pipeswift_slurm.reports.render import explain_text
 
@@ -352,14 +353,11 @@ def explain(
         with readable_values(db):
             expl = explain_job(store, job_id, _gpu_of_partition(obj, gpu_type, cfg), gpus_per_node, top,
                                own_layout_first=cfg is not None and cfg.own_layout_first)
-            text = None if as_json else explain_text(expl)
+            text = json_text(asdict(expl), indent=2) if as_json else explain_text(expl)
     except UnknownJob:
         fail(
             "job %d is not in the history DB %s (the controller has not seen it yet, or wrong --db)"
             % (job_id, db)
         )
-    if as_json:
-        echo_json(asdict(expl))
-    else:
-        click.echo(text)
+    click.echo(text)
     sys.stdout.flush()

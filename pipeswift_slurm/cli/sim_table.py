@@ -3,17 +3,17 @@ per duration column (named in its header), the workload line above it and the le
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 import click
 
 from pipeswift_slurm.cli.sim_notes import worst_users_line
+from pipeswift_slurm.core.fmt import utc_datetime
 
 
 def utc_date(epoch_s: float) -> str:
     """'2024-05-01' (UTC) of ``epoch_s``; the time of day too when it is not midnight."""
-    stamp = datetime.fromtimestamp(epoch_s, tz=timezone.utc)
+    stamp = utc_datetime(epoch_s)
     return stamp.strftime("%Y-%m-%d" if epoch_s % 86400 == 0 else "%Y-%m-%d %H:%M:%S")
 
 

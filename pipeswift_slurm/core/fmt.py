@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC, datetime
 from typing import Any, Sequence
 
 
@@ -30,6 +31,19 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def utc_datetime(epoch_s: float) -> datetime:
+    """``epoch_s`` as a UTC datetime, for showing a time.
+
+    Raises:
+        ValueError: not a time between the years 1 and 9999 (nan, inf, 2**63: from a
+            damaged or edited history; the C library's own error otherwise).
+    """
+    try:
+        return datetime.fromtimestamp(float(epoch_s), tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        raise ValueError("%r s is not a time between the years 1 and 9999" % (epoch_s,)) from None
 
 
 def csv_text(text: str) -> str:

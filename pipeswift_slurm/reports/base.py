@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Optional
 
+from pipeswift_slurm.core.fmt import utc_datetime
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.store.reads import GROUP_SQL
 
@@ -217,7 +218,7 @@ def group_label(by: str, value: Any) -> tuple[str, Optional[float]]:
     """Human group label, and the bucket start for time groups."""
     if by not in ("hour", "day") or value is None:
         return str(value), None
-    stamp = datetime.fromtimestamp(float(value), tz=UTC)
+    stamp = utc_datetime(value)
     return stamp.strftime("%Y-%m-%d %H:00" if by == "hour" else "%Y-%m-%d"), float(value)
 
 
@@ -243,8 +244,8 @@ def parse_time(value: Optional[str], latest_s: Optional[float] = None) -> Option
         return None
     epoch_s = _parse_time(value, latest_s)
     try:  # a time the reports can show (not nan, inf, or past year 9999)
-        datetime.fromtimestamp(epoch_s, tz=UTC)
-    except (OverflowError, OSError, ValueError):
+        utc_datetime(epoch_s)
+    except ValueError:
         raise ReportError("%r is not a time between the years 1 and 9999" % value[:40]) from None
     return epoch_s
 

@@ -10,17 +10,16 @@ SQL or database access.
 from __future__ import annotations
 
 import io
-from datetime import UTC, datetime
 from typing import Any, Optional
 
+from pipeswift_slurm.core.fmt import utc_datetime
+from pipeswift_slurm.reports.base import QueueRatioRow
 from pipeswift_slurm.reports.queries import (
     BiasReport,
     DecisionsReport,
     QueueRatioReport,
     WaitsReport,
 )
-from pipeswift_slurm.reports.base import QueueRatioRow
-
 
 # ---------------------------------------------------------------- figures (matplotlib, lazily)
 
@@ -57,7 +56,7 @@ def draw_queue_ratio(ax: Any, rep: QueueRatioReport) -> None:
     By hour, the hourly values are faint and a 6-hour rolling ratio is the curve."""
     rows = [r for r in rep.rows if r.queue_ratio is not None]
     if rep.by == "hour" and rows:
-        x = [datetime.fromtimestamp(r.bucket_s or 0.0, tz=UTC) for r in rows]
+        x = [utc_datetime(r.bucket_s or 0.0) for r in rows]
         ax.plot(x, [r.queue_ratio for r in rows], marker=".", linewidth=0.6, alpha=0.35, color="tab:blue",
                 label="hourly")
         ax.plot(x, rolling_ratio(rows), linewidth=2.0, color="tab:blue",
@@ -65,7 +64,7 @@ def draw_queue_ratio(ax: Any, rep: QueueRatioReport) -> None:
         ax.set_xlabel("submission hour (UTC)")
         ax.tick_params(axis="x", labelrotation=30)
     elif rep.by == "day" and rows:
-        x = [datetime.fromtimestamp(r.bucket_s or 0.0, tz=UTC) for r in rows]
+        x = [utc_datetime(r.bucket_s or 0.0) for r in rows]
         ax.plot(x, [r.queue_ratio for r in rows], marker=".", linewidth=1.2, label="queue / JCT")
         ax.set_xlabel("submission %s (UTC)" % rep.by)
         ax.tick_params(axis="x", labelrotation=30)

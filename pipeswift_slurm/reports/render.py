@@ -16,10 +16,9 @@ import io
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, astuple, dataclass, field, fields
-from datetime import UTC, datetime
 from typing import Any, Optional
 
-from pipeswift_slurm.core.fmt import csv_text, duration, table, visible
+from pipeswift_slurm.core.fmt import csv_text, duration, table, utc_datetime, visible
 from pipeswift_slurm.core.fmt import json_text as fmt_json
 from pipeswift_slurm.reports.metrics import Metrics, prometheus_text  # noqa: F401
 from pipeswift_slurm.reports.plots import draw_bias, draw_decisions, draw_jct_cdf, draw_queue_ratio  # noqa: F401
@@ -59,7 +58,7 @@ def utc(epoch_s: Optional[float]) -> str:
     """Epoch seconds as ``YYYY-MM-DD HH:MM:SS`` UTC ('-' for None)."""
     if epoch_s is None:
         return "-"
-    return datetime.fromtimestamp(float(epoch_s), tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return utc_datetime(epoch_s).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def window_text(window: Window) -> str:

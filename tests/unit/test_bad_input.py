@@ -136,6 +136,11 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "report jct on a damaged history": lambda t: ["report", "jct", "--db", damaged_history(t)],
     "report all on a damaged history": lambda t: ["report", "all", "--db", damaged_history(t)],
     "explain on a damaged history": lambda t: ["explain", "5", "--db", damaged_history(t)],
+    # found by fuzzing the reports: bytes where a name belongs (--json), a time of 2**63
+    "explain --json with bytes in a job's name": lambda t: ["explain", "5", "--json", "--db", edited_history(
+        t, "UPDATE jobs SET name = X'ff00' WHERE job_id = 5")],
+    "report queue-ratio with a submit time of 2**63": lambda t: ["report", "queue-ratio", "--db", edited_history(
+        t, "UPDATE jobs SET submit_time = 9223372036854775807 WHERE job_id = 5")],
     "report --db with a port that is no number": lambda t: ["report", "jct", "--db", "postgresql://u@db:x/p"],
     "report --db sqlite driver not installed": lambda t: ["report", "jct", "--db",
                                                           "sqlite+pysqlcipher:///%s" % history(t)],
@@ -160,14 +165,23 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
 def damaged_history(tmp: Path) -> str:
     """A history with text where a tick's time belongs (SQLite keeps it: it does not enforce
     a column's type) and a job whose times are past any date."""
+    return edited_history(tmp, "UPDATE ticks SET started_at = 's', finished_at = 's'",
+                          "UPDATE jobs SET submit_time = 1e308, start_time = 1e308, end_time = 1e308")
+
+
+def edited_history(tmp: Path, *edits: str) -> str:
+    """A history of one tick and one finished job (5), then ``edits`` (SQL, as a user who
+    may write the file could make them)."""
     import sqlite3
 
     path = history(tmp)
     with sqlite3.connect(path) as db:
         db.execute("INSERT INTO ticks (tick_id, started_at, finished_at, policy, dry_run, status)"
-                   " VALUES (1, 's', 's', 'pipeswift', 0, 'ok')")
-        db.execute("INSERT INTO jobs (job_id, state, submit_time, start_time, end_time, queue_s, run_s, gpus)"
-                   " VALUES (5, 'COMPLETED', 1e308, 1e308, 1e308, 1, 1, 1)")
+                   " VALUES (1, 1.7e9, 1.7e9, 'pipeswift', 0, 'ok')")
+        db.execute("INSERT INTO jobs (job_id, name, state, submit_time, start_time, end_time, queue_s, run_s, gpus)"
+                   " VALUES (5, 'train', 'COMPLETED', 1.7e9, 1.7e9 + 60, 1.7e9 + 600, 60, 540, 1)")
+        for sql in edits:
+            db.execute(sql)
     return path
 
 
