@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pipeswift_slurm.core.megatron_rules import check_config
 from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, RUNNING, ExecConfig, JobProfile
 from pipeswift_slurm.reports.queries import history_now_s
 from pipeswift_slurm.store import reads
@@ -140,7 +141,10 @@ def _candidates(
         est = estimator.best(profile, gpus)
         if est is not None and estimator.option(profile, gpus) is not None:
             best[gpus] = est
-    extra = [cfg for cfg in (chosen, profile.requested) if cfg is not None]
+    # a recorded decision is the controller's, but the history is a file anyone with write
+    # access may have edited: a config Megatron would refuse (pp = 2**63, mbs 0) is not estimated
+    extra = [cfg for cfg in (chosen, profile.requested) if cfg is not None
+             and not check_config(profile, cfg, cfg.gpus_per_node or DEFAULT_GPUS_PER_NODE, job_limits=False)]
     out = []
     for est in list(best.values()) + [estimator.cost.estimate(profile, cfg) for cfg in extra]:
         cfg = est.config

@@ -316,3 +316,21 @@ def test_a_profile_that_claims_another_size_is_shown_refused_as_the_controller_r
         tx.upsert_profile(9, job.comment, _profile())
     e = explain_job(store, 9, GPU)
     assert e.candidates == [] and e.profile_error == "world=8, but the job was submitted with 4 GPUs", e
+
+
+@pytest.mark.parametrize("edit", ["pp = 9223372036854775807", "micro_batch_size = 0", "tp = 0, dp = 0"])
+def test_an_edited_decision_is_shown_never_estimated(history, tmp_path, edit):
+    """Found by fuzzing: explain estimated the recorded decision's config as given, so an
+    edited history's pp = 2**63 - 1 ran on for minutes and mbs 0 divided by zero."""
+    import shutil
+    import sqlite3
+    import subprocess
+    import sys
+
+    path = tmp_path / "edited.sqlite"
+    shutil.copy(history[0], path)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE decisions SET %s WHERE job_id = 1 AND tp IS NOT NULL" % edit)
+    done = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli", "explain", "1", "--db", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "candidate configs on" in done.stdout, done.stderr[-2000:]
