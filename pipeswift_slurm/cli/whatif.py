@@ -31,14 +31,15 @@ def load_history(sacct: Optional[str], history_db: Optional[str], **trace_only: 
             return read_sacct(sacct)
         except WorkloadError as exc:
             fail(str(exc))
-    from pipeswift_slurm.cli.history_db import open_history
+    from pipeswift_slurm.cli.history_db import open_history, readable_values
     from pipeswift_slurm.store.history import shown_url
     from pipeswift_slurm.store.reads import ran_job_rows
 
     assert history_db is not None
     store = open_history(history_db)
     try:
-        return history_from_rows(ran_job_rows(store.engine), shown_url(history_db))
+        with readable_values(history_db):  # text that is not UTF-8: one line
+            return history_from_rows(ran_job_rows(store.engine), shown_url(history_db))
     finally:
         store.engine.dispose()
 

@@ -87,6 +87,11 @@ def _number(value: Any) -> Optional[float]:
     return number if math.isfinite(number) else None
 
 
+# a time a job ran at is after 1970 and before the year 5000 (a history edited by hand may
+# say -1e15 or 2**63: replayed, no clock could reach or show it)
+MAX_EPOCH_S = 1e11
+
+
 def history_from_rows(rows: Iterable[Any], source: str) -> History:
     """A History from the controller database's job rows (``store.reads.ran_job_rows``)."""
     history = History(source=source, dialect="pipeswift history")
@@ -95,7 +100,12 @@ def history_from_rows(rows: Iterable[Any], source: str) -> History:
                                     _number(r.gpus))
         why = ("no submit time" if not submit else "never started" if not start
                else "not finished" if not end else "no GPUs" if not gpus or gpus < 0 or gpus != int(gpus)
-               else "ends before it starts" if end < start else "")
+               else "a time before 1970 or past the year 5000" if not 0 < min(submit, start, end)
+               or max(submit, start, end) >= MAX_EPOCH_S
+               else "ends before it starts" if end < max(start, submit)
+               else "a name, user or profile that is not text" if not all(
+                   v is None or isinstance(v, str) for v in (r.user, r.name, r.profile_text, r.partition, r.state))
+               else "")
         if why:
             history.add(None, why)
             continue

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from pipeswift_slurm.core.files import open_nowait
+from pipeswift_slurm.core.fmt import visible
 from pipeswift_slurm.sim.replay import History, RanJob
 from pipeswift_slurm.sim.workload import WorkloadError
 from pipeswift_slurm.slurm.backends.slurm_parse import json_int, json_state, json_text
@@ -34,7 +35,8 @@ def _gpus(tres: Any) -> int:
     """GPUs in ``tres.allocated``: the untyped ``gres``/``gpu`` entry, else the sum of the
     typed ones (``gpu:a100``)."""
     untyped, typed = None, 0
-    for item in tres.get("allocated") or [] if isinstance(tres, Mapping) else []:
+    allocated = tres.get("allocated") if isinstance(tres, Mapping) else None
+    for item in allocated if isinstance(allocated, list) else []:
         if not isinstance(item, Mapping) or json_text(item.get("type")) != "gres":
             continue
         name, count = json_text(item.get("name")), json_int(item.get("count")) or 0
@@ -107,7 +109,7 @@ def parse_sacct_json(text: str, where: str = "sacct --json") -> History:
     if errors:
         first = errors[0]
         why = (first.get("description") or first.get("error")) if isinstance(first, Mapping) else first
-        raise WorkloadError("%s: sacct reported an error: %s" % (where, str(why)[:200]))
+        raise WorkloadError("%s: sacct reported an error: %s" % (where, visible(str(why)[:200])))
     history = History(source=where, dialect=_version(data.get("meta")))
     for rec in data["jobs"]:
         if not isinstance(rec, Mapping):

@@ -141,6 +141,7 @@ def invoke(*args: str) -> Result:
      ' "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}, "state": {"current": "COMPLETED"}}]}',
      ["1 ends before it starts"]),
     ('{"jobs": [], "errors": "oops"}', ["sacct reported an error: oops"]),
+    ('{"jobs": [], "errors": "\\u001b[2J\\r\\nfake: all fine"}', ["error: \\x1b[2J\\r\\nfake: all fine"]),
 ])
 def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, content: str, words: list[str]) -> None:
     path = tmp_path / "s.json"
@@ -211,6 +212,29 @@ def test_history_rows_edited_by_hand_are_left_out_and_counted() -> None:
         return SimpleNamespace(**{**base, **kw})
 
     history = history_from_rows([row(1), row(2, end_time=150.0), row(3, submit_time="abc"), row(4, gpus=-4),
-                                 row(5, start_time=float("nan"))], "h.sqlite")
+                                 row(5, start_time=float("nan")),
+                                 # found by fuzzing: a replay to 2**63 s never ended, -1e15 s broke
+                                 # the table's date, bytes in a user broke the replay
+                                 row(6, end_time=2.0 ** 63), row(7, submit_time=-1e15), row(8, user=b"\xff\x00"),
+                                 row(9, submit_time=1000.0)], "h.sqlite")
     assert [j.job_id for j in history.jobs] == ["1"]
-    assert history.skipped == {"ends before it starts": 1, "no submit time": 1, "no GPUs": 1, "never started": 1}
+    assert history.skipped == {"ends before it starts": 2, "no submit time": 1, "no GPUs": 1, "never started": 1,
+                               "a time before 1970 or past the year 5000": 2,
+                               "a name, user or profile that is not text": 1}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("-inf"), -5, "\u00b2", "9" * 5000, -1e15, {"number": -3}])
+def test_a_number_no_slurm_field_holds_is_unset(value: object) -> None:
+    """sacct and squeue JSON numbers (both dialects): NaN, negative, a superscript digit or
+    5,000 digits were tracebacks, or a time of -1e15 s that broke the replay later."""
+    from pipeswift_slurm.slurm.backends.slurm_parse import json_int
+
+    assert json_int(value) is None
+    assert json_int("42") == 42 and json_int({"set": True, "number": 7}) == 7 and json_int(3.0) == 3
+
+
+@pytest.mark.parametrize("allocated", [5, True, "gpu", {"a": 1}])
+def test_tres_that_is_not_a_list_counts_no_gpus(allocated: object) -> None:
+    from pipeswift_slurm.sim.sacct import _gpus
+
+    assert _gpus({"allocated": allocated}) == 0

@@ -33,7 +33,9 @@ _NO_VAL = 0xFFFFFFFE  # 32-bit NO_VAL / INFINITE (and above) mean "not set"
 
 # ------------------------------------------------------------------------------------ small parsers
 def _num(value: Any) -> Optional[int]:
-    """An integer from 22.05 (int/null) or 24.11+ ({"set","infinite","number"}) JSON."""
+    """A whole number from 22.05 (int/null) or 24.11+ ({"set","infinite","number"}) JSON;
+    None for unset, and for what no Slurm field holds (negative, NaN, infinite, a string of
+    other than a few ASCII digits: an export edited by hand)."""
     if isinstance(value, dict):
         if not value.get("set", True) or value.get("infinite", False):
             return None
@@ -41,9 +43,9 @@ def _num(value: Any) -> Optional[int]:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float)):
-        return None if value >= _NO_VAL else int(value)
+        return int(value) if 0 <= value < _NO_VAL else None  # (NaN compares false)
     text = str(value).strip()
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 20 and int(text) < _NO_VAL else None
 
 
 def _time(value: Any) -> Optional[float]:
