@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 from typing import Any, Optional
 
-from pipeswift_slurm.core.fmt import utc_datetime
+from pipeswift_slurm.core.fmt import utc_datetime, visible
 from pipeswift_slurm.reports.base import QueueRatioRow
 from pipeswift_slurm.reports.queries import (
     BiasReport,
@@ -69,7 +69,7 @@ def draw_queue_ratio(ax: Any, rep: QueueRatioReport) -> None:
         ax.set_xlabel("submission %s (UTC)" % rep.by)
         ax.tick_params(axis="x", labelrotation=30)
     else:
-        ax.bar([r.group for r in rows], [r.queue_ratio for r in rows], label="queue / JCT")
+        ax.bar([_shown(r.group) for r in rows], [r.queue_ratio for r in rows], label="queue / JCT")
         ax.set_xlabel(rep.by)
         ax.tick_params(axis="x", labelrotation=45)
     ax.axhline(
@@ -82,6 +82,13 @@ def draw_queue_ratio(ax: Any, rep: QueueRatioReport) -> None:
     ax.grid(True, alpha=0.3)
 
 
+def _shown(name: Any) -> str:
+    """A group or class name as a label: its control characters escaped (``visible``) and
+    its ``$`` too, which matplotlib would read as the start of a formula (bad TeX in a
+    name a user chose failed the whole report)."""
+    return visible(str(name)).replace("$", r"\$")
+
+
 def draw_jct_cdf(ax: Any, values: dict[str, list[float]]) -> None:
     """JCT CDF per group (one step line each), log time axis in hours."""
     for group, jcts in values.items():
@@ -91,7 +98,7 @@ def draw_jct_cdf(ax: Any, values: dict[str, list[float]]) -> None:
                 hours,
                 [(i + 1) / len(hours) for i in range(len(hours))],
                 where="post",
-                label="%s (%d)" % (group, len(hours)),
+                label="%s (%d)" % (_shown(group), len(hours)),
             )
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (hours, log scale)")
@@ -104,7 +111,7 @@ def draw_jct_cdf(ax: Any, values: dict[str, list[float]]) -> None:
 
 def draw_waits(ax: Any, rep: WaitsReport) -> None:
     """Median and max wait (hours) per group, side by side bars, bound dashed."""
-    groups = [r.group for r in rep.rows]
+    groups = [_shown(r.group) for r in rep.rows]
     xs = list(range(len(groups)))
     ax.bar([x - 0.2 for x in xs], [r.median_s / 3600.0 for r in rep.rows], width=0.4, label="median")
     ax.bar([x + 0.2 for x in xs], [r.max_s / 3600.0 for r in rep.rows], width=0.4, label="max")
@@ -119,7 +126,7 @@ def draw_waits(ax: Any, rep: WaitsReport) -> None:
 def draw_bias(ax: Any, rep: BiasReport) -> None:
     """Median actual/predicted ratio per job class as bars; 1.0 (unbiased) dashed."""
     ax.bar(
-        [r.job_class for r in rep.rows], [r.median_ratio for r in rep.rows], label="median actual / predicted"
+        [_shown(r.job_class) for r in rep.rows], [r.median_ratio for r in rep.rows], label="median actual / predicted"
     )
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="unbiased")
     ax.set_ylabel("actual / predicted run time")

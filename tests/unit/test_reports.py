@@ -627,6 +627,17 @@ def test_png_figures_have_their_content(ctl_db, tmp_path):
     assert imread(str(out))[..., :3].std() > 0.05  # not a blank canvas
 
 
+def test_a_dollar_in_a_name_is_text_in_a_figure() -> None:
+    """Found by fuzzing: a class or group name with '$' was read by matplotlib as a formula,
+    and bad TeX in it failed the whole report."""
+    from pipeswift_slurm.reports.queries import BiasReport, BiasRow
+
+    rows = [BiasRow("gpt-$\\frac{", 3, 1.1, 1.0, 0.9, 1.2, None, None)]
+    fig = RR.figure("bias", BiasReport(rows, {}))
+    assert RR.png_bytes(fig)[:4] == b"\x89PNG"
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["gpt-\\$\\frac{"]
+
+
 def test_html_report_embeds_figures_and_tables(ctl_db):
     store = Store.from_url(ctl_db[0])
     full = R.full_report(store)
