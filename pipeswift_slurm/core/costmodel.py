@@ -101,7 +101,7 @@ class CostModel:
         self._layer_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._params_cache: dict[tuple[object, ...], float] = {}
         self._estimates: dict[tuple[object, ...], _Memo] = {}
-        self._memo_by_profile: dict[int, tuple[JobProfile, _Memo]] = {}
+        self._memo_by_profile: dict[int, tuple[Any, _Memo]] = {}
 
     def check_layer_profile(self, job: JobProfile) -> None:
         """Raise LayerProfileMismatch unless the layer profile (if any) measured ``job``'s

@@ -21,7 +21,7 @@ import itertools
 import math
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from pipeswift_slurm.core.costmodel import CostModel, Estimate
 from pipeswift_slurm.core.megatron_rules import (Problem, check_config, config_bases, enumerate_configs,
@@ -121,7 +121,7 @@ class Planner:
         self._best: dict[tuple[int, int], Optional[Estimate]] = {}
         self._offers: dict[tuple[int, int, int, int, int, int], tuple[tuple[int, Estimate], ...]] = {}
         self._key_ids: dict[tuple[object, ...], int] = {}
-        self._keys: dict[int, tuple[JobProfile, int]] = {}
+        self._keys: dict[int, tuple[Any, int]] = {}
 
     def _key(self, profile: JobProfile) -> int:
         """The plan key as a small number (equal keys, equal numbers), memoised per profile

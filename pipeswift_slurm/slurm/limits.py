@@ -71,11 +71,12 @@ def within_time_limit(profile: JobProfile, job: Job, estimator: EstimatorProtoco
     the job's present size stays within the job's own time limit (Slurm ends it there
     whatever it claims); ``profile`` itself when that changes nothing. Other sizes scale
     alike, so a resize still rescales the limit as before."""
-    base = profile if profile.run_time_factor == 1.0 else replace(profile, run_time_factor=1.0)
     factor = max(1.0, user_factor)
     if job.time_limit_s:
         config = job.config if job.config is not None and job.config.gpus == job.gpus else profile.requested
-        predicted = estimator.run_time_s(base, config)
+        # the prediction without this job's factor (which scales every run time of the job):
+        # a profile made anew at every tick would be planned from scratch at every tick
+        predicted = estimator.run_time_s(profile, config) / profile.run_time_factor
         if predicted * factor > job.time_limit_s > 0:
             factor = job.time_limit_s / predicted
     return profile if factor == profile.run_time_factor else replace(profile, run_time_factor=factor)
