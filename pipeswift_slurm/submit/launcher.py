@@ -2,14 +2,14 @@
 layout for exactly that allocation, rewrite the command's Megatron and torchrun arguments,
 and exec it.
 
-Owns: reading the controller's decision
-from the admin-only ``AdminComment`` (the user-editable ``Comment`` only ever supplies a
-*request*: GPU range, minimum micro-batch, allowed pp, class); checking the decision with
-``megatron_rules.config_for_allocation``, as the history does; otherwise planning the best config itself with the estimator;
-the emulation mode for test clusters. The command is exec'd as an argv list: no user string
-is ever given to a shell. Must not import SQLAlchemy, the store, click or any backend.
-
-The allocation is read by ``submit/allocation.py``.
+Owns: reading the controller's decision from the admin-only ``AdminComment`` (the
+user-editable ``Comment`` only ever supplies a *request*: GPU range, minimum micro-batch,
+allowed pp, class); checking the decision with ``megatron_rules.config_for_allocation``, as
+the history does; otherwise planning the best config itself with the estimator; the
+emulation mode for test clusters. The command is exec'd as an argv list: no user string is
+ever given to a shell. A job it cannot plan for runs its command as written. Must not
+import SQLAlchemy, the store, click or any backend. The allocation is read by
+``submit/allocation.py``.
 """
 
 from __future__ import annotations
