@@ -135,6 +135,7 @@ class Bins(NamedTuple):
     work: Path      # submit directory with plain.sh, meg.sh, big.sh, adir/
     tmp: Path       # TMPDIR of every run (where the Python psbatch writes rewritten scripts)
     broken: Path    # a folder whose pipeswift_slurm cannot be imported (for PYTHONPATH)
+    broken_fast: str  # the front end handing jobs to a Python whose pipeswift_slurm is that one
 
 
 @pytest.fixture(scope="module")
@@ -150,10 +151,17 @@ def bins(tmp_path_factory: pytest.TempPathFactory) -> Bins:
     for folder in (work, tmp, broken, work / "adir"):
         folder.mkdir(parents=True)
     (broken / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
+    # the front end runs its Python with -E (PYTHONPATH ignored): a venv holding the broken package
+    venv = base / "broken-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path("
+                           "'purelib'))"], capture_output=True, text=True, check=True).stdout.strip()
+    shutil.copytree(broken, Path(site) / "pipeswift_slurm")
+    broken_fast, _ = fast_build.build(base / "psbatch-broken", python=str(venv / "bin" / "python"))
     (work / "plain.sh").write_bytes(PLAIN)
     (work / "meg.sh").write_bytes(MEGATRON)
     (work / "big.sh").write_bytes(MEGATRON + b"#" * plan.MAX_SCRIPT_BYTES)
-    return Bins(str(fast), str(no_python), str(base / "sbatch"), work, tmp, broken.parent)
+    return Bins(str(fast), str(no_python), str(base / "sbatch"), work, tmp, broken.parent, str(broken_fast))
 
 
 class Outcome(NamedTuple):
@@ -384,7 +392,7 @@ def test_markers_and_own_options_go_through_python(bins, args, text):
     said = fallback.stderr.decode()
     assert said.startswith("psbatch: warning: cannot run the Python psbatch (/nonexistent/")
     assert said.endswith("; submitted unchanged\n") and said.count("\n") == 1
-    for front in ([bins.fast], WRAPPER):
+    for front in ([bins.broken_fast], WRAPPER):
         broken = _run(bins, front, args, env={"PYTHONPATH": str(bins.broken)})
         assert broken.rc == 0 and broken.calls == got.calls, front
         assert broken.stderr == b"psbatch: warning: cannot start the Python psbatch (broken on purpose);" \
@@ -397,7 +405,7 @@ def test_check_is_the_python_report_and_never_a_submission(bins, args):
     python = _run(bins, PYTHON_PSBATCH, args)
     assert python.calls == [] and python.rc == (1 if "plain.sh" in args else 0) and python.stdout
     assert _run(bins, [bins.fast], args) == python
-    for front, env in (([bins.no_python], None), ([bins.fast], {"PYTHONPATH": str(bins.broken)}),
+    for front, env in (([bins.no_python], None), ([bins.broken_fast], None),
                        (WRAPPER, {"PYTHONPATH": str(bins.broken)}),
                        (WRAPPER, {"PIPESWIFT_PYTHON": "/no/py"})):
         got = _run(bins, front, args, env=env)
@@ -417,10 +425,28 @@ def test_minimal_path_without_the_package_submits_as_written(bins, front, tmp_pa
     with a Python that cannot import pipeswift_slurm: submitted as written, one warning."""
     (tmp_path / "sbatch").symlink_to(bins.fake)
     env = {"PATH": "%s:/usr/bin:/bin" % tmp_path, "PYTHONPATH": str(bins.broken), "PIPESWIFT_SBATCH": ""}
-    cmd = [bins.fast] if front == "fast" else list(WRAPPER)
+    cmd = [bins.broken_fast] if front == "fast" else list(WRAPPER)
     got = _run(bins, cmd, ["--pipeswift-class=x", "--wrap", "sleep 1"], env=env)
     assert got.rc == 0 and got.calls == _sent(["--wrap", "sleep 1"], b"")
     assert got.stderr.startswith(b"psbatch: warning: cannot start the Python psbatch")
+
+
+@needs_cc
+@pytest.mark.parametrize("variable", ["PYTHONHOME", "PYTHONHASHSEED", "PYTHONIOENCODING"])
+def test_the_users_python_settings_do_not_stop_the_site_psbatch(bins, variable):
+    """Found by fuzzing: a PYTHONHOME that a conda or module setup exports kept the Python
+    psbatch from starting ("Fatal Python error"), and the job was lost; the front end runs
+    the site's install with -E, and sbatch and the job still get the user's environment."""
+    value = {"PYTHONHOME": "/nonexistent/conda", "PYTHONHASHSEED": "nonsense", "PYTHONIOENCODING": "no-such"}[variable]
+    got = _run(bins, [bins.fast], ["meg.sh"], env={variable: value})
+    assert got.rc == 0 and got.stderr == b"" and got.calls[0]["scripts"] == [ROUTED]
+
+
+@needs_cc
+def test_no_python_and_no_sbatch_is_one_line(bins):
+    got = _run(bins, [bins.no_python], ["meg.sh"], env={"PIPESWIFT_SBATCH": "/nonexistent/sbatch"})
+    assert (got.rc, got.calls) == (127, [])
+    assert got.stderr == b"psbatch: error: sbatch not found (set PIPESWIFT_SBATCH or PATH)\n"
 
 
 @needs_cc

@@ -36,7 +36,8 @@ MUSL_CC = "musl-gcc"  # preferred when installed: a static binary of 80 KB, not 
 KINDS = {"required": "PSB_REQUIRED", "optional": "PSB_OPTIONAL", "flag": "PSB_FLAG"}
 NO_STDIN = "PSB_NO_STDIN"  # or'ed into the kind of an option after which sbatch reads no script
 
-# What the front end (and wrappers/psbatch) run with ``python -P -c``: the Python psbatch;
+# What the front end runs with ``python -E -P -c`` (the site's install, whatever PYTHON* the
+# user set), and wrappers/psbatch with ``python -c``: the Python psbatch;
 # when the package cannot be imported, the job goes to sbatch as written, --pipeswift
 # options removed, with one warning line. Standard library only; no single quote (the
 # shell wrapper holds it in single quotes).

@@ -136,7 +136,8 @@ static int fallback(const char *sbatch, int argc, char **argv, int options_end, 
             return fprintf(stderr, "psbatch: error: --pipeswift=check needs the Python psbatch (%s)\n", why), 2;
     }
     argv[k] = NULL;
-    fprintf(stderr, PSB_WARN_FORMAT, why);
+    if (sbatch != NULL) /* else one line: no sbatch */
+        fprintf(stderr, PSB_WARN_FORMAT, why);
     return exec_sbatch(sbatch, argv);
 }
 
@@ -198,10 +199,12 @@ int main(int argc, char **argv)
     if (!runnable(python) && (slash = strrchr(self, '/')) != NULL /* else: python3 beside this program */
         && snprintf(why, sizeof why, "%.*s/python3", (int)(slash - self), self) > 0 && runnable(why))
         strcpy(python, why);
-    char **args = calloc((size_t)argc + 4, sizeof *args);
+    char **args = calloc((size_t)argc + 5, sizeof *args);
     if (args) {
-        args[0] = python, args[1] = "-P", args[2] = "-c", args[3] = PSB_BOOTSTRAP;
-        memcpy(args + 4, argv + 1, (size_t)argc * sizeof *args);
+        /* -E: the site's install runs as installed, whatever PYTHON* the user set (a
+         * PYTHONHOME of a conda or module setup kept Python from starting: the job was lost) */
+        args[0] = python, args[1] = "-E", args[2] = "-P", args[3] = "-c", args[4] = PSB_BOOTSTRAP;
+        memcpy(args + 5, argv + 1, (size_t)argc * sizeof *args);
         execv(python, args);
     }
     snprintf(why, sizeof why, "cannot run the Python psbatch (%s: %s)", python, strerror(errno));
