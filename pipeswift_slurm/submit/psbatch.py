@@ -27,6 +27,10 @@ NO_SBATCH = "sbatch not found (set PIPESWIFT_SBATCH or PATH)"
 # where the compiled front end (``fast/psbatch.c``) that started this process is: not an sbatch
 # either; removed from the environment before sbatch runs, so no job inherits it
 FRONT_ENV = "PIPESWIFT_PSBATCH_FRONT"
+# the argv positions (1-based, comma-separated) of the own options and their values the front
+# end found, "!" after them when one took the script as its value: for the bootstrap's own
+# fallback (``fast/build.py``), which cannot read sbatch's options; removed like FRONT_ENV
+DROP_ENV = "PIPESWIFT_PSBATCH_DROP"
 
 
 def find_sbatch(environ: Mapping[str, str]) -> Optional[str]:
@@ -200,6 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console entry point: ``psbatch [sbatch options] [--pipeswift-*] [script [args]]``."""
     environ = dict(os.environ)
     os.environ.pop(FRONT_ENV, None)  # sbatch and the job never see it
+    os.environ.pop(DROP_ENV, None)
     try:
         return submit(sys.argv[1:] if argv is None else argv, environ, sys.stdin)
     except KeyboardInterrupt:

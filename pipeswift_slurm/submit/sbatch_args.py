@@ -169,6 +169,12 @@ class OwnOptions(NamedTuple):
     partitions: tuple[str, ...] = ()  # partitions the job may be moved to beside its own
 
 
+# an own option took the last word as its value, leaving no script (the compiled front end
+# says the same when the Python psbatch cannot start)
+LAST_WORD_TAKEN = ("--%s took the last word, %s, as its value, which leaves no script; write --%s=VALUE before"
+                   " the script")
+
+
 def strip_own_options(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
     """Remove ``--pipeswift[-KEY][=VALUE]`` items from the option part of ``argv``.
 
@@ -193,8 +199,7 @@ def strip_own_options(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, s
         try:  # the last word went to an own option as a value it cannot be: it was the script
             own_options([(last.name[len("pipeswift-"):], last.value or "")])
         except PsbatchError:
-            raise PsbatchUsageError("--%s took %r, the last word, as its value, which leaves no script; write"
-                                    " --%s=VALUE before the script" % (last.name, last.value, last.name)) from None
+            raise PsbatchUsageError(LAST_WORD_TAKEN % (last.name, last.value, last.name)) from None
     drop = {i for o in own_spans for i in range(o.start, o.end)}
     pairs = [(o.name[len("pipeswift"):].lstrip("-"), o.value or "") for o in own_spans]
     return [a for i, a in enumerate(argv) if i not in drop], pairs

@@ -590,7 +590,7 @@ def test_an_own_option_that_took_the_script_as_its_value_submits_nothing(tmp_pat
     (tmp_path / "job.sh").write_text(CHECKED)
     done, calls = _psbatch(["--pipeswift-gpus", "job.sh"], tmp_path, stdin=b"echo INJECTED\n")
     assert done.returncode == 2 and calls == []
-    assert done.stderr.decode() == ("psbatch: error: --pipeswift-gpus took 'job.sh', the last word, as its value,"
+    assert done.stderr.decode() == ("psbatch: error: --pipeswift-gpus took the last word, job.sh, as its value,"
                                     " which leaves no script; write --pipeswift-gpus=VALUE before the script;"
                                     " nothing submitted\n")
     done, calls = _psbatch(["--pipeswift-gpus", "2-8"], tmp_path, stdin=CHECKED.encode())

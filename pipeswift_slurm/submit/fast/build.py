@@ -42,18 +42,27 @@ NO_STDIN = "PSB_NO_STDIN"  # or'ed into the kind of an option after which sbatch
 # options removed, with one warning line. Standard library only; no single quote (the
 # shell wrapper holds it in single quotes).
 BOOTSTRAP = """import os,sys
+d=os.environ.pop("DROP_ENV",None)
 try:
     from pipeswift_slurm.submit.psbatch import main
 except Exception as e:
     a,i=sys.argv[1:],0
-    w=[x for x in a if x.partition("=")[0].rstrip("-")=="--pipeswift" and x.partition("=")[2]=="check"]
+    k=set(d.rstrip("!").split(",")) if d is not None else None
+    w=[x for j,x in enumerate(a,1) if x.partition("=")[0].rstrip("-")=="--pipeswift" and x.partition("=")[2]=="check"
+       and (k is None or str(j) in k)]
     if w:
         sys.stderr.write("psbatch: error: --pipeswift=check needs the Python psbatch (%s)\\n"%e)
+        sys.exit(2)
+    if d and d.endswith("!"):
+        sys.stderr.write("psbatch: error: "+LAST_WORD%(a[-2][2:],a[-1],a[-2][2:])+"\\n")
         sys.exit(2)
     b=[]
     while i<len(a):
         x=a[i];i+=1
-        if not x.startswith("--pipeswift"):
+        if k is not None:
+            if str(i) not in k:
+                b.append(x)
+        elif not x.startswith("--pipeswift"):
             b.append(x)
         elif "=" not in x and x[12:] in OWN_KEYS:
             i+=1
@@ -64,7 +73,8 @@ except Exception as e:
     except OSError as x:
         sys.exit("psbatch: error: cannot run %s: %s"%(s,x))
 sys.exit(main())
-""".replace("OWN_KEYS", "(%s,)" % ",".join('"%s"' % key for key in sbatch_args.OWN_KEYS))
+""".replace("OWN_KEYS", "(%s,)" % ",".join('"%s"' % key for key in sbatch_args.OWN_KEYS)).replace(
+    "DROP_ENV", psbatch.DROP_ENV).replace("LAST_WORD", '"%s"' % sbatch_args.LAST_WORD_TAKEN)
 
 
 class BuildError(Exception):
@@ -110,6 +120,8 @@ def header_text(python: Optional[str] = None) -> str:
         "#define PSB_PYTHON %s" % c_string(python),
         "#define PSB_NO_SBATCH %s" % c_string(psbatch.NO_SBATCH),
         "#define PSB_FRONT_ENV %s" % c_string(psbatch.FRONT_ENV),
+        "#define PSB_DROP_ENV %s" % c_string(psbatch.DROP_ENV),
+        "#define PSB_LAST_WORD_FORMAT %s" % c_string(sbatch_args.LAST_WORD_TAKEN),
         "#define PSB_WARN_FORMAT %s" % c_string(psbatch.warning_line("\0").replace("%", "%%").replace("\0", "%s")),
         "#define PSB_BOOTSTRAP %s" % c_string(BOOTSTRAP),
         "static const char *const psb_markers[] = {%s, NULL};" % ", ".join(map(c_string, plan.MARKERS)),

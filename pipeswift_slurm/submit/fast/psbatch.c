@@ -119,21 +119,20 @@ static int exec_sbatch(const char *sbatch, char **argv)
     return 126;
 }
 
-/* The Python psbatch cannot start: submit unchanged, --pipeswift options removed. */
-static int fallback(const char *sbatch, int argc, char **argv, int options_end, const char *why)
+/* The Python psbatch cannot start: submit unchanged, the own options the scan found removed (never an
+ * option's value or a word after the script); nothing when one took the script as its value (taken). */
+static int fallback(const char *sbatch, int argc, char **argv, const char *drop, int taken, const char *why)
 {
     int i, k = 1;
+    if (taken)
+        return fprintf(stderr, "psbatch: error: " PSB_LAST_WORD_FORMAT "\n", argv[argc - 2] + 2, argv[argc - 1],
+                       argv[argc - 2] + 2), 2;
     for (i = 1; i < argc; i++) {
-        const char *a = argv[i], *eq = strchr(a, '='), *key = a, *value = eq ? eq + 1 : NULL;
-        if (i >= options_end || strncmp(a, PSB_OWN_PREFIX, OWN_LEN) != 0) {
-            argv[k++] = argv[i];
-            continue;
-        }
-        if (own_takes_value(a) && i + 1 < argc) /* --pipeswift-KEY VALUE */
-            value = argv[++i];
-        key += OWN_LEN + strspn(a + OWN_LEN, "-");
-        if ((eq ? key == eq : *key == '\0') && value && strcmp(value, "check") == 0)
+        const char *a = argv[i], *eq = strchr(a, '='); /* --pipeswift=check: a report, never a submission */
+        if (drop[i] == 1 && eq && a + OWN_LEN + strspn(a + OWN_LEN, "-") == eq && strcmp(eq + 1, "check") == 0)
             return fprintf(stderr, "psbatch: error: --pipeswift=check needs the Python psbatch (%s)\n", why), 2;
+        if (!drop[i])
+            argv[k++] = argv[i];
     }
     argv[k] = NULL;
     if (sbatch != NULL) /* else one line: no sbatch */
@@ -149,6 +148,8 @@ int main(int argc, char **argv)
     off_t start = -1;
     struct stat st;
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    char drop[argc + 1]; /* 1: an own option the scan finds; 2: its separate value */
+    memset(drop, 0, sizeof drop);
     for (i = 0; fast && psb_off_words[i]; i++) /* PIPESWIFT_PSBATCH_FAST off: always the Python psbatch */
         python_needed |= !strcmp(fast, psb_off_words[i]);
     self[n > 0 ? n : 0] = '\0';
@@ -158,7 +159,9 @@ int main(int argc, char **argv)
             script = i + 1 < argc ? i + 1 : argc + 1; /* argc + 1: no script, but no more options */
         } else if (strncmp(a, PSB_OWN_PREFIX, OWN_LEN) == 0) {
             python_needed = 1;
-            i += own_takes_value(a) && i + 1 < argc; /* --pipeswift-KEY VALUE */
+            drop[i] = 1;
+            if (own_takes_value(a) && i + 1 < argc) /* --pipeswift-KEY VALUE */
+                drop[++i] = 2;
         } else if (a[0] == '-' && a[1] == '-') {
             int k = lookup_long(a + 2, eq ? (size_t)(eq - a - 2) : strlen(a + 2));
             reads_stdin &= k >= 0 && !(psb_long[k].kind & PSB_NO_STDIN);
@@ -176,6 +179,8 @@ int main(int argc, char **argv)
             script = i;
         }
     }
+    int taken = (script < 0 || script > argc) && argc > 2 && drop[argc - 1] == 2 && stat(argv[argc - 1], &st) == 0
+        && S_ISREG(st.st_mode); /* an own option took the last word, a file, and left no script */
     for (i = 1; i < argc && !python_needed; i++)
         python_needed = marked(argv[i], strlen(argv[i]));
     if (!python_needed && script > 0 && script < argc) { /* a plain file only: a pipe's bytes are sbatch's */
@@ -195,18 +200,22 @@ int main(int argc, char **argv)
     if (sbatch)
         setenv("PIPESWIFT_SBATCH", sbatch, 1); /* the Python psbatch uses the same sbatch */
     setenv(PSB_FRONT_ENV, self, 1); /* and never this program, under any name */
+    char *listed = malloc((size_t)argc * 12 + 2), *at = listed; /* for the bootstrap's own fallback */
+    for (i = 1; at && i < argc; i++)
+        at += drop[i] ? sprintf(at, "%s%d", at > listed ? "," : "", i) : 0;
+    if (at && sprintf(at, "%s", taken ? "!" : "") >= 0)
+        setenv(PSB_DROP_ENV, listed, 1);
     strcpy(python, PSB_PYTHON);
     if (!runnable(python) && (slash = strrchr(self, '/')) != NULL /* else: python3 beside this program */
         && snprintf(why, sizeof why, "%.*s/python3", (int)(slash - self), self) > 0 && runnable(why))
         strcpy(python, why);
     char **args = calloc((size_t)argc + 5, sizeof *args);
     if (args) {
-        /* -E: the site's install runs as installed, whatever PYTHON* the user set (a
-         * PYTHONHOME of a conda or module setup kept Python from starting: the job was lost) */
+        /* -E: the site's install, whatever PYTHON* the user set (a conda PYTHONHOME lost jobs) */
         args[0] = python, args[1] = "-E", args[2] = "-P", args[3] = "-c", args[4] = PSB_BOOTSTRAP;
         memcpy(args + 5, argv + 1, (size_t)argc * sizeof *args);
         execv(python, args);
     }
     snprintf(why, sizeof why, "cannot run the Python psbatch (%s: %s)", python, strerror(errno));
-    return fallback(sbatch, argc, argv, script < 0 || script > argc ? argc : script, why);
+    return fallback(sbatch, argc, argv, drop, taken, why);
 }
