@@ -364,7 +364,7 @@ def test_megatron_script_file_stdin_and_wrap_go_through_python(bins):
 
 
 @needs_cc
-@pytest.mark.parametrize("value", ["off", "0", "no", "false"])
+@pytest.mark.parametrize("value", ["off", "0", "no", "false", "OFF", " False ", "No\n"])  # as core/switch.py
 def test_fast_off_means_always_python(bins, value):
     got = _run(bins, [bins.no_python], ["plain.sh"], env={"PIPESWIFT_PSBATCH_FAST": value})
     assert got.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")

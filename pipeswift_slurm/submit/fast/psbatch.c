@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -150,8 +151,10 @@ int main(int argc, char **argv)
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     char drop[argc + 1]; /* 1: an own option the scan finds; 2: its separate value */
     memset(drop, 0, sizeof drop);
-    for (i = 0; fast && psb_off_words[i]; i++) /* PIPESWIFT_PSBATCH_FAST off: always the Python psbatch */
-        python_needed |= !strcmp(fast, psb_off_words[i]);
+    for (i = 0, fast += fast ? strspn(fast, " \t\n\r") : 0; fast && psb_off_words[i]; i++) { /* FAST off: */
+        size_t len = strlen(psb_off_words[i]); /* always the Python psbatch (any case, blanks: core/switch.py) */
+        python_needed |= !strncasecmp(fast, psb_off_words[i], len) && fast[len + strspn(fast + len, " \t\n\r")] == 0;
+    }
     self[n > 0 ? n : 0] = '\0';
     for (i = 1; i < argc && script < 0; i++) { /* sbatch_args.scan_argv, as far as this needs it */
         const char *a = argv[i], *eq = strchr(a, '=');
