@@ -137,9 +137,11 @@ def write_report(folder: str, name: str, job_id: int, config: ExecConfig, log: I
     write_atomic(os.path.join(folder, name), json.dumps(report(job_id, config, log), sort_keys=True))
 
 
-def _warn(text: str) -> None:
+def say(text: str) -> None:
+    """One line of the launcher's on the job's stderr (one that cannot be written is lost,
+    never the job: a full disk must not stop the training)."""
     try:
-        sys.stderr.write("pipeswift-launch: warning: %s\n" % text)
+        sys.stderr.write("pipeswift-launch: %s\n" % text)
         sys.stderr.flush()
     except OSError:
         pass
@@ -162,7 +164,7 @@ class _Copy:
                 self.sink.flush()
             except OSError as exc:
                 self.sink = None
-                _warn("cannot copy the training's output to the job's log (%s); the training goes on" % exc)
+                say("warning: cannot copy the training's output to the job's log (%s); the training goes on" % exc)
         *lines, rest = data.split(b"\n")
         for piece in lines:
             self._line(self.partial + piece[:MAX_LINE_BYTES])
@@ -235,7 +237,7 @@ def run_measured(command: Sequence[str], folder: str, job_id: int, config: ExecC
             write_report(folder, name, job_id, config, log)
         except OSError as exc:
             broken.append(str(exc))
-            _warn("cannot write the measured iteration time to %s: %s" % (folder, exc))
+            say("warning: cannot write the measured iteration time to %s: %s" % (folder, exc))
 
     child = subprocess.Popen(list(command), stdout=subprocess.PIPE)
     assert child.stdout is not None

@@ -33,6 +33,7 @@ from pipeswift_slurm.core.switch import switch
 from pipeswift_slurm.core.token import ProfileRequest, TokenError, decode_decision, decode_profile
 from pipeswift_slurm.submit.allocation import Allocation, LaunchError, allocation_from_env
 from pipeswift_slurm.submit.iterlog import MEASURE_DIR_ENV, run_measured
+from pipeswift_slurm.submit.iterlog import say as _say
 from pipeswift_slurm.submit.layout import LayoutError, Rewritten, Target, set_processes
 
 log = logging.getLogger(__name__)
@@ -245,11 +246,6 @@ def parse_options(argv: Sequence[str], env: dict[str, str]) -> Options:
     if not command:
         raise LaunchError("no command given (usage: pipeswift-launch [--emulate] [--local-gpus N] -- COMMAND...)")
     return Options(command, emulate, local)
-
-
-def _say(text: str) -> None:
-    sys.stderr.write("pipeswift-launch: %s\n" % text)
-    sys.stderr.flush()
 
 
 def choose(command: Sequence[str], alloc: Allocation, env: dict[str, str],

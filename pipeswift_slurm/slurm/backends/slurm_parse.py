@@ -44,8 +44,8 @@ def _num(value: Any) -> Optional[int]:
         return None
     if isinstance(value, (int, float)):
         return int(value) if 0 <= value < _NO_VAL else None  # (NaN compares false)
-    text = str(value).strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) < 20 and int(text) < _NO_VAL else None
+    text = str(value).strip()  # digits as text: the same bounds as a number
+    return _num(int(text)) if text.isascii() and text.isdigit() and len(text) < 20 else None
 
 
 def _time(value: Any) -> Optional[float]:
