@@ -22,14 +22,14 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile, SiteCaps
 from pipeswift_slurm.core.request import submitted_profile
-from pipeswift_slurm.core.token import TokenError, decode_profile, held_by_controller, submitted_gpus
+from pipeswift_slurm.core.token import TokenError, decode_profile, submitted_gpus
 from pipeswift_slurm.policy import Policy, wait_bound_of
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
 from pipeswift_slurm.slurm.calibrate import user_factor_of
 from pipeswift_slurm.slurm.decision_diff import evolve_decision, intent_outcome, unchanged_parts
 from pipeswift_slurm.slurm.explore import with_exploration_holds
 from pipeswift_slurm.slurm.factors import stable_factors
-from pipeswift_slurm.slurm.holds import own_holds_to_release
+from pipeswift_slurm.slurm.holds import not_runnable, own_holds_to_release
 from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
 from pipeswift_slurm.slurm.seams import BatchingBackend, Calibration, HistoryStore
 from pipeswift_slurm.slurm.wait_bound import over_wait_bound
@@ -62,24 +62,6 @@ class ControllerSettings:
     partitions: tuple[str, ...] = ()
     gpus_per_node: int = 0  # 0: the cluster's own (Slurm's node records); else a cap on it
     warn_wait_bound: bool = True  # a WARNING line per tick with jobs past the policy's wait bound
-
-
-# Why Slurm will not start a pending job whatever its priority: a hold (by its user or an
-# admin; a hold the controller set is its own to release), a dependency, a begin time.
-NOT_RUNNABLE_REASONS = frozenset({"Dependency", "DependencyNeverSatisfied", "BeginTime"})
-
-
-def not_runnable(job: Job) -> str:
-    """Why a pending job cannot start whatever the policy decides ('' when it can): held
-    by its user or an admin (not by the controller), or pending on a dependency or a
-    begin time. Such a job is not planned, and gets no decision (no SiteFactor either:
-    Slurm does not report one for held or dependent jobs, so it would be re-applied on
-    every tick)."""
-    if not job.pending:
-        return ""
-    if job.held and not held_by_controller(job.admin_comment):
-        return "held (%s)" % job.state_reason
-    return "pending on %s" % job.state_reason if job.state_reason in NOT_RUNNABLE_REASONS else ""
 
 
 def cluster_gpus_per_node(view: ClusterView, partitions: tuple[str, ...] = ()) -> int:
@@ -129,6 +111,7 @@ class Controller:
         self.epoch_clock: Callable[[], float] = time.time
         self.calibration = calibration
         self._profiles: dict[int, tuple[str, Optional[JobProfile], str]] = {}
+        self._limited: dict[int, tuple[Any, ...]] = {}  # the inputs each cached profile was limited with
         self._caps: dict[int, SiteCaps] = {}  # the site's limits each cached profile was clipped to
         self.partition_costs = dict(partition_costs or {})  # partition -> CostModel of its GPUs (a mixed cluster)
         self._partition_estimators: dict[tuple[str, int], Estimator] = {}
@@ -166,6 +149,7 @@ class Controller:
                 profiles[job.job_id] = self._within_time_limit(job, cached)
         for gone in set(self._profiles) - live:
             del self._profiles[gone]
+            self._limited.pop(gone, None)
             self._caps.pop(gone, None)
         return profiles
 
@@ -275,9 +259,15 @@ class Controller:
     def _within_time_limit(self, job: Job, cached: tuple[str, Optional[JobProfile], str]) -> JobProfile:
         """The cached profile, its user's correction applied within the job's time limit (cached)."""
         assert cached[1] is not None
-        profile = within_time_limit(cached[1], job, self.estimator, user_factor_of(self.calibration, job.user))
+        factor = user_factor_of(self.calibration, job.user)
+        key = (cached[1], self.estimator, job.time_limit_s, job.gpus, job.config, factor)
+        last = self._limited.get(job.job_id)
+        if last is not None and all(a is b for a, b in zip(last[:2], key)) and last[2:] == key[2:]:
+            return cached[1]  # as at the last tick: nothing to redo for each of thousands queued
+        profile = within_time_limit(cached[1], job, self.estimator, factor)
         if profile is not cached[1]:
             self._profiles[job.job_id] = (cached[0], profile, cached[2])
+        self._limited[job.job_id] = (profile, *key[1:])
         return profile
 
     @staticmethod

@@ -1,6 +1,7 @@
 """The controller's own holds: a hold it set (``hold=1`` in its decision token) is always its
 own to release, also on a job it no longer manages (its profile became invalid, it left the
-managed partitions, or its user opted it out). Pure: builds decisions, changes nothing."""
+managed partitions, or its user opted it out); and the holds and waits Slurm keeps a job
+pending for whatever its priority (``not_runnable``). Pure: builds decisions, changes nothing."""
 
 from __future__ import annotations
 
@@ -19,3 +20,21 @@ def own_holds_to_release(view: ClusterView, decided: set[int],
         out.append((Decision(job.job_id, hold=False,
                              reason="release the controller's own hold: job no longer managed"), job))
     return out
+
+
+# Why Slurm will not start a pending job whatever its priority: a hold (by its user or an
+# admin; a hold the controller set is its own to release), a dependency, a begin time.
+NOT_RUNNABLE_REASONS = frozenset({"Dependency", "DependencyNeverSatisfied", "BeginTime"})
+
+
+def not_runnable(job: Job) -> str:
+    """Why a pending job cannot start whatever the policy decides ('' when it can): held
+    by its user or an admin (not by the controller), or pending on a dependency or a
+    begin time. Such a job is not planned, and gets no decision (no SiteFactor either:
+    Slurm does not report one for held or dependent jobs, so it would be re-applied on
+    every tick)."""
+    if not job.pending:
+        return ""
+    if job.held and not held_by_controller(job.admin_comment):
+        return "held (%s)" % job.state_reason
+    return "pending on %s" % job.state_reason if job.state_reason in NOT_RUNNABLE_REASONS else ""

@@ -19,7 +19,8 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import get_gpu_type
 from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, GpuRequest, Job, JobProfile, Node
 from pipeswift_slurm.policy import get_policy
-from pipeswift_slurm.slurm.controller import Controller, ControllerSettings, cluster_gpus_per_node, not_runnable
+from pipeswift_slurm.slurm.controller import Controller, ControllerSettings, cluster_gpus_per_node
+from pipeswift_slurm.slurm.holds import not_runnable
 from pipeswift_slurm.slurm.decision_diff import unchanged_parts
 
 NOW = 1_700_000_000.0

@@ -6,7 +6,8 @@ and schedules as Slurm does with the site's settings (slurm/backends/sched_setti
 ties by submit time, each started where it fits, until the first that does not);
 ``backfill_pass(now)`` is sched/backfill (every tested blocked job reserves whole nodes
 from its earliest start, rounded to bf_resolution; later jobs start only off those nodes
-for their time limit). ``schedule(now)`` runs both; the engine decides when each runs.
+for their time limit; the reservation search is ``backfill_plan.py``). ``schedule(now)``
+runs both; the engine decides when each runs.
 A job's CPUs (for the job size factor) are one per node, sbatch's default of one task per
 node. ``scheduler="builtin"`` (the ``fifo`` baseline) never backfills. Placement is best
 fit: the nodes with the fewest free GPUs that still hold the per-node request. Time limits
@@ -17,13 +18,14 @@ completions; this module knows no policy and no truth model.
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 from pipeswift_slurm.core.model import PENDING, RUNNING, ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
 from pipeswift_slurm.core.token import carries_profile
 from pipeswift_slurm.slurm.backends import JobGone
+from pipeswift_slurm.slurm.backends.backfill_plan import (Floor, Reservation, earliest_start, place, rounded,
+                                                          start_of, unreserved)
 from pipeswift_slurm.slurm.backends.sched_settings import SchedulingSettings, job_size_factor, priority
 
 
@@ -255,14 +257,6 @@ class SimBackend:
                 i for i, p in enumerate(self.node_partition) if p in names)
         return self._nodes_of[partition]
 
-    def _place(self, free: list[int], nodes: int, per_node: int,
-               allowed: Optional[frozenset[int]] = None) -> Optional[tuple[int, ...]]:
-        fitting = [i for i, f in enumerate(free) if f >= per_node and (allowed is None or i in allowed)]
-        if len(fitting) < nodes:
-            return None
-        fitting.sort(key=lambda i: (free[i], i))
-        return tuple(sorted(fitting[:nodes]))
-
     def _start(self, job: SimJob, placement: tuple[int, ...], now: float) -> None:
         for node in placement:
             self.free[node] -= job.gpus_per_node
@@ -290,7 +284,7 @@ class SimBackend:
             parts = job.partition.split(",")
             if blocked.issuperset(parts):
                 continue
-            placement = self._place(self.free, job.num_nodes, job.gpus_per_node, self.nodes_of(job.partition))
+            placement = place(self.free, job.num_nodes, job.gpus_per_node, self.nodes_of(job.partition))
             if placement is None:
                 if not any(self.node_partition):
                     break  # one partition: nothing after it may start
@@ -309,69 +303,43 @@ class SimBackend:
         ``bf_window``). Later jobs never use a reserved node while it is reserved."""
         self.now = now
         settings = self.settings
-        reserved: list[tuple[float, float, frozenset[int]]] = []
+        reserved: list[Reservation] = []
         started: list[SimJob] = []
-        ends = sorted((self._end_s(r, now), r.job_id, r) for r in self.running.values())
+        ends = self._ends(now)
+        floors: dict[tuple[int, int, str], Floor] = {}
         for job in self._order(now)[:settings.bf_max_job_test]:
             limit = float(job.time_limit_s)
-            free = self._unreserved(list(self.free), reserved, now, now + limit)
-            placement = self._place(free, job.num_nodes, job.gpus_per_node, self.nodes_of(job.partition))
+            free = unreserved(list(self.free), reserved, now, now + limit)
+            placement = place(free, job.num_nodes, job.gpus_per_node, self.nodes_of(job.partition))
             if placement is not None:
                 self._start(job, placement, now)
                 started.append(job)
-                bisect.insort(ends, (self._end_s(job, now), job.job_id, job))
+                bisect.insort(ends, (self._end_s(job, now), job.job_id, job.gpus_per_node, placement))
                 continue
-            start_s, placement = self._earliest(job, now, reserved, ends)
+            floor = floors.setdefault((job.num_nodes, job.gpus_per_node, job.partition), Floor())
+            start_s, placement = self._earliest(job, now, reserved, ends, floor.of(limit, now))
+            floor.add(limit, start_s)
             if placement is None or start_s - now > settings.bf_window_s:
                 continue
-            reserved.append((*self._rounded(start_s, start_s + limit), frozenset(placement)))
+            bisect.insort(reserved, (*rounded(start_s, start_s + limit, settings.bf_resolution_s),
+                                     frozenset(placement)), key=start_of)
         return started
-
-    @staticmethod
-    def _unreserved(free: list[int], reserved: list[tuple[float, float, frozenset[int]]],
-                    start_s: float, end_s: float, ends_inside: bool = True) -> list[int]:
-        """``free`` with every node that a reservation holds within [start_s, end_s] at 0.
-        Slurm's two tests differ: a job starting now overlaps a reservation that begins
-        at its end (``ends_inside``); a planned start, rounded, does not."""
-        for res_start, res_end, nodes in reserved:
-            begins_before = res_start <= end_s if ends_inside else res_start < end_s
-            if begins_before and res_end > start_s:
-                for node in nodes:
-                    free[node] = 0
-        return free
-
-    def _rounded(self, start_s: float, end_s: float) -> tuple[float, float]:
-        """A planned start and end rounded down to bf_resolution (none when it is 0)."""
-        res_s = self.settings.bf_resolution_s
-        if not res_s:
-            return start_s, end_s
-        return math.floor(start_s / res_s) * res_s, math.floor(end_s / res_s) * res_s
 
     @staticmethod
     def _end_s(job: SimJob, now: float) -> float:
         """When a running job ends by its limit (not before ``now``)."""
         return max(now, _started(job, now) + job.time_limit_s)
 
-    def _earliest(self, job: SimJob, now: float, reserved: list[tuple[float, float, frozenset[int]]],
-                  ends: Optional[list[tuple[float, int, SimJob]]] = None) -> tuple[float, Optional[tuple[int, ...]]]:
+    def _ends(self, now: float) -> list[tuple[float, int, int, tuple[int, ...]]]:
+        """Running jobs as (end by their limit, job id, GPUs per node, nodes), soonest first."""
+        return sorted((self._end_s(r, now), r.job_id, r.gpus_per_node, r.placement) for r in self.running.values())
+
+    def _earliest(self, job: SimJob, now: float, reserved: list[Reservation],
+                  ends: Optional[list[tuple[float, int, int, tuple[int, ...]]]] = None,
+                  not_before: Optional[float] = None) -> tuple[float, Optional[tuple[int, ...]]]:
         """The earliest time after ``now`` at which ``job`` fits (running jobs ending at
-        their limits: ``ends``, sorted, else computed; reservations held), within
-        bf_window, and the nodes it would get then."""
-        if ends is None:
-            ends = sorted((self._end_s(r, now), r.job_id, r) for r in self.running.values())
-        times = sorted({e[0] for e in ends} | {r[1] for r in reserved if r[1] > now})
-        free = list(self.free)
-        k = 0
-        for t in times:
-            if t - now > self.settings.bf_window_s:
-                break
-            while k < len(ends) and ends[k][0] <= t:
-                for node in ends[k][2].placement:
-                    free[node] += ends[k][2].gpus_per_node
-                k += 1
-            window = self._rounded(t, t + job.time_limit_s)  # Slurm tests the rounded plan
-            placement = self._place(self._unreserved(list(free), reserved, *window, ends_inside=False),
-                                    job.num_nodes, job.gpus_per_node, self.nodes_of(job.partition))
-            if placement is not None:
-                return t, placement
-        return float("inf"), None
+        their limits: ``ends``, else computed; this pass's reservations held), within
+        bf_window, and the nodes it would get then (``backfill_plan.earliest_start``)."""
+        return earliest_start(self.free, self._ends(now) if ends is None else ends, reserved, now,
+                              job.time_limit_s, job.num_nodes, job.gpus_per_node, self.nodes_of(job.partition),
+                              self.settings.bf_resolution_s, self.settings.bf_window_s, not_before)
