@@ -48,3 +48,28 @@ def test_the_controller_plans_with_predictions_within_time_limits() -> None:
     job = replace(pending(1), time_limit_s=60)
     Controller(KeepingBackend(4, 8, [job]), Spy(), est).tick()  # type: ignore[arg-type]
     assert 0 < seen[1] <= 60
+
+
+def test_a_new_time_limit_between_ticks_is_planned_with() -> None:
+    """The controller limits a cached profile only when something it depends on changed:
+    a limit the admin shortens between ticks still caps the next tick's prediction, and
+    one lengthened again frees it."""
+    seen: list[float] = []
+
+    class Spy:
+        name, site_factor_max = "spy", None
+
+        def decide(self, view, profiles, est):  # type: ignore[no-untyped-def]
+            seen.append(est.run_time_s(profiles[1], profiles[1].requested))
+            return []
+
+    est = estimator()
+    backend = KeepingBackend(4, 8, [replace(pending(1), time_limit_s=10**7)])
+    controller = Controller(backend, Spy(), est)  # type: ignore[arg-type]
+    controller.tick()
+    controller.tick()
+    backend.jobs[1] = replace(backend.jobs[1], time_limit_s=60)
+    controller.tick()
+    backend.jobs[1] = replace(backend.jobs[1], time_limit_s=10**7)
+    controller.tick()
+    assert seen[0] == seen[1] == seen[3] > 60 >= seen[2] > 0
