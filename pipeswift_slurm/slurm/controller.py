@@ -260,14 +260,14 @@ class Controller:
         """The cached profile, its user's correction applied within the job's time limit (cached)."""
         assert cached[1] is not None
         factor = user_factor_of(self.calibration, job.user)
-        key = (cached[1], self.estimator, job.time_limit_s, job.gpus, job.config, factor)
+        inputs = (job.time_limit_s, job.gpus, job.config, factor)
         last = self._limited.get(job.job_id)
-        if last is not None and all(a is b for a, b in zip(last[:2], key)) and last[2:] == key[2:]:
+        if last is not None and last[0] is cached[1] and last[1] is self.estimator and last[2] == inputs:
             return cached[1]  # as at the last tick: nothing to redo for each of thousands queued
         profile = within_time_limit(cached[1], job, self.estimator, factor)
         if profile is not cached[1]:
             self._profiles[job.job_id] = (cached[0], profile, cached[2])
-        self._limited[job.job_id] = (profile, *key[1:])
+        self._limited[job.job_id] = (profile, self.estimator, inputs)
         return profile
 
     @staticmethod

@@ -62,13 +62,13 @@ def earliest_start(free_now: Sequence[int], ends: Sequence[tuple[float, int, int
     ``Floor``) within ``window_s`` (bf_window) at which a job of ``nodes`` x ``per_node``
     GPUs and time limit ``limit_s`` fits, and the nodes it gets then; (inf, None) if none.
     ``free_now``: free GPUs by node; ``ends``: running jobs as (end, job id, GPUs per node,
-    nodes), sorted, ending at their limits; ``reserved``: this pass's reservations."""
+    nodes), sorted, ending at their limits; ``reserved``: this pass's reservations, sorted
+    by start (``start_of``; the pass inserts them so)."""
     if not_before == math.inf:
         return math.inf, None
     times = sorted({e[0] for e in ends} | {r[1] for r in reserved if r[1] > now})
-    by_start = sorted(reserved, key=start_of)
     held = [0] * len(free_now)  # reservations holding each node during the plan
-    holding: list[tuple[float, int]] = []  # (end, index in by_start) of those counted
+    holding: list[tuple[float, int]] = []  # (end, index in reserved) of those counted
     free = list(free_now)
     k = added = 0
     for t in times if not_before is None else times[bisect.bisect_left(times, not_before):]:
@@ -79,14 +79,14 @@ def earliest_start(free_now: Sequence[int], ends: Sequence[tuple[float, int, int
                 free[node] += ends[k][2]
             k += 1
         start_s, end_s = rounded(t, t + limit_s, resolution_s)  # Slurm tests the rounded plan
-        while added < len(by_start) and by_start[added][0] < end_s:
-            if by_start[added][1] > start_s:
-                heapq.heappush(holding, (by_start[added][1], added))
-                for node in by_start[added][2]:
+        while added < len(reserved) and reserved[added][0] < end_s:
+            if reserved[added][1] > start_s:
+                heapq.heappush(holding, (reserved[added][1], added))
+                for node in reserved[added][2]:
                     held[node] += 1
             added += 1
         while holding and holding[0][0] <= start_s:
-            for node in by_start[heapq.heappop(holding)[1]][2]:
+            for node in reserved[heapq.heappop(holding)[1]][2]:
                 held[node] -= 1
         placement = place([0 if h else f for f, h in zip(free, held)], nodes, per_node, allowed)
         if placement is not None:
