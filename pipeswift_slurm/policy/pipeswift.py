@@ -28,7 +28,8 @@ Each tick (pure; only ``view.now`` as the clock):
    (``running.reshapes``). It gives back their GPUs to multi-day jobs that a crowded queue started small.
    With ``reshape_waiting`` (on by default) a running job also grows while jobs wait, shortest remaining
    first, into GPUs idle after this tick's starts, when its new remaining run is shorter than every waiting
-   job's best run time (what shortest-remaining-first would give those GPUs to).
+   job's best run time (what shortest-remaining-first would give those GPUs to) and its gain also pays for
+   the waiting its extra GPU-seconds cause the queue (``running.reshapes``).
 A requeued job is planned on the work it has left from its last checkpoint
 (``common.remaining_iterations``), not as if it started over. Preemption (``preempt``, off by default; needs
 requeue allowed at the site): a long running job is requeued when the waiting saved by it exceeds what it
@@ -391,8 +392,10 @@ class PipeSwiftPolicy:
             # shortest remaining first: a running job grows into GPUs idle now only when it
             # would then end before any waiting job could run (with no reserve kept: the
             # queue is what those GPUs would be kept for)
-            waiting_best = min((best_run_s(opts[j.job_id]) for j in ordered
-                                if j.job_id not in plans or plans[j.job_id].start_s != now), default=math.inf)
+            waiting = [j for j in ordered if j.job_id not in plans or plans[j.job_id].start_s != now]
+            waiting_best = min((best_run_s(opts[j.job_id]) for j in waiting), default=math.inf)
             out += reshapes(self.knobs, view, profiles, estimator, free, 0, shorter_than_s=waiting_best,
-                                  skip={d.job_id for d in preempted})
+                            skip={d.job_id for d in preempted}, queued=len(waiting),
+                            queued_gpu_s=sum(min((o.run_s * o.gpus for o in opts[j.job_id]), default=0.0)
+                                             for j in waiting))
         return out

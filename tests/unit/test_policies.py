@@ -856,6 +856,10 @@ def test_pipeswift_reshapes_a_running_job_onto_idle_gpus_when_it_pays() -> None:
     assert left_s == pytest.approx(47 * HOUR, rel=0.01)
     # the restart pays its startup and the work since the last checkpoint
     assert new_s >= est.run_time_s(profiles[1], d.config, profiles[1].plan.iterations) * (left_s / (48 * HOUR)) * 0.99
+    # a job requeued preempt_max_restarts times is not requeued again, for a reshape either
+    worn = replace(view, jobs=(replace(view.jobs[0], restarts=12),))
+    assert get_policy("pipeswift", reshape_running=True).decide(worn, profiles, est) == []
+    assert get_policy("pipeswift", reshape_running=True, preempt_max_restarts=13).decide(worn, profiles, est) != []
 
 
 @pytest.mark.parametrize("busy, nodes, save_interval, reshaped", [
@@ -1019,6 +1023,32 @@ def test_pipeswift_grows_a_running_job_while_only_longer_jobs_wait(waiting_hours
     grown = [d for d in get_policy("pipeswift", **knobs).decide(view, profiles, est) if d.requeue]
     assert [d.job_id for d in grown] == ([1] if grows else [])
     assert not any(d.requeue for d in get_policy("pipeswift", reshape_waiting=False, **knobs).decide(view, profiles, est))
+
+
+def test_pipeswift_grows_a_running_job_only_when_the_queue_can_spare_the_gpu_seconds() -> None:
+    """The growth of the test above takes more GPU-seconds than the job's current run: a
+    queue of one long job can spare them, a queue of 1,000 cannot (each of them would wait
+    for that share of the extra GPU-seconds)."""
+    est = Estimator(COST, 8)
+    view, profiles = _small_running_job({0: 4})
+    _, waiting = _profile(16, 400.0, 8)
+    knobs = {"reshape_running": True}
+
+    def queue_of(count: int) -> list[Decision]:
+        jobs = view.jobs + tuple(Job(2 + i, "PENDING", 0.0, num_nodes=2, gpus=16, opted_in=True,
+                                     time_limit_s=int(HOUR)) for i in range(count))
+        queue = {2 + i: waiting for i in range(count)}
+        return [d for d in get_policy("pipeswift", **knobs).decide(replace(view, jobs=jobs), {**profiles, **queue}, est)
+                if d.requeue]
+
+    [grown] = queue_of(1)
+    assert grown.config is not None
+    new_s, left_s = (float(x) for x in re.findall(r"([\d.]+) s", grown.reason))
+    extra_gpu_s = grown.config.gpus * new_s - 4 * left_s
+    assert extra_gpu_s > 0
+    # the saving no longer pays the waiting the extra GPU-seconds add to 1,000 queued jobs
+    assert extra_gpu_s * 1000 / view.total_gpus > left_s - new_s
+    assert queue_of(1000) == []
 
 
 def test_the_controller_acts_only_on_what_a_job_does_not_have_yet() -> None:
