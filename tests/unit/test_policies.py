@@ -27,6 +27,8 @@ from pipeswift_slurm.policy import PRESETS, get_policy, policy_names
 from pipeswift_slurm.policy.common import RANK_STEP, predicted_end_s, remaining_iterations
 from pipeswift_slurm.policy.earliest_fit import EarliestFit
 from pipeswift_slurm.policy.pipeswift import PipeSwiftPolicy
+from pipeswift_slurm.policy.running import reshapes
+from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.sim.workload import ZOO, Conversion, TraceRow, to_megatron_job
 from pipeswift_slurm.core.token import ProfileRequest, encode_profile
 
@@ -1049,6 +1051,22 @@ def test_pipeswift_grows_a_running_job_only_when_the_queue_can_spare_the_gpu_sec
     # the saving no longer pays the waiting the extra GPU-seconds add to 1,000 queued jobs
     assert extra_gpu_s * 1000 / view.total_gpus > left_s - new_s
     assert queue_of(1000) == []
+
+
+def test_a_growth_is_charged_only_for_what_the_queues_work_would_use() -> None:
+    """``reshapes`` charges the extra GPU-seconds to 1,000 queued jobs only as far as
+    their own work would fill the extra GPUs: with almost none (a burst of tiny jobs,
+    each needing a few GPU-seconds) the growth goes ahead; with a day of work each it
+    is refused."""
+    est = Estimator(COST, 8)
+    view, profiles = _small_running_job({0: 4})
+
+    def grown(queued_gpu_s: float) -> list[Decision]:
+        return reshapes(PipeSwiftKnobs(), view, profiles, est, [4, 8], 0, queued=1000, queued_gpu_s=queued_gpu_s)
+
+    assert [d.job_id for d in grown(0.0)] == [1]
+    assert [d.job_id for d in grown(1.0)] == [1]
+    assert grown(1000 * 8 * 24 * HOUR) == []
 
 
 def test_the_controller_acts_only_on_what_a_job_does_not_have_yet() -> None:
