@@ -88,6 +88,12 @@ def best_run_s(options: Sequence[Option]) -> float:
     return min((o.run_s for o in options), default=math.inf)
 
 
+def least_gpu_s(options: Sequence[Option]) -> float:
+    """The fewest GPU-seconds (``run_s x gpus``) among a job's options: its work at its
+    best rate (inf when it has none)."""
+    return min((o.run_s * o.gpus for o in options), default=math.inf)
+
+
 def remaining_iterations(job: Job, profile: JobProfile, estimator: EstimatorProtocol) -> Optional[int]:
     """Iterations a requeued job has left from its last checkpoint, or None for a job that
     never ran (or that keeps no checkpoints, so starts over). The work done is estimated

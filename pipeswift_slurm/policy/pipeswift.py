@@ -77,8 +77,8 @@ from typing import Any, ClassVar, Collection, Mapping, Optional
 from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.policy.common import (Option, Plan, Timeline, best_run_s, current_config, decision_for, fits_now,
-                                           free_by_node, job_options, kept_size, lends_poorly, predicted_end_s,
-                                           rank_factors, remaining_iterations)
+                                           free_by_node, job_options, kept_size, least_gpu_s, lends_poorly,
+                                           predicted_end_s, rank_factors, remaining_iterations)
 from pipeswift_slurm.policy.earliest_fit import EarliestFit
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.policy.lane import breaks_promise, hold_backfill_over_lane, long_share
@@ -198,7 +198,7 @@ class PipeSwiftPolicy:
         lane_wait: set[int] = set()  # GPU counts that wait for the short-job lane
         waits: list[tuple[float, Option]] = []  # (predicted end; start if starving, option) per count
         never: Optional[Option] = None  # a count the lane never has room for
-        least_gpu_s = min((o.run_s * o.gpus for o in options), default=math.inf)  # lent GPUs must pay
+        fewest_gpu_s = least_gpu_s(options)  # lent GPUs must pay
         # a starving job may close the lane only briefly: when the long jobs' share has room
         # for it within short_lane_max_s; else it waits for that room, in its turn among the
         # starving (``_share``). Exempt: one past its bound (holding it would only grow the
@@ -222,7 +222,7 @@ class PipeSwiftPolicy:
                     and (self._short_about or opt.gpus <= self._long_cap or opt.gpus > user_gpus)
             if lane_full and opt.gpus > user_gpus:
                 continue  # a long job grows only while the short-job lane stays free
-            if lends_poorly(opt, user_gpus, least_gpu_s, self.knobs.lend_efficiency):
+            if lends_poorly(opt, user_gpus, fewest_gpu_s, self.knobs.lend_efficiency):
                 continue
             if long_job and opt.gpus > user_gpus and self._borrowed + opt.gpus - user_gpus > self._borrow_cap:
                 continue  # GPUs lent for a long run are bounded: the jobs still to come need them
@@ -388,7 +388,7 @@ class PipeSwiftPolicy:
         nobody_waits = len(plans) == len(ordered) and all(p.start_s == now for p in plans.values())
         if self.knobs.reshape_running and nobody_waits:
             out += reshapes(self.knobs, view, profiles, estimator, free, idle_reserve(self.knobs, view))
-        elif self.knobs.reshape_running and self.knobs.reshape_waiting:
+        elif self.knobs.reshape_running and self.knobs.reshape_waiting and sum(free) > 0:
             # shortest remaining first: a running job grows into GPUs idle now only when it
             # would then end before any waiting job could run (with no reserve kept: the
             # queue is what those GPUs would be kept for)
@@ -396,6 +396,5 @@ class PipeSwiftPolicy:
             waiting_best = min((best_run_s(opts[j.job_id]) for j in waiting), default=math.inf)
             out += reshapes(self.knobs, view, profiles, estimator, free, 0, shorter_than_s=waiting_best,
                             skip={d.job_id for d in preempted}, queued=len(waiting),
-                            queued_gpu_s=sum(min((o.run_s * o.gpus for o in opts[j.job_id]), default=0.0)
-                                             for j in waiting))
+                            queued_gpu_s=sum(least_gpu_s(opts[j.job_id]) for j in waiting if opts[j.job_id]))
         return out
