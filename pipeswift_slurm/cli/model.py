@@ -201,7 +201,7 @@ def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, 
     if not result.ranked:
         click.echo("no valid config in that GPU range (--explain lists every excluded config):", err=True)
     for counts, why in none:
-        click.echo("no valid layout on %s GPUs: %s" % (_counts_text(counts), why), err=not result.ranked)
+        click.echo("no valid layout on %s: %s" % (_counts_text(counts), why), err=not result.ranked)
     _print_plan(result, rows, gpu, explain)
     for est, fast in kept[:top]:
         click.echo("runs on %d GPUs: your layout %s (the fastest gains %.0f %%, within the %s band)"
@@ -213,15 +213,29 @@ def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, 
         sys.exit(1)
 
 
+COUNTS_SHOWN = 40  # GPU counts (or runs of them) one "no valid layout" line names; --json has all
+
+
 def _counts_text(counts: list[int]) -> str:
-    """'3, 5, 6, 7' for a few counts, '9-16' for a run, a mix for both."""
+    """'3, 5, 6, 7 GPUs' for a few counts, '9-16 GPUs' for a run, a mix for both; past
+    ``COUNTS_SHOWN`` items, how many more counts there are."""
     runs: list[list[int]] = []
     for gpus in counts:
         if runs and gpus == runs[-1][-1] + 1:
             runs[-1].append(gpus)
         else:
             runs.append([gpus])
-    return ", ".join("%d-%d" % (r[0], r[-1]) if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+    items = [("%d-%d" % (r[0], r[-1]),) if len(r) > 2 else tuple(map(str, r)) for r in runs]
+    words = [w for item in items for w in item]
+    if len(words) <= COUNTS_SHOWN:
+        return ", ".join(words) + " GPUs"
+    shown, n_shown = [], 0
+    for run, item in zip(runs, items):
+        if len(shown) + len(item) > COUNTS_SHOWN:
+            break
+        shown.extend(item)
+        n_shown += len(run)
+    return "%s GPUs and %s more counts (--json lists them)" % (", ".join(shown), "{:,}".format(len(counts) - n_shown))
 
 
 def _print_plan(result: Any, rows: list[dict[str, Any]], gpu: GpuType, explain: bool) -> None:

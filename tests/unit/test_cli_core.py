@@ -132,6 +132,27 @@ def test_plan_names_the_rule_not_memory_when_divisibility_excludes_a_count(runne
     assert [x["gpus"] for x in data["no_layout"]] == [[25, 27]]
 
 
+def test_plan_names_a_few_counts_without_a_layout_and_counts_the_rest(runner: CliRunner,
+                                                                       gpt_argv: list[str]) -> None:
+    """A wide range names the first counts of each cause and how many more there are (the
+    line for 1-2048 was 5 KB); --json lists every one."""
+    result = invoke(runner, "plan", "--gpus", "1-2048", "--top", "1", "--", *gpt_argv)
+    assert result.exit_code == 0
+    lines = [x for x in result.stdout.splitlines() if x.startswith("no valid layout")]
+    data = json.loads(invoke(runner, "plan", "--gpus", "1-2048", "--json", "--", *gpt_argv).stdout)
+    assert len(lines) == len(data["no_layout"]) >= 1
+    for line, group in zip(lines, data["no_layout"]):
+        head = line.split(":")[0]
+        assert len(head) < 400
+        if " more counts" in head:
+            named = head.split(" GPUs and ")[0].removeprefix("no valid layout on ")
+            shown = sum(int(b) - int(a) + 1 if a else 1 for a, _, b in
+                        (w.partition("-") if "-" in w else ("", "", w) for w in named.split(", ")))
+            more = int(head.split(" GPUs and ")[1].split(" more")[0].replace(",", ""))
+            assert shown + more == len(group["gpus"]) and more > 0
+    assert any(" more counts (--json lists them)" in x for x in lines)
+
+
 def test_plan_says_memory_when_memory_is_the_cause(runner: CliRunner) -> None:
     big = ["--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64", "--seq-length", "2048",
            "--global-batch-size", "64", "--bf16", "--train-iters", "10"]
