@@ -88,6 +88,16 @@ def best_run_s(options: Sequence[Option]) -> float:
     return min((o.run_s for o in options), default=math.inf)
 
 
+def reachable_run_s(options: Sequence[Option], reach_gpus: float) -> float:
+    """The shortest predicted run on a GPU count of at most ``reach_gpus`` (the GPUs the
+    queue can have soon); the run on the job's fewest GPUs when none is that small (inf
+    when it has no option)."""
+    near = [o.run_s for o in options if o.gpus <= reach_gpus]
+    if near:
+        return min(near)
+    return min(options, key=lambda o: (o.gpus, o.run_s)).run_s if options else math.inf
+
+
 def least_gpu_s(options: Sequence[Option]) -> float:
     """The fewest GPU-seconds (``run_s x gpus``) among a job's options: its work at its
     best rate (inf when it has none)."""

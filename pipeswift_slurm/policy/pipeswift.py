@@ -3,7 +3,8 @@
 Each tick (pure; only ``view.now`` as the clock):
 1. Options: for every pending opted-in job and every GPU count it allows, the fastest
    valid config and its predicted run time (the planner, through the Estimator).
-2. Order: shortest predicted run time first. Starving jobs go ahead, oldest first:
+2. Order: shortest predicted run time first, each job's run on a count the queue can have
+   soon (``common.reachable_run_s``). Starving jobs go ahead, oldest first:
    those that have waited past ``promote_fraction`` x ``wait_bound_s``, and those *at
    risk*: the earliest they could start, were they first in the queue (on whole nodes, as
    the running jobs' predicted ends free them, node by node), would come after
@@ -78,7 +79,7 @@ from pipeswift_slurm.core.estimator import EstimatorProtocol
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.policy.common import (Option, Plan, Timeline, best_run_s, current_config, decision_for, fits_now,
                                            free_by_node, job_options, kept_size, least_gpu_s, lends_poorly,
-                                           predicted_end_s, rank_factors, remaining_iterations)
+                                           predicted_end_s, rank_factors, reachable_run_s, remaining_iterations)
 from pipeswift_slurm.policy.earliest_fit import EarliestFit
 from pipeswift_slurm.policy.knobs import PipeSwiftKnobs
 from pipeswift_slurm.policy.lane import breaks_promise, hold_backfill_over_lane, long_share
@@ -161,12 +162,14 @@ class PipeSwiftPolicy:
         return out
 
     def order(self, pending: list[Job], opts: Mapping[int, tuple[Option, ...]], now: float,
-              starving_ids: Collection[int], total_gpus: Optional[int] = None) -> list[Job]:
+              starving_ids: Collection[int], total_gpus: Optional[int] = None,
+              reach_gpus: float = math.inf) -> list[Job]:
         """Starving jobs (``starving_ids``) first, in submit order, as long as together
         they need at most ``starve_share`` of the ``total_gpus`` (counting each at its
         fewest GPUs; the oldest always goes first, so every job gets its turn); then
-        everyone else, starving jobs past that share included, by predicted run time
-        less the aging credit. Without ``total_gpus``, every starving job goes first."""
+        everyone else, starving jobs past that share included, by predicted run time on at
+        most ``reach_gpus`` (``reachable_run_s``) less the aging credit. Without
+        ``total_gpus``, every starving job goes first."""
         starving = sorted((j for j in pending if j.job_id in starving_ids), key=lambda j: (j.submit_time, j.job_id))
         budget = math.inf if total_gpus is None else self.knobs.starve_share * total_gpus
         front: list[Job] = []
@@ -179,7 +182,8 @@ class PipeSwiftPolicy:
         rest = [j for j in pending if j.job_id not in first]
 
         def key(job: Job) -> tuple[float, float, int]:
-            return best_run_s(opts[job.job_id]) - self.knobs.aging * job.queued_s(now), job.submit_time, job.job_id
+            return reachable_run_s(opts[job.job_id], reach_gpus) - self.knobs.aging * job.queued_s(now), \
+                job.submit_time, job.job_id
 
         return front + sorted(rest, key=key)
 
@@ -326,7 +330,11 @@ class PipeSwiftPolicy:
         ends = {r.job_id: predicted_end_s(r, profiles, estimator, now) for r in view.running}
         free = free_by_node(view)
         starving = self.starving(pending, opts, now, EarliestFit(view, free, ends) if self.knobs.risk_fraction > 0 else None)
-        ordered = self.order(pending, opts, now, starving, total)
+        # the queue can have soon the GPUs no running job holds past short_lane_max_s from now
+        # (with ``preempt``, all: a long job can be requeued for shorter ones)
+        reach = total if self.knobs.preempt else \
+            total - sum(r.gpus for r in view.running if ends[r.job_id] - now > self.knobs.short_lane_max_s)
+        ordered = self.order(pending, opts, now, starving, total, reach)
         timeline = Timeline(now, sum(free), [(ends[r.job_id], r.gpus) for r in view.running])
         self._reserved = 0
         # (start, GPUs, run) of long jobs on whole nodes held for the lane: their room is

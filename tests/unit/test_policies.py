@@ -281,6 +281,47 @@ def test_pipeswift_replans_a_seen_job_after_a_calibration_refit() -> None:
     assert second.predicted_end_s - 60.0 == pytest.approx(2 * (first.predicted_end_s - 60.0))
 
 
+def test_pipeswift_orders_by_the_run_on_gpus_the_queue_can_have() -> None:
+    """48 of 64 GPUs are held for 30 h. Job 11 (asks 32, may use 8-64) is shorter than
+    job 10 (8, may use 4-16) only on 32 or 64 GPUs, which it cannot have for 30 h; on the 16
+    free it runs 3 x longer. Job 10 goes first: ranking by the run on 64 GPUs put it second,
+    and on 2869ce day 84 such jobs kept 8-GPU jobs of 15 minutes waiting 7 h (issue 24)."""
+    _, held = _profile(8, 30.0, 8)
+    _, short8 = _profile(8, 0.3, 8, gpu_range=(4, 16))
+    _, wide = _profile(32, 0.25, 8, gpu_range=(8, 64))
+    jobs = [(i, "RUNNING", 8, 0.0, held) for i in range(1, 7)] + [(10, "PENDING", 8, HOUR, short8),
+                                                                  (11, "PENDING", 32, HOUR, wide)]
+    view, profiles = _view(8, 8, jobs, now=HOUR + 60, busy={i: 8 for i in range(6)})
+    est = Estimator(COST, 8)
+    policy = get_policy("pipeswift")
+    decisions = {d.job_id: d for d in policy.decide(view, profiles, est)}
+    runs = {j.job_id: {o.gpus: o.run_s for o in policy.options(j, profiles[j.job_id], est, (64, 8))}
+            for j in view.pending}
+    assert runs[11][64] < runs[10][16] < runs[11][16]  # the case: shorter only on GPUs held for 30 h
+    assert decisions[10].site_factor > decisions[11].site_factor
+    assert decisions[10].reason == "start now on 8 GPUs"
+    assert decisions[11].reason.startswith("wait for 16 GPUs")
+    # the GPUs held count only while held past short_lane_max_s: 30 min from their end, 11 goes first
+    soon = _view(8, 8, jobs, now=30 * HOUR - 1800, busy={i: 8 for i in range(6)})[0]
+    soon = replace(soon, jobs=tuple(replace(j, submit_time=30 * HOUR - 1860) if j.state == "PENDING" else j
+                                    for j in soon.jobs))
+    later = {d.job_id: d for d in get_policy("pipeswift").decide(soon, profiles, est)}
+    assert later[11].site_factor > later[10].site_factor
+    # with preempt a long job can be requeued for shorter ones: every GPU counts, 11 goes first
+    requeue = {d.job_id: d for d in get_policy("pipeswift", preempt=True).decide(view, profiles, est)}
+    assert requeue[11].site_factor > requeue[10].site_factor
+
+
+def test_reachable_run_is_the_shortest_on_few_enough_gpus_else_the_run_on_the_fewest() -> None:
+    from pipeswift_slurm.core.model import ExecConfig
+    from pipeswift_slurm.policy.common import Option, reachable_run_s
+    opts = tuple(Option(g, ExecConfig(tp=1, pp=1, dp=g, micro_batch_size=1, num_micro_batches=1), run_s)
+                 for g, run_s in ((4, 900.0), (8, 500.0), (16, 300.0)))
+    assert [reachable_run_s(opts, reach) for reach in (16, 12, 8, 4)] == [300.0, 500.0, 500.0, 900.0]
+    assert reachable_run_s(opts, 2) == 900.0  # none fits: the run on its fewest GPUs
+    assert reachable_run_s((), 64) == float("inf")
+
+
 def _seed_case() -> tuple[ClusterView, dict[int, Any]]:
     """The seed's case: B, C (2 GPUs x 1 h) run on one node of 8; A (8 GPUs x 4 h, allows
     4..8) is submitted."""
