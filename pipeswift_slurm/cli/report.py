@@ -151,9 +151,10 @@ def _tables(kind: str, data: Any) -> list[Any]:
         "jct": rr.jct_table,
         "waits": rr.waits_table,
         "bias": rr.bias_table,
-        "decisions": rr.decisions_table,
     }
-    return rr.full_tables(data) if kind == "all" else [makers[kind](data)]
+    if kind == "all":
+        return rr.full_tables(data)
+    return rr.decisions_tables(data) if kind == "decisions" else [makers[kind](data)]
 
 
 def _is_empty(kind: str, store: Any, window: Any, data: Any) -> bool:

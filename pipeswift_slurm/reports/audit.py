@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pipeswift_slurm.reports.base import (BiasReport, BiasRow, DecisionEntry, DecisionsReport, JobCount, TickStats,
-                                          Window)
+from pipeswift_slurm.reports.base import (BiasReport, BiasRow, DecisionEntry, DecisionsReport, JobCount, LeverCount,
+                                          RequeuedJob, TickStats, Window)
 from pipeswift_slurm.store import reads
 
 
@@ -48,6 +48,8 @@ def bias(src: Any, window: Window = Window()) -> BiasReport:
 
 # ---------------------------------------------------------------- decisions
 
+MOST_REQUEUED = 5  # jobs listed as the most requeued
+
 
 def decisions(
     src: Any,
@@ -59,7 +61,8 @@ def decisions(
     """The decision log: the ``limit`` latest decisions (newest first) and window counts.
 
     Like ``sql/decisions.sql``, decisions that moved no lever (kind ``none``) are left out
-    of the list unless ``all_kinds``; the counts cover every decision in the window.
+    of the list unless ``all_kinds``; the counts cover every decision in the window, and
+    so do the applied decisions per lever and the ``MOST_REQUEUED`` jobs requeued most.
 
     Args:
         src: a Store or an Engine.
@@ -89,7 +92,11 @@ def decisions(
         )
         for r in found
     ]
-    return DecisionsReport(rows, c.n_total, c.n_intended, c.n_applied, c.n_failed, c.n_not_attempted, limit)
+    tallies, requeued = reads.decision_lever_rows(src, window.since_s, window.until_s, job_id, MOST_REQUEUED)
+    tally = tallies._mapping
+    levers = [LeverCount(name, int(tally["n_" + name]), int(tally["jobs_" + name])) for name, _ in reads.LEVER_TALLIES]
+    return DecisionsReport(rows, c.n_total, c.n_intended, c.n_applied, c.n_failed, c.n_not_attempted, limit, levers,
+                           [RequeuedJob(r.job_id, r.user, int(r.requeues)) for r in requeued])
 
 
 # ---------------------------------------------------------------- ticks and counts

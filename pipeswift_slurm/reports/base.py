@@ -167,8 +167,29 @@ class DecisionEntry:
 
 
 @dataclass(frozen=True)
+class LeverCount:
+    """Applied decisions in the window that moved one lever, and the jobs they touched.
+    ``lever`` is a name of ``store.rows.LEVERS``, or ``requeue_reshape``: a requeue into
+    a new shape (a requeue without one is a preemption)."""
+
+    lever: str
+    n_decisions: int
+    n_jobs: int
+
+
+@dataclass(frozen=True)
+class RequeuedJob:
+    """A job the controller requeued, and how often (applied decisions in the window)."""
+
+    job_id: int
+    user: Optional[str]
+    requeues: int
+
+
+@dataclass(frozen=True)
 class DecisionsReport:
-    """The latest decisions (newest first) and counts over the whole window."""
+    """The latest decisions (newest first) and counts over the whole window: by outcome,
+    by lever moved (``levers``, applied decisions), and the jobs requeued most."""
 
     rows: list[DecisionEntry]
     n_total: int
@@ -177,6 +198,8 @@ class DecisionsReport:
     n_failed: int
     n_not_attempted: int
     limit: int
+    levers: list[LeverCount] = field(default_factory=list)
+    most_requeued: list[RequeuedJob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

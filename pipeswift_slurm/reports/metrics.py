@@ -205,6 +205,18 @@ def _tick_metrics(m: Metrics, rep: FullReport) -> None:
         ],
     )
     m.family(
+        "pipeswift_decision_levers",
+        "gauge",
+        "Applied decisions in the window that moved each lever (requeue_reshape: a requeue into a new shape).",
+        [({"lever": c.lever}, c.n_decisions) for c in d.levers],
+    )
+    m.family(
+        "pipeswift_job_requeues_max",
+        "gauge",
+        "The most requeues of one job in the window (applied decisions).",
+        [({}, max((j.requeues for j in d.most_requeued), default=0))],
+    )
+    m.family(
         "pipeswift_report_jobs", "gauge", "Jobs submitted in the report window.", [({}, rep.jobs.n_jobs)]
     )
 

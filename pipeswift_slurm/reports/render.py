@@ -195,6 +195,30 @@ def decisions_table(rep: DecisionsReport) -> Table:
     return Table("decisions", "Decision log (newest first)", headers, rows, notes)
 
 
+def levers_table(rep: DecisionsReport) -> Table:
+    """Applied decisions per lever moved, and the jobs requeued most: how often the
+    controller restarted running jobs (preemption, reshape) and held or released jobs."""
+    rows = [[c.lever, c.n_decisions, c.n_jobs] for c in rep.levers]
+    tally = {c.lever: c for c in rep.levers}
+    notes = []
+    requeue, reshape = tally.get("requeue"), tally.get("requeue_reshape")
+    if requeue is not None and requeue.n_decisions:
+        moved = reshape.n_decisions if reshape is not None else 0
+        notes.append("requeues: %d on %d job(s), %d into a new shape (reshape), %d without (preemption); "
+                     "a requeued job restarts from its last checkpoint"
+                     % (requeue.n_decisions, requeue.n_jobs, moved, requeue.n_decisions - moved))
+    if rep.most_requeued:
+        notes.append("requeued most: " + ", ".join("job %d (%s) %d x" % (j.job_id, j.user or "?", j.requeues)
+                                                   for j in rep.most_requeued))
+    return Table("levers", "Levers moved (applied decisions in the window)", ["lever", "decisions", "jobs"],
+                 rows, notes)
+
+
+def decisions_tables(rep: DecisionsReport) -> list[Table]:
+    """The decision log, then the levers it moved."""
+    return [decisions_table(rep), levers_table(rep)]
+
+
 def ticks_table(stats: TickStats) -> Table:
     headers = ["n_ticks", "n_failed", "last_tick_s", "last_duration_s", "mean_duration_s", "last_status"]
     rows = [
@@ -218,7 +242,7 @@ def full_tables(rep: FullReport) -> list[Table]:
         jct_table(rep.jct),
         waits_table(rep.waits),
         bias_table(rep.bias),
-        decisions_table(rep.decisions),
+        *decisions_tables(rep.decisions),
         ticks_table(rep.ticks),
     ]
 

@@ -31,6 +31,7 @@ from sqlalchemy import Engine, inspect, text
 
 from pipeswift_slurm.core.model import FINISHED_STATES
 from pipeswift_slurm.store.queries import VANISHED_STARTED
+from pipeswift_slurm.store.rows import LEVERS
 
 FINISHED_SQL = "('COMPLETED', 'COMPLETED?')"
 # grouping name -> the SQL expression of a job's group
@@ -293,6 +294,35 @@ def decision_rows(src: Any, since: Optional[float], until: Optional[float], job_
     params = {**_window(since, until), "job_id": job_id, "limit": int(limit), "all_kinds": int(all_kinds)}
     rows = _rows(src, DECISIONS_SQL.format(where=DECISION_WHERE), params)
     return rows, _rows(src, DECISION_COUNTS_SQL.format(where=DECISION_WHERE), params)[0]
+
+
+def _moved(*levers: str) -> str:
+    """SQL: whether decision ``d`` moved all ``levers`` (its kind joins the levers it moved with '+')."""
+    return " AND ".join("('+' || d.kind || '+') LIKE '%%+%s+%%'" % lever for lever in levers)
+
+
+# (name, levers moved together): each lever, and a requeue into a new shape (a requeue without one is a preemption)
+LEVER_TALLIES = tuple((lever, (lever,)) for lever in LEVERS) + (("requeue_reshape", ("requeue", "resize")),)
+DECISION_LEVERS_SQL = "SELECT %s\nFROM decisions AS d\n{where}\n  AND d.applied = TRUE" % ",\n       ".join(
+    "COALESCE(SUM(CASE WHEN {m} THEN 1 ELSE 0 END), 0) AS n_{name}, "
+    "COUNT(DISTINCT CASE WHEN {m} THEN d.job_id END) AS jobs_{name}".format(m=_moved(*levers), name=name)
+    for name, levers in LEVER_TALLIES)
+MOST_REQUEUED_SQL = """
+SELECT d.job_id, j."user", COUNT(*) AS requeues
+FROM decisions AS d LEFT JOIN jobs AS j ON j.job_id = d.job_id
+{where}
+  AND d.applied = TRUE AND %s
+GROUP BY d.job_id, j."user" ORDER BY requeues DESC, d.job_id LIMIT :limit
+""" % _moved("requeue")
+
+
+def decision_lever_rows(src: Any, since: Optional[float], until: Optional[float], job_id: Optional[int],
+                        most: int) -> tuple[Any, list[Any]]:
+    """(applied decisions that moved each lever of ``LEVER_TALLIES``, and the distinct jobs:
+    n_<name>, jobs_<name>; the ``most`` jobs requeued most often: job_id, user, requeues)."""
+    params = {**_window(since, until), "job_id": job_id, "limit": int(most)}
+    return (_rows(src, DECISION_LEVERS_SQL.format(where=DECISION_WHERE), params)[0],
+            _rows(src, MOST_REQUEUED_SQL.format(where=DECISION_WHERE), params))
 
 
 TICK_WINDOW = {"since": TIME_IS_NULL.format("since"), "until": TIME_IS_NULL.format("until")}

@@ -124,13 +124,14 @@ def transition_at(job: Job, from_state: Optional[str], now: float) -> float:
     return now
 
 
+# The levers a decision can move, in the order its ``kind`` names them ("resize+hold").
+LEVERS = ("resize", "site_factor", "time_limit", "requeue", "hold", "release", "move")
+
+
 def decision_kind(d: Decision) -> str:
-    parts = [name for name, on in (("resize", d.config is not None),
-                                   ("site_factor", d.site_factor is not None),
-                                   ("time_limit", d.time_limit_s is not None),
-                                   ("requeue", d.requeue), ("hold", d.hold is True),
-                                   ("release", d.hold is False), ("move", d.partition is not None)) if on]
-    return "+".join(parts) or "none"
+    moved = (d.config is not None, d.site_factor is not None, d.time_limit_s is not None, d.requeue,
+             d.hold is True, d.hold is False, d.partition is not None)
+    return "+".join(name for name, on in zip(LEVERS, moved, strict=True) if on) or "none"
 
 
 def decision_values(d: Decision, tick_id: int, at: float, applied: Optional[bool],

@@ -473,6 +473,58 @@ def test_decisions_match_python(db):
     assert [d.id for d in mine.rows] == sorted((r["id"] for r in rows if r["job_id"] == job), reverse=True)
 
 
+def test_levers_and_most_requeued_match_python(db_url):
+    """Applied decisions per lever and the jobs requeued most, against the raw rows: a
+    history with every lever, preemptions and reshapes, and refused and untried decisions
+    (which do not count)."""
+    cfg = ExecConfig(tp=1, pp=2, dp=4, micro_batch_size=1, num_micro_batches=8, num_nodes=1, gpus_per_node=8)
+    store = Store.from_url(db_url)
+    jobs = tuple(Job(i, "RUNNING" if i <= 3 else "PENDING", T0 - 900, gpus=8, user="u%d" % (i % 2),
+                     start_time=T0 - 600 if i <= 3 else None, node_list=("n0",) if i <= 3 else ())
+                 for i in range(1, 7))
+    script = [  # per tick: (decision, applied)
+        [(Decision(1, requeue=True, site_factor=0), True), (Decision(2, config=cfg, requeue=True), True),
+         (Decision(4, hold=True), True), (Decision(5, config=cfg, site_factor=7), True),
+         (Decision(6, partition="h100", config=cfg), False)],
+        [(Decision(1, requeue=True, site_factor=0), True), (Decision(3, requeue=True), None),
+         (Decision(4, hold=False), True), (Decision(5, time_limit_s=3600), True)],
+        [(Decision(1, config=cfg, requeue=True), True), (Decision(2, requeue=True, site_factor=0), False),
+         (Decision(6, partition="h100"), True), (Decision(5, reason="nothing to change"), True)],
+    ]
+    for i, tick in enumerate(script):
+        with store.tick(T0 + i * TICK_S, "pipeswift:preempt") as tx:
+            tx.save_snapshot(ClusterView(T0 + i * TICK_S, NODES, jobs))
+            tx.record_decisions([d for d, _ in tick], {d.job_id: a for d, a in tick}, {})
+            tx.finish(duration_s=0.01)
+    store.engine.dispose()
+
+    applied = [r for r in raw(db_url, "decisions") if r["applied"] == 1]
+    kinds = [(r["job_id"], set(r["kind"].split("+"))) for r in applied]
+    users = {j["job_id"]: j["user"] for j in raw(db_url, "jobs")}
+    rep = R.decisions(Store.from_url(db_url))
+    got = {c.lever: (c.n_decisions, c.n_jobs) for c in rep.levers}
+    for lever in ("resize", "site_factor", "time_limit", "requeue", "hold", "release", "move"):
+        hits = [j for j, k in kinds if lever in k]
+        assert got[lever] == (len(hits), len(set(hits))), lever
+    reshapes = [j for j, k in kinds if {"requeue", "resize"} <= k]
+    assert got["requeue_reshape"] == (len(reshapes), len(set(reshapes))) == (2, 2)
+    assert got["requeue"] == (4, 2) and got["hold"] == got["release"] == (1, 1) and got["move"] == (1, 1)
+    assert [(j.job_id, j.user, j.requeues) for j in rep.most_requeued] == [(1, users[1], 3), (2, users[2], 1)]
+    only = R.decisions(Store.from_url(db_url), job_id=2)
+    assert {c.lever: c.n_decisions for c in only.levers}["requeue"] == 1
+    assert [j.job_id for j in only.most_requeued] == [2]
+
+    table = RR.levers_table(rep)
+    assert [r[0] for r in table.rows] == [c.lever for c in rep.levers]
+    assert "requeues: 4 on 2 job(s), 2 into a new shape (reshape), 2 without (preemption)" in table.notes[0]
+    assert table.notes[1] == "requeued most: job 1 (%s) 3 x, job 2 (%s) 1 x" % (users[1], users[2])
+    out = CliRunner().invoke(pipeswift, ["report", "decisions", "--db", db_url])
+    assert out.exit_code == 0, out.output
+    assert "Levers moved" in out.output and "requeued most: job 1" in out.output
+    data = json.loads(CliRunner().invoke(pipeswift, ["report", "decisions", "--db", db_url, "--format", "json"]).output)
+    assert {c["lever"]: c["n_decisions"] for c in data["levers"]}["requeue_reshape"] == 2
+
+
 def test_tick_stats_match_python(db):
     ticks = raw(db, "ticks")
     last = max(ticks, key=lambda t: (t["started_at"], t["tick_id"]))
@@ -710,6 +762,9 @@ def test_prometheus_text_parses_and_matches(ctl_db, tmp_path):
     assert s[("pipeswift_last_tick_timestamp_seconds", ())] == last["started_at"]
     assert s[("pipeswift_tick_duration_seconds", ())] == pytest.approx(last["duration_s"])
     assert s[("pipeswift_calibration_ratio", (("job_class", "gpt-7b"),))] == pytest.approx(1.3)
+    applied = [set(r["kind"].split("+")) for r in raw(path, "decisions") if r["applied"] == 1]
+    assert s[("pipeswift_decision_levers", (("lever", "resize"),))] == sum("resize" in k for k in applied) > 0
+    assert s[("pipeswift_decision_levers", (("lever", "requeue"),))] == 0 == s[("pipeswift_job_requeues_max", ())]
 
 
 def test_prometheus_label_escaping():
