@@ -207,6 +207,9 @@ def levers_table(rep: DecisionsReport) -> Table:
         notes.append("requeues: %d on %d job(s), %d into a new shape (reshape), %d without (preemption); "
                      "a requeued job restarts from its last checkpoint"
                      % (requeue.n_decisions, requeue.n_jobs, moved, requeue.n_decisions - moved))
+    if not any(c.n_decisions for c in rep.levers) and rep.n_not_attempted:
+        notes.append("no decision was applied in the window (%d not attempted: a dry run?); these counts are of "
+                     "applied decisions" % rep.n_not_attempted)
     if rep.most_requeued:
         notes.append("requeued most: " + ", ".join("job %d (%s) %d x" % (j.job_id, j.user or "?", j.requeues)
                                                    for j in rep.most_requeued))

@@ -525,6 +525,16 @@ def test_levers_and_most_requeued_match_python(db_url):
     assert {c["lever"]: c["n_decisions"] for c in data["levers"]}["requeue_reshape"] == 2
 
 
+def test_levers_table_says_when_nothing_was_applied():
+    from pipeswift_slurm.reports.base import DecisionsReport, LeverCount
+
+    zeros = [LeverCount(name, 0, 0) for name in ("resize", "requeue", "requeue_reshape")]
+    dry = RR.levers_table(DecisionsReport([], 5, 3, 0, 0, 3, 50, zeros))
+    assert dry.notes == ["no decision was applied in the window (3 not attempted: a dry run?); these counts are of "
+                         "applied decisions"]
+    assert RR.levers_table(DecisionsReport([], 5, 0, 0, 0, 0, 50, zeros)).notes == []
+
+
 def test_tick_stats_match_python(db):
     ticks = raw(db, "ticks")
     last = max(ticks, key=lambda t: (t["started_at"], t["tick_id"]))
