@@ -4,7 +4,8 @@
 --   queue_ratio    = total queue time / total (queue + run) time of those jobs
 --   mean_job_ratio = average over jobs of queue_s / (queue_s + run_s)
 -- queue_s counts from eligibility (or submission) to start, run_s from start to end,
--- so queue_s + run_s is the job completion time (JCT) as the scheduler can influence it.
+-- so queue_s + run_s is the job completion time (JCT) as the scheduler can influence it
+-- (a requeued job: its time not running, and its latest run; its earlier runs are ran_s).
 -- A ratio near 1 means jobs mostly wait; near 0, they mostly run.
 --
 -- Run: sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite < sql/queue_ratio_by_hour.sql

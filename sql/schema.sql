@@ -25,7 +25,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     user            TEXT,
     name            TEXT,
     partition       TEXT,
-    submit_time     REAL,
+    submit_time     REAL,                          -- the first submission's (kept across requeues)
     eligible_time   REAL,                          -- when it could start (deps, holds, begin)
     start_time      REAL,                          -- NULL while pending
     end_time        REAL,                          -- NULL while active; estimated if state ends in '?'
@@ -40,8 +40,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     job_class       TEXT,                          -- calibration key, from the profile
     size_class      TEXT,                          -- small (< 4 GPU-h), medium (< 32), large;
                                                    -- from actual run_s, else predicted_run_s
-    queue_s         REAL,                          -- start_time - coalesce(eligible, submit)
-    run_s           REAL,                          -- end_time - start_time
+    queue_s         REAL,                          -- start_time - coalesce(eligible, submit) - ran_s
+    run_s           REAL,                          -- end_time - start_time (its latest run)
     predicted_run_s REAL,                          -- latest estimate for the config it runs with
     run_config      TEXT,                          -- that config (NULL: the controller cannot know it)
     calibration_skip TEXT,                         -- why it must not feed calibration (NULL: it may)

@@ -1,7 +1,8 @@
 -- Waits and starvation by job size class, still-pending jobs included.
 --
--- A started job's wait is its queue_s (start - eligible-or-submit). A job still PENDING
--- has waited (now - eligible-or-submit) so far, where "now" is the last controller tick
+-- A started job's wait is its queue_s (start - eligible-or-submit, less the runs before a
+-- requeue: ran_s). A job still PENDING has waited (now - eligible-or-submit - ran_s) so far,
+-- where "now" is the last controller tick
 -- (so the query also works on a simulated history). max_wait_job_id names the job with
 -- the longest wait in its class; n_over_48h counts waits above 48 h (172800 s, the
 -- pipeswift policy's default wait_bound_s: edit the constant to match a site's own).
@@ -15,7 +16,7 @@ WITH now_ AS (
     SELECT job_id,
            COALESCE(size_class, 'unknown') AS size_class,
            CASE WHEN start_time IS NOT NULL THEN queue_s
-                ELSE (SELECT t FROM now_) - COALESCE(eligible_time, submit_time)
+                ELSE (SELECT t FROM now_) - COALESCE(eligible_time, submit_time) - ran_s
            END                             AS wait_s,
            CASE WHEN start_time IS NULL THEN 1 ELSE 0 END AS still_pending
     FROM jobs

@@ -173,23 +173,27 @@ def _summary(row: dict[str, Any], now_s: Optional[float]) -> tuple[str, Optional
     """One sentence on the job's state, and its wait so far (or its queue time)."""
     state, reason = row["state"], row["state_reason"] or ""
     begin = row["eligible_time"] if row["eligible_time"] is not None else row["submit_time"]
+    ran_before = float(row.get("ran_s") or 0.0)
+    requeues = " (requeued %d time(s) after running %s)" % (row["restarts"], _dur(ran_before)) \
+        if row.get("restarts") else ""
     if state == PENDING:
-        wait = None if now_s is None or begin is None else max(0.0, now_s - begin)
+        wait = None if now_s is None or begin is None else max(0.0, now_s - begin - ran_before)
         because = " (%s)" % reason if reason else ""
-        return "pending%s, waiting for %s so far" % (because, _dur(wait)), wait
+        return "pending%s, waiting for %s so far%s" % (because, _dur(wait), requeues), wait
     if state == RUNNING:
         ran = None if now_s is None or row["start_time"] is None else max(0.0, now_s - row["start_time"])
         so_far = "" if ran is None else " for %s so far" % _dur(ran)
-        return ("running on %s GPUs%s, after %s in the queue" % (row["gpus"], so_far, _dur(row["queue_s"])),
-                row["queue_s"])
+        return ("running on %s GPUs%s, after %s in the queue%s" % (row["gpus"], so_far, _dur(row["queue_s"]),
+                                                                      requeues), row["queue_s"])
     if state in FINISHED_STATES or state.endswith("?"):
         return (
-            "%s: queued %s, ran %s, JCT %s"
+            "%s: queued %s, ran %s, JCT %s%s"
             % (
                 state,
                 _dur(row["queue_s"]),
                 _dur(row["run_s"]),
                 _dur(_sub(row["end_time"], row["submit_time"])),
+                requeues,
             ),
             row["queue_s"],
         )
@@ -197,7 +201,7 @@ def _summary(row: dict[str, Any], now_s: Optional[float]) -> tuple[str, Optional
 
 
 NUMBER_COLUMNS = ("submit_time", "eligible_time", "start_time", "end_time", "queue_s", "run_s", "predicted_run_s",
-                  "gpus", "requested_gpus")
+                  "gpus", "requested_gpus", "ran_s", "restarts")
 
 
 def _numbers_checked(row: dict[str, Any]) -> dict[str, Any]:

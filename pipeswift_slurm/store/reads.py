@@ -165,7 +165,7 @@ WITH waits AS (
     SELECT job_id,
            {group}                         AS grp,
            CASE WHEN start_time IS NOT NULL THEN queue_s
-                ELSE :now - COALESCE(eligible_time, submit_time)
+                ELSE :now - COALESCE(eligible_time, submit_time) - ran_s
            END                             AS wait_s,
            CASE WHEN start_time IS NULL THEN 1 ELSE 0 END AS still_pending
     FROM jobs

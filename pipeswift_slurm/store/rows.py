@@ -101,13 +101,23 @@ class MeasurementWrites:
             s.execute(insert(MeasurementRow), [dict(e.__dict__) for e in entries])
 
 
+def keep_first_submission(values: dict[str, Any], old: Mapping[str, Any]) -> None:
+    """A requeued job's submit and eligible times stay its first ones: live Slurm moves
+    them to the requeue, which would drop the job's first wait and runs from its JCT."""
+    for key in ("submit_time", "eligible_time"):
+        if old[key] is not None and (values[key] is None or old[key] < values[key]):
+            values[key] = old[key]
+
+
 def queue_run_s(values: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
-    """(start - eligible-or-submit, end - start) from a jobs row; None where unknown."""
+    """(start - eligible-or-submit - the runs before its latest requeue, end - start) from a
+    jobs row: the time not running before its latest start, and that run; None where unknown."""
     queue_s = run_s = None
     start, end = values["start_time"], values["end_time"]
     if start is not None:
         eligible = values["eligible_time"]
-        queue_s = max(0.0, start - (eligible if eligible is not None else values["submit_time"]))
+        begin = eligible if eligible is not None else values["submit_time"]
+        queue_s = max(0.0, start - begin - float(values.get("ran_s") or 0.0))
         if end is not None:
             run_s = max(0.0, end - start)
     return queue_s, run_s

@@ -73,11 +73,13 @@ class JobRow(Base):
 
     ``gpus`` is the current request (pending) or allocation (running); ``requested_gpus``
     is ``gpus`` when the job was first seen (what the user asked before any resize).
-    ``queue_s`` = start_time - (eligible_time or submit_time), set once a start is seen;
-    ``run_s`` = end_time - start_time, set once an end is seen. ``ran_s`` and
+    ``queue_s`` = start_time - (eligible_time or submit_time) - ran_s, set once a start is
+    seen; ``run_s`` = end_time - start_time, set once an end is seen. ``ran_s`` and
     ``attained_gpu_s`` add up the runs before its latest requeue, as seen: from its start
     to the first tick that saw it pending again (live Slurm does not report them; the
-    policy plans a requeued job on the work it has left). ``state`` ends in ``?``
+    policy plans a requeued job on the work it has left). A requeued job keeps its first
+    ``submit_time`` and ``eligible_time`` (live Slurm moves them to the requeue), so
+    end_time - submit_time is its whole JCT. ``state`` ends in ``?``
     when the job vanished from the queue and its end is an estimate (see Store).
     ``run_config`` is the config the job ran with (``ExecConfig.short()``) when the
     controller knows it, and ``predicted_run_s`` the cost model's run time for that

@@ -67,15 +67,17 @@ class TickTx(Queries):
         values = dict(zip(R.OBSERVED, R.GET_OBSERVED(job), strict=True))
         if job.state == PENDING:  # Slurm's start/end of a pending job are forecasts
             values["start_time"] = values["end_time"] = None
-        values["queue_s"], values["run_s"] = R.queue_run_s(values)
-        predicted = old["predicted_run_s"] if old else None
-        values["size_class"] = size_class(
-            job.gpus, values["run_s"] if values["run_s"] is not None else predicted)
         restarts = old["restarts"] if old else 0
         if old and old["state"] == RUNNING and job.state == PENDING:
             restarts += 1  # requeued since we last looked
         values["restarts"] = max(restarts, job.restarts)
         values["ran_s"], values["attained_gpu_s"] = R.earlier_runs(old, job, self.now)
+        if old and values["restarts"]:
+            R.keep_first_submission(values, old)
+        values["queue_s"], values["run_s"] = R.queue_run_s(values)
+        predicted = old["predicted_run_s"] if old else None
+        values["size_class"] = size_class(
+            job.gpus, values["run_s"] if values["run_s"] is not None else predicted)
         return values
 
     def save_snapshot(self, view: ClusterView) -> SnapshotSummary:

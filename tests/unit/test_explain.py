@@ -288,7 +288,25 @@ def test_candidates_follow_the_sites_own_layout_first(history, tmp_path, monkeyp
     assert [c["config"] for c in json.loads(result.output)["candidates"]] == [c.config for c in first]
 
 
-@pytest.mark.parametrize("edit", ["submit_time = 'abc'", "end_time = start_time - 1000, run_s = -1000"])
+def test_a_requeued_job_shows_its_whole_wait_and_its_earlier_runs(tmp_path):
+    """Live Slurm moves a requeued job's submit time to the requeue; explain still gives
+    its whole JCT and its time queued (never its runs), and says it was requeued."""
+    store = Store.from_url(str(tmp_path / "requeued.sqlite"))
+    views = [(T0 + 100, _job(5, "RUNNING", start_time=T0 + 100)),
+             (T0 + 1000, _job(5, "PENDING", restarts=1)),
+             (T0 + 1500, _job(5, "RUNNING", start_time=T0 + 1400, restarts=1)),
+             (T0 + 3000, _job(5, "COMPLETED", start_time=T0 + 1400, end_time=T0 + 2900, restarts=1))]
+    for now, job in views:
+        if job.restarts:  # what Slurm says after a requeue
+            job = Job(**{**job.__dict__, "submit_time": T0 + 990})
+        with store.tick(now, "pipeswift:preempt") as tx:
+            tx.save_snapshot(ClusterView(now, NODES, (job,)))
+    e = explain(str(tmp_path / "requeued.sqlite"), 5)
+    assert e.summary == "COMPLETED: queued 8.3m, ran 25.0m, JCT 48.3m (requeued 1 time(s) after running 15.0m)"
+
+
+@pytest.mark.parametrize("edit", ["submit_time = 'abc'", "end_time = start_time - 1000, run_s = -1000",
+                                  "ran_s = 'abc', restarts = -2"])
 def test_a_history_edited_by_hand_is_shown_without_what_cannot_be_true(history, tmp_path, edit):
     """Text in a time column was a TypeError; an end before the start was shown as a run of
     -1000 s. Such values are shown as unknown."""

@@ -217,6 +217,33 @@ def test_requeues_add_up_the_earlier_runs(store):
     assert store.earlier_runs(400.0, [pending(7)]) == {7: (0.0, 0.0)}  # never seen
 
 
+def test_a_requeued_job_keeps_its_first_submission_and_its_whole_wait(store):
+    """Live Slurm moves a requeued job's submit (and eligible) time to the requeue; the
+    history keeps the first, so its JCT and waits cover every wait, and never its runs."""
+    with store.tick(50.0, "pipeswift:preempt") as tx:
+        tx.save_snapshot(view(50.0, pending(1, submit=0.0, eligible_time=0.0)))
+    with store.tick(100.0, "pipeswift:preempt") as tx:
+        tx.save_snapshot(view(100.0, running(1, 100.0, submit=0.0, eligible_time=0.0)))
+    # requeued: Slurm says submitted (and eligible) at 990; it ran 100 -> 1000 as seen
+    with store.tick(1000.0, "pipeswift:preempt") as tx:
+        tx.save_snapshot(view(1000.0, pending(1, submit=990.0, eligible_time=990.0, restarts=1)))
+    assert rows(store, "SELECT submit_time, eligible_time, ran_s FROM jobs") == [(0.0, 0.0, 900.0)]
+    with store.tick(1500.0, "pipeswift:preempt") as tx:
+        tx.save_snapshot(view(1500.0, running(1, 1400.0, submit=990.0, eligible_time=990.0, restarts=1)))
+    with store.tick(3000.0, "pipeswift:preempt") as tx:
+        tx.save_snapshot(view(3000.0, Job(1, "COMPLETED", 990.0, gpus=8, eligible_time=990.0, start_time=1400.0,
+                                          end_time=2900.0, restarts=1)))
+    # waited 100 s, then 400 s after the requeue; ran 900 s before it and 1,500 s after
+    assert rows(store, "SELECT submit_time, queue_s, run_s, ran_s, end_time - submit_time FROM jobs") == [
+        (0.0, 500.0, 1500.0, 900.0, 2900.0)]
+    # a job never requeued keeps Slurm's times as they are
+    with store.tick(3100.0, "pipeswift:preempt") as tx:
+        tx.save_snapshot(view(3100.0, pending(2, submit=3050.0)))
+    with store.tick(3200.0, "pipeswift:preempt") as tx:
+        tx.save_snapshot(view(3200.0, running(2, 3150.0, submit=3040.0)))
+    assert rows(store, "SELECT submit_time, queue_s FROM jobs WHERE job_id = 2") == [(3040.0, 110.0)]
+
+
 def test_an_older_database_gets_the_new_columns(tmp_path):
     """A history file from a release without ``jobs.ran_s``/``attained_gpu_s`` opens, gains
     them (zero for the old rows) and records as before."""
