@@ -21,6 +21,7 @@ from pipeswift_slurm.core.megatron_rules import check_config
 from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, RUNNING, ExecConfig, JobProfile
 from pipeswift_slurm.reports.queries import history_now_s
 from pipeswift_slurm.store import reads
+from pipeswift_slurm.store.rows import waited_s
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +173,10 @@ def _candidates(
 def _summary(row: dict[str, Any], now_s: Optional[float]) -> tuple[str, Optional[float]]:
     """One sentence on the job's state, and its wait so far (or its queue time)."""
     state, reason = row["state"], row["state_reason"] or ""
-    begin = row["eligible_time"] if row["eligible_time"] is not None else row["submit_time"]
-    ran_before = float(row.get("ran_s") or 0.0)
-    requeues = " (requeued %d time(s) after running %s)" % (row["restarts"], _dur(ran_before)) \
+    requeues = " (requeued %d time(s) after running %s)" % (row["restarts"], _dur(row.get("ran_s") or 0.0)) \
         if row.get("restarts") else ""
     if state == PENDING:
-        wait = None if now_s is None or begin is None else max(0.0, now_s - begin - ran_before)
+        wait = None if now_s is None else waited_s(row, now_s)
         because = " (%s)" % reason if reason else ""
         return "pending%s, waiting for %s so far%s" % (because, _dur(wait), requeues), wait
     if state == RUNNING:

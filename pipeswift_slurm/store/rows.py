@@ -109,15 +109,21 @@ def keep_first_submission(values: dict[str, Any], old: Mapping[str, Any]) -> Non
             values[key] = old[key]
 
 
+def waited_s(values: Mapping[str, Any], until: float) -> Optional[float]:
+    """A jobs row's time not running from its eligible (or submit) time to ``until``: less
+    its runs before its latest requeue (``ran_s``); None when it has neither time."""
+    eligible = values["eligible_time"]
+    begin = eligible if eligible is not None else values["submit_time"]
+    return None if begin is None else max(0.0, until - begin - float(values.get("ran_s") or 0.0))
+
+
 def queue_run_s(values: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
-    """(start - eligible-or-submit - the runs before its latest requeue, end - start) from a
-    jobs row: the time not running before its latest start, and that run; None where unknown."""
+    """(``waited_s`` to its latest start, end - start) from a jobs row: the time not running
+    before its latest start, and that run; None where unknown."""
     queue_s = run_s = None
     start, end = values["start_time"], values["end_time"]
     if start is not None:
-        eligible = values["eligible_time"]
-        begin = eligible if eligible is not None else values["submit_time"]
-        queue_s = max(0.0, start - begin - float(values.get("ran_s") or 0.0))
+        queue_s = waited_s(values, start)
         if end is not None:
             run_s = max(0.0, end - start)
     return queue_s, run_s
