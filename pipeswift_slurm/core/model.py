@@ -281,10 +281,9 @@ class Job:
     ``config`` is the configuration the job runs or will run with, as last decided.
     ``attained_gpu_s`` counts GPU-seconds of earlier runs before a requeue, ``ran_s`` their
     wall-clock seconds (the two differ in ratio when a requeue changed the job's size).
-    ``ran_s`` is set only where ``submit_time`` stays the first submission's (the
-    simulator): live Slurm restarts a requeued job's submit time, so its wait already
-    leaves the earlier runs out. ``caps`` are the site's limits for this job, as the
-    backend read them (none by default).
+    With ``ran_s``, ``submit_time`` and ``eligible_time`` are the first submission's (live
+    Slurm restarts them at a requeue; the controller puts them back from its history), so
+    ``queued_s`` is the whole wait. ``caps``: the site's limits for this job, as read.
     """
 
     job_id: int

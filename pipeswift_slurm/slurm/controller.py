@@ -292,18 +292,20 @@ class Controller:
             log.warning("could not record the failed tick either: %s", store_exc)
 
     def _with_earlier_runs(self, view: ClusterView) -> ClusterView:
-        """The view with each requeued job's earlier GPU-seconds from the history, where
-        the backend does not know them (live Slurm keeps no run time across a requeue), so
-        the policy plans the work it has left. Only those: Slurm also restarts a requeued
-        job's submit and eligible times, so its wait already leaves the earlier runs out
-        (``Job.ran_s`` stays 0; the simulator, which keeps the first submit time, sets it)."""
+        """The view with each requeued job's history where the backend does not know it:
+        live Slurm keeps no run time across a requeue and restarts the job's submit and
+        eligible times. The policy then sees what the simulator shows it: the job's whole
+        wait since its first submission, less its earlier runs (``Job.queued_s``; a job
+        requeued again and again still ages toward its wait bound), and the work it has
+        left (``attained_gpu_s``). Jobs the backend already counts (the simulator's) and
+        jobs never stored are left as they are."""
         if self.store is None:
             return view
         requeued = [j for j in view.jobs if j.restarts and not j.ran_s and not j.attained_gpu_s]
         if not requeued:
             return view
-        runs = self.store.earlier_runs(view.now, requeued)
-        jobs = tuple(replace(j, attained_gpu_s=runs[j.job_id][1]) if j.job_id in runs else j for j in view.jobs)
+        fields = self.store.requeued_fields(view.now, requeued)
+        jobs = tuple(replace(j, **fields[j.job_id]) if fields.get(j.job_id) else j for j in view.jobs)
         return replace(view, jobs=jobs)
 
     def _stable_order(self, decisions: list[Decision], by_id: dict[int, Job]) -> list[Decision]:

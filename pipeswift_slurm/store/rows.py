@@ -101,6 +101,20 @@ class MeasurementWrites:
             s.execute(insert(MeasurementRow), [dict(e.__dict__) for e in entries])
 
 
+def requeued_fields(old: Optional[Mapping[str, Any]], job: Job, now: float) -> dict[str, Any]:
+    """The ``Job`` fields a requeued job's view takes from its stored row, so the policy
+    counts it live as the simulator does: its first submit and eligible times (live Slurm
+    restarts both at a requeue) and its earlier runs' wall and GPU seconds (``ran_s``,
+    ``attained_gpu_s``: squeue forgets them). None of them for a job never stored."""
+    if old is None:
+        return {}
+    ran_s, gpu_s = earlier_runs(old, job, now)
+    fields: dict[str, Any] = {"submit_time": job.submit_time, "eligible_time": job.eligible_time,
+                              "ran_s": ran_s, "attained_gpu_s": gpu_s}
+    keep_first_submission(fields, old)
+    return fields
+
+
 def keep_first_submission(values: dict[str, Any], old: Mapping[str, Any]) -> None:
     """A requeued job's submit and eligible times stay its first ones: live Slurm moves
     them to the requeue, which would drop the job's first wait and runs from its JCT."""

@@ -295,12 +295,32 @@ def test_preempting_tick_requeues_a_long_checkpointing_job_for_short_ones(
     assert fields["JobState"] == "PENDING" and fields["Restarts"] == "1", fields
     # Slurm forgets its run time at the requeue; the next tick keeps it in the history
     # (from its start to the tick that saw it pending), for the policy's next decisions.
-    [before] = site.rows("SELECT start_time, gpus FROM jobs WHERE job_id = ?", long_job)
+    [before] = site.rows("SELECT start_time, gpus, submit_time, eligible_time FROM jobs WHERE job_id = ?", long_job)
     site.tick_ok()
     [after] = site.rows("SELECT ran_s, attained_gpu_s, restarts, state FROM jobs WHERE job_id = ?", long_job)
     assert after["restarts"] == 1 and after["state"] == "PENDING"
     assert 0 < after["ran_s"] <= time.time() - before["start_time"] + 1
     assert after["attained_gpu_s"] == after["ran_s"] * before["gpus"]
+    # Slurm also restarted its submit time; the policy is told the first one back, so its
+    # wait since its first submission, less its run, keeps counting toward the bound
+    seen: list[ClusterView] = []
+
+    class Spy:
+        name = "spy"
+
+        def decide(self, view: ClusterView, profiles: object, estimator: object) -> list[Decision]:
+            seen.append(view)
+            return []
+
+    backend = SlurmCliBackend(run=slurm)
+    live = backend.snapshot().job(long_job)
+    assert live is not None and live.submit_time > before["submit_time"]
+    Controller(backend, Spy(), Estimator(CostModel(get_gpu_type("A100-80GB")), 8), Store.from_url(str(site.db))).tick()
+    told = seen[0].job(long_job)
+    assert told is not None and (told.submit_time, told.ran_s) == (before["submit_time"], after["ran_s"])
+    assert told.eligible_time == before["eligible_time"]
+    assert told.queued_s(seen[0].now) == pytest.approx(
+        seen[0].now - before["eligible_time"] - after["ran_s"], abs=0.01)
 
 
 def test_reshaping_tick_grows_a_running_checkpointing_job_onto_idle_gpus(

@@ -565,9 +565,10 @@ class ViewsBackend:
 
 
 def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_history() -> None:
-    """squeue forgets a job's run time at a requeue; the policy still learns its GPU-seconds,
-    from the runs the controller saw, so it plans the work the job has left. Its wait is
-    Slurm's, counted from its new submit time (Slurm restarts it at a requeue)."""
+    """squeue forgets a job's run time at a requeue and restarts its submit time; the
+    policy still learns its GPU-seconds, from the runs the controller saw, so it plans the
+    work the job has left, and its whole wait since its first submission less those runs,
+    as the simulator counts it: a job requeued again and again keeps aging toward its bound."""
     from pipeswift_slurm.store.history import Store
 
     nodes = (Node("n1", gpus=8),)
@@ -578,20 +579,25 @@ def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_histo
             seen.append(view)
             return []
 
-    ran = Job(job_id=5, state="RUNNING", submit_time=0.0, gpus=8, start_time=NOW - 3600.0)
+    first = Job(job_id=5, state="PENDING", submit_time=NOW - 5000.0, gpus=8)
+    ran = dataclasses.replace(first, state="RUNNING", start_time=NOW - 3600.0)
     requeued = Job(job_id=5, state="PENDING", submit_time=NOW + 30.0, gpus=4, restarts=1)
-    backend = ViewsBackend([ClusterView(now=NOW, nodes=nodes, jobs=(ran,)),
+    backend = ViewsBackend([ClusterView(now=NOW - 4000.0, nodes=nodes, jobs=(first,)),
+                            ClusterView(now=NOW, nodes=nodes, jobs=(ran,)),
                             ClusterView(now=NOW + 60.0, nodes=nodes, jobs=(requeued,)),
                             ClusterView(now=NOW + 120.0, nodes=nodes, jobs=(requeued,))])
     controller = Controller(backend, Spy([]), estimator=None, store=Store.in_memory())
-    for _ in range(3):
+    for _ in range(4):
         controller.tick()
-    assert [j.attained_gpu_s for v in seen for j in v.jobs] == [0.0, 8 * 3660.0, 8 * 3660.0]
-    assert seen[-1].jobs[0].queued_s(NOW + 120.0) == 90.0  # since the requeue, as Slurm counts
+    assert [j.attained_gpu_s for v in seen for j in v.jobs] == [0.0, 0.0, 8 * 3660.0, 8 * 3660.0]
+    told = seen[-1].jobs[0]
+    assert (told.submit_time, told.ran_s, told.gpus) == (NOW - 5000.0, 3660.0, 4)
+    # waited 1,400 s before its run and 60 s since: not Slurm's 90 s since the requeue
+    assert told.queued_s(NOW + 120.0) == 1460.0
     without = Controller(ViewsBackend([ClusterView(now=NOW, nodes=nodes, jobs=(requeued,))]), Spy([]),
                          estimator=None)
     without.tick()  # no history: as squeue says
-    assert seen[-1].jobs[0].attained_gpu_s == 0.0
+    assert (seen[-1].jobs[0].attained_gpu_s, seen[-1].jobs[0].submit_time) == (0.0, NOW + 30.0)
 
 
 def test_snapshot_controller_down_says_so_after_a_ping() -> None:

@@ -204,7 +204,8 @@ def test_requeues_add_up_the_earlier_runs(store):
     with store.tick(10.0, "pipeswift") as tx:
         tx.save_snapshot(view(10.0, running(1, 5.0, gpus=8)))
     # what the next tick's policy is told, before anything is written
-    assert store.earlier_runs(65.0, [pending(1, gpus=16, restarts=1)]) == {1: (60.0, 480.0)}
+    assert store.requeued_fields(65.0, [pending(1, 160.0, gpus=16, restarts=1)]) == {
+        1: {"submit_time": 100.0, "eligible_time": None, "ran_s": 60.0, "attained_gpu_s": 480.0}}
     with store.tick(65.0, "pipeswift") as tx:
         tx.save_snapshot(view(65.0, pending(1, gpus=16, restarts=1)))
     with store.tick(100.0, "pipeswift") as tx:
@@ -213,8 +214,9 @@ def test_requeues_add_up_the_earlier_runs(store):
     with store.tick(300.0, "pipeswift") as tx:
         tx.save_snapshot(view(300.0, running(1, 250.0, gpus=4, restarts=2)))
     assert rows(store, "SELECT restarts, ran_s, attained_gpu_s FROM jobs") == [(2, 220.0, 480.0 + 160 * 16)]
-    assert store.earlier_runs(400.0, [running(1, 250.0, gpus=4, restarts=2)]) == {1: (220.0, 3040.0)}
-    assert store.earlier_runs(400.0, [pending(7)]) == {7: (0.0, 0.0)}  # never seen
+    assert store.requeued_fields(400.0, [running(1, 250.0, gpus=4, restarts=2)])[1] == {
+        "submit_time": 100.0, "eligible_time": None, "ran_s": 220.0, "attained_gpu_s": 3040.0}
+    assert store.requeued_fields(400.0, [pending(7)]) == {7: {}}  # never seen: as Slurm says
 
 
 def test_a_requeued_job_keeps_its_first_submission_and_its_whole_wait(store):
@@ -228,6 +230,11 @@ def test_a_requeued_job_keeps_its_first_submission_and_its_whole_wait(store):
     with store.tick(1000.0, "pipeswift:preempt") as tx:
         tx.save_snapshot(view(1000.0, pending(1, submit=990.0, eligible_time=990.0, restarts=1)))
     assert rows(store, "SELECT submit_time, eligible_time, ran_s FROM jobs") == [(0.0, 0.0, 900.0)]
+    # what the next tick's policy is told: the first times back, and the run to leave out
+    requeued = pending(1, submit=990.0, eligible_time=990.0, restarts=1)
+    told = store.requeued_fields(1200.0, [requeued])[1]
+    assert told == {"submit_time": 0.0, "eligible_time": 0.0, "ran_s": 900.0, "attained_gpu_s": 7200.0}
+    assert dataclasses.replace(requeued, **told).queued_s(1200.0) == 300.0  # 100 s before its run, 200 s since
     with store.tick(1500.0, "pipeswift:preempt") as tx:
         tx.save_snapshot(view(1500.0, running(1, 1400.0, submit=990.0, eligible_time=990.0, restarts=1)))
     with store.tick(3000.0, "pipeswift:preempt") as tx:
