@@ -262,23 +262,25 @@ class Simulation:
         (the submissions in between share that pass); backfill every ``bf_interval_s`` (on its own clock) while
         jobs pend, skipped when nothing changed since the last one (``bf_interval_s`` 0:
         right after every main pass; with all latencies 0, every job starts the moment
-        Slurm could start it, the idealised scheduler of earlier releases). The controller ticks
-        at every arrival and end, and every ``tick_interval_s`` while it could act."""
+        Slurm could start it, the idealised scheduler of earlier releases). A requeued job
+        pends until its begin time (``requeue_delay_s``); both passes run then. The controller
+        ticks at every arrival and end, and every ``tick_interval_s`` while it could act."""
         wall0 = time.perf_counter()
         result = SimResult(self.policy.name, [], total_gpus=sum(self.backend.node_gpus))
         slurm = self.backend.settings
         backfill = slurm.scheduler == "backfill"
         nxt, now = 0, 0.0
-        next_periodic = next_main = next_bf = float("inf")
+        next_periodic = next_main = next_bf = next_begin = float("inf")
         self._in_force = self.controller.estimator
         while nxt < len(self.jobs) or self._heap or self.backend.pending:
             t_arrival = self.jobs[nxt].submit_s if nxt < len(self.jobs) else float("inf")
             t_end = self._heap[0][0] if self._heap else float("inf")
-            now = min(t_arrival, t_end, next_periodic, next_main, next_bf)
+            now = min(t_arrival, t_end, next_periodic, next_main, next_bf, next_begin)
             if now == float("inf"):
                 raise RuntimeError("simulation stalled with %d pending jobs that can never start"
                                    % len(self.backend.pending))
             arrived = ended = False
+            begun = now >= next_begin  # a requeued job may start again: both passes consider it
             while nxt < len(self.jobs) and self.jobs[nxt].submit_s <= now:
                 self._submit(self.jobs[nxt])
                 nxt += 1
@@ -295,7 +297,7 @@ class Simulation:
                 changed = self._tick(now, result)
             if arrived:  # Slurm defers the main pass that a submission asks for (batch_sched_delay)
                 next_main = min(next_main, now + slurm.batch_sched_delay_s)
-            if ended or changed or now >= next_main:
+            if ended or changed or begun or now >= next_main:
                 if now >= next_main:
                     next_main = float("inf")
                 self._pass(now, backfill=False)
@@ -305,10 +307,11 @@ class Simulation:
                 self._pass(now, backfill=True)
                 next_bf = float("inf")
             if backfill and slurm.bf_interval_s and next_bf == float("inf") and self.backend.pending \
-                    and (arrived or ended or changed):
+                    and (arrived or ended or changed or begun):
                 next_bf = (math.floor(now / slurm.bf_interval_s) + 1) * slurm.bf_interval_s
+            next_begin = self.backend.next_begin_s()
             if self.backend.pending and not self.backend.running and nxt == len(self.jobs) \
-                    and next_main == float("inf") and next_bf == float("inf"):
+                    and next_main == float("inf") and next_bf == float("inf") and next_begin == float("inf"):
                 stuck = sorted(self.backend.pending)[:5]
                 raise RuntimeError("simulation stalled: %d pending job(s) can never start on an idle cluster"
                                    " (first: %s)" % (len(self.backend.pending), stuck))

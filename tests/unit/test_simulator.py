@@ -22,6 +22,7 @@ from pipeswift_slurm.core import hardware
 from pipeswift_slurm.core import megatron, megatron_rules
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
+from pipeswift_slurm.core.model import Decision
 from pipeswift_slurm.policy import PRESETS, get_policy
 from pipeswift_slurm.sim.engine import JobRecord, SimSettings, Simulation
 from pipeswift_slurm.sim.metrics import lower_bound_s, percentile, summarize
@@ -678,3 +679,35 @@ def test_a_trace_that_is_a_fifo_nobody_writes_is_empty_not_a_hang(tmp_path: Path
     os.mkfifo(tmp_path / "t.csv")
     with pytest.raises(WorkloadError, match="missing column"):
         read_trace(tmp_path / "t.csv")
+
+
+class RequeueOnce:
+    """Requeues job 1 at the first tick at or after 100 s (what a preempting policy does)."""
+
+    name = "requeue-once"
+    scheduler = "backfill"
+    preempts = True
+    site_factor_max = 0
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def decide(self, view: Any, profiles: Any, estimator: Any) -> list[Any]:
+        job = view.job(1)
+        if self.done or view.now < 100.0 or job is None or not job.running:
+            return []
+        self.done = True
+        return [Decision(1, requeue=True, reason="test")]
+
+
+def test_a_requeued_job_starts_again_when_its_begin_time_passes() -> None:
+    """Slurm keeps a requeued job pending on its begin time (``requeue_delay_s``; 121 s by
+    default): the engine runs Slurm's passes then. The job, requeued by the tick of another
+    job's arrival at 120 s with GPUs to spare, starts again at 241 s; the idealised Slurm's
+    at once."""
+    jobs = [hand_job(1, "a", 4, 1.0, save_interval=10), hand_job(2, "b", 1, 1.0, submit_s=120.0)]
+    for delay_s, restart_s in ((121.0, 241.0), (0.0, 120.0)):
+        result = Simulation(jobs, RequeueOnce(), Estimator(CostModel(GPU), 8), TRUTH,
+                            SimSettings(1, 8, tick_interval_s=60.0, slurm=replace(IDEAL, requeue_delay_s=delay_s))).run()
+        rec = by_name(result)["a"]
+        assert (rec.restarts, rec.run_started_s, by_name(result)["b"].first_start_s) == (1, restart_s, 120.0)

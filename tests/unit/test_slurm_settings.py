@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeswift_slurm.cli.main import pipeswift
+from pipeswift_slurm.core.model import Decision
 from pipeswift_slurm.core.costmodel import CostModel
 from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.hardware import get_gpu_type
@@ -252,3 +253,40 @@ def test_cli_sacct_says_how_close_the_slurm_replay_came(tmp_path: Path) -> None:
     fid = data["what_changed"]["slurm_replay_vs_as_ran"]
     assert fid["jobs"] == 4 and fid["mean_jct_ratio"] > 0
     assert data["spec"]["slurm"]["weight_job_size"] == 1000 and data["spec"]["slurm"]["bf_interval_s"] == 5.0
+
+
+# ------------------------------------------------------------------ a requeued job's begin time
+
+def test_a_requeued_job_pends_on_its_begin_time_as_slurm_keeps_it() -> None:
+    """Slurm gives a requeued job a begin time cred_expire + 1 s later (121 s by default,
+    measured on the test cluster): it shows Reason=BeginTime and no pass starts it before
+    then, on free GPUs or not; then it is a pending job like any other."""
+    be = SimBackend(1, 8, settings=SchedulingSettings())
+    be.submit(SimJob(1, "j1", "u", 0.0, "", 1, 4, HOUR))
+    be.schedule(0.0)
+    be.now = 50.0
+    be.apply(Decision(1, requeue=True), be.snapshot().jobs[0])
+    told = be.snapshot().jobs[0]
+    assert (told.state, told.state_reason, told.restarts, be.free) == ("PENDING", "BeginTime", 1, [8])
+    assert be.next_begin_s() == 171.0
+    assert be.schedule(170.0) == [] and be.backfill_pass(170.9) == []
+    be.now = 171.0
+    assert be.snapshot().jobs[0].state_reason == ""
+    assert [j.job_id for j in be.schedule(171.0)] == [1] and be.next_begin_s() == float("inf")
+    ideal = SimBackend(1, 8, settings=IDEAL)  # the idealised Slurm restarts it at once
+    ideal.submit(SimJob(1, "j1", "u", 0.0, "", 1, 4, HOUR))
+    ideal.schedule(0.0)
+    ideal.apply(Decision(1, requeue=True), ideal.snapshot().jobs[0])
+    assert ideal.snapshot().jobs[0].state_reason == "" and [j.job_id for j in ideal.schedule(0.0)] == [1]
+
+
+@pytest.mark.parametrize("text, delay_s", [
+    ("ClusterName=x\n", 121.0),
+    ("AuthType=auth/munge\nAuthInfo=socket=/run/munge/munge.socket.2,cred_expire=30\n", 31.0),
+    ("AuthInfo=cred_expire=600\n", 601.0),
+])
+def test_the_requeue_delay_is_auth_infos_cred_expire(text: str, delay_s: float) -> None:
+    assert parse_slurm_conf(text).requeue_delay_s == delay_s
+    shown = "Configuration data as of 2026-12-06T10:00:00\n" + "".join(
+        "%s = %s\n" % tuple(line.split("=", 1)) for line in text.splitlines())
+    assert parse_show_config(shown).requeue_delay_s == delay_s

@@ -50,6 +50,9 @@ class SchedulingSettings:
             later (about 2.8 s measured with the default) [3].
         launch_s: seconds from a job's start to its program running (slurmd, slurmstepd,
             the launcher): not a Slurm setting; about 1 s measured on the test cluster.
+        requeue_delay_s: a requeued job pends this long on its begin time (Reason=BeginTime)
+            before it may start again: AuthInfo's cred_expire + 1 s [121; measured on the
+            test cluster: 121 s, and 31 s with cred_expire=30].
 
     ``IDEAL`` (all latencies and the rounding 0) is the idealised Slurm that starts every
     job the moment it could start (tests that work out schedules by hand).
@@ -70,13 +73,15 @@ class SchedulingSettings:
     sched_interval_s: float = 60.0
     batch_sched_delay_s: float = 3.0
     launch_s: float = 1.0
+    requeue_delay_s: float = 121.0
 
     def as_dict(self) -> dict[str, object]:
         """The settings as a plain dict (JSON output)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-IDEAL = SchedulingSettings(bf_interval_s=0.0, bf_resolution_s=0.0, batch_sched_delay_s=0.0, launch_s=0.0)
+IDEAL = SchedulingSettings(bf_interval_s=0.0, bf_resolution_s=0.0, batch_sched_delay_s=0.0, launch_s=0.0,
+                           requeue_delay_s=0.0)
 
 _WEIGHTS = {"priorityweightage": "weight_age", "priorityweightjobsize": "weight_job_size",
             "priorityweightfairshare": "weight_fairshare", "priorityweightqos": "weight_qos",
@@ -137,6 +142,10 @@ def settings_from_pairs(pairs: dict[str, str], where: str = "slurm config") -> S
         if key in _BF and value:
             name, unit = _BF[key]
             out[name] = _int(value, key, where) if unit is None else _int(value, key, where) * unit
+    for item in kv.get("authinfo", "").split(","):
+        key, _, value = item.strip().partition("=")
+        if key.lower() == "cred_expire" and value:
+            out["requeue_delay_s"] = float(_int(value, "AuthInfo cred_expire", where) + 1)
     if kv.get("prioritytype", "priority/multifactor") != "priority/multifactor":
         for name in _WEIGHTS.values():
             out[name] = 0

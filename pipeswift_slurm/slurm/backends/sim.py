@@ -54,6 +54,7 @@ class SimJob:
     version: int = 0
     seen_version: int = -1
     held: bool = False
+    begin_s: Optional[float] = None  # a requeued job's begin time, until it passes
     partition: str = ""  # Slurm's text: one partition, or "a,b" for a job that may run in either
     view: Optional[Job] = field(default=None, repr=False)
 
@@ -133,6 +134,7 @@ class SimBackend:
         self._nodes: tuple[Node, ...] = ()
         self._nodes_key: tuple[int, ...] = ()
         self._node_cache: dict[tuple[int, int], Node] = {}
+        self._begins: set[int] = set()  # pending jobs whose begin time has not passed
 
     # ------------------------------------------------------------ engine side
     def submit(self, job: SimJob) -> None:
@@ -152,6 +154,7 @@ class SimBackend:
 
     # ------------------------------------------------------------ Backend seam
     def snapshot(self) -> ClusterView:
+        self._begin_passed(self.now)
         key = tuple(self.free)
         if self._nodes_key != key:  # rebuild the node list only when allocations changed
             self._nodes = tuple(self._node(i, f) for i, f in enumerate(key))
@@ -178,7 +181,7 @@ class SimBackend:
             job.view = Job(job_id=job.job_id, state=job.state, submit_time=job.submit_s, num_nodes=job.num_nodes,
                            gpus=job.gpus, priority=job.site_factor, user=job.user, name=job.name,
                            partition=job.partition,
-                           state_reason="JobHeldAdmin" if job.held else "",
+                           state_reason="JobHeldAdmin" if job.held else "BeginTime" if job.begin_s else "",
                            start_time=job.start_s if job.state != PENDING else None, end_time=job.end_s,
                            time_limit_s=job.time_limit_s,
                            site_factor=job.site_factor, opted_in=carries_profile(job.comment),
@@ -237,6 +240,20 @@ class SimBackend:
         job.version += 1
         self.pending[job.job_id] = job
         self.updates += 1
+        if self.settings.requeue_delay_s > 0:  # Slurm sets its begin time (Reason=BeginTime)
+            job.begin_s = self.now + self.settings.requeue_delay_s
+            self._begins.add(job.job_id)
+
+    def next_begin_s(self) -> float:
+        """The earliest begin time of a requeued job still waiting for it (inf: none)."""
+        return min((self.jobs[i].begin_s or 0.0 for i in self._begins), default=float("inf"))
+
+    def _begin_passed(self, now: float) -> None:
+        """Requeued jobs whose begin time has passed may start again."""
+        for job_id in [i for i in self._begins if (self.jobs[i].begin_s or 0.0) <= now]:
+            self._begins.discard(job_id)
+            self.jobs[job_id].begin_s = None
+            self.jobs[job_id].version += 1
 
     # ------------------------------------------------------------ Slurm's scheduler
     def priority(self, job: SimJob, now: float) -> float:
@@ -246,7 +263,8 @@ class SimBackend:
         return priority(self.settings, now - job.submit_s, size, job.site_factor)
 
     def _order(self, now: float) -> list[SimJob]:
-        return sorted((j for j in self.pending.values() if not j.held),
+        self._begin_passed(now)
+        return sorted((j for j in self.pending.values() if not j.held and j.begin_s is None),
                       key=lambda j: (-self.priority(j, now), j.submit_s, j.job_id))
 
     def nodes_of(self, partition: str) -> Optional[frozenset[int]]:
