@@ -124,7 +124,8 @@ def run_window(task: dict[str, Any]) -> dict[str, Any]:
     spec = RunSpec(gpus=task["gpus"], workload=task["trace"], cluster_filter=task["vc"], start_day=task["start_day"],
                    window_days=task["window_days"], load=task["load"], flex=task["flex"], layouts=task["layouts"],
                    policies=tuple(task["policies"]), seed=task["seed"], noise_sigma=task["truth_noise"],
-                   wait_bound_s=WAIT_BOUND_S, drop_oversized=True, start_epoch_s=task.get("start_epoch_s", 0.0), **extra)
+                   wait_bound_s=WAIT_BOUND_S, drop_oversized=True, start_epoch_s=task.get("start_epoch_s", 0.0),
+                   ticks_on_events=not task.get("cron_ticks", False), **extra)
     comp = run_comparison(spec)
     out = {k: task[k] for k in ("vc", "start_day", "load", "flex", "layouts", "gpus")}
     out.update(jobs=comp.workload["jobs"], dropped=comp.workload["dropped_oversized"],
@@ -143,15 +144,16 @@ def run_window(task: dict[str, Any]) -> dict[str, Any]:
 def run_grid(trace: str, wins: Sequence[dict[str, Any]], loads: Sequence[float], flexes: Sequence[float],
              layouts: Sequence[str], truth_noise: float = 0.0, truth_shape_noise: float = 0.0, seed: int = 1,
              workers: int = 2, policies: Sequence[str] = POLICIES, progress: Any = None,
-             partial: Optional[Path] = None, dated: bool = False) -> list[dict[str, Any]]:
+             partial: Optional[Path] = None, dated: bool = False, cron_ticks: bool = False) -> list[dict[str, Any]]:
     """Every window x load x flex x layouts; the largest windows first (``workers`` > 1: a
     process pool; 1: in this process). Each run is appended to ``partial`` (JSON lines) as
     it ends, so a long grid stopped early keeps what it did. Runs come back in (group, VC,
     day) order. ``dated``: time 0 of each window is its start on the trace's own dates (as
-    ``pipeswift simulate`` runs it), not 0."""
+    ``pipeswift simulate`` runs it), not 0. ``cron_ticks``: the controller ticks on its own
+    clock only (``simulate --cron-ticks``)."""
     tasks = [dict(w, trace=trace, load=load, flex=flex, layouts=lay, truth_noise=truth_noise,
                   truth_shape_noise=truth_shape_noise, seed=seed, window_days=WINDOW_DAYS, policies=policies,
-                  start_epoch_s=None if dated else 0.0)
+                  start_epoch_s=None if dated else 0.0, cron_ticks=cron_ticks)
              for load in loads for flex in flexes for lay in layouts for w in wins]
     tasks.sort(key=lambda t: -t["jobs"])
     runs: list[dict[str, Any]] = []
@@ -385,6 +387,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--dated", action="store_true", help="run each window at the trace's own dates, as"
                         " `pipeswift simulate` does (default: from time 0): the same jobs at other absolute times,"
                         " to measure how much a window's figures move by chance")
+    parser.add_argument("--cron-ticks", action="store_true", help="the controller ticks only every minute on its own"
+                        " clock, as a deployed one (`pipeswift simulate --cron-ticks`); default: also at every"
+                        " arrival and end")
     parser.add_argument("--out", help="write the JSON here (the goal table then goes to stdout); each run is"
                         " also appended to OUT.partial.jsonl as it ends")
     parser.add_argument("--from-partial", metavar="JSONL", help="summarize the runs of a partial file (of a grid"
@@ -417,9 +422,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.perf_counter()
     runs = run_grid(args.workload, wins, loads, flexes, layouts, args.truth_noise,
                     args.truth_shape_noise if has_shape else 0.0, args.seed, args.workers, progress=sys.stderr,
-                    partial=Path(args.out + ".partial.jsonl") if args.out else None, dated=args.dated)
+                    partial=Path(args.out + ".partial.jsonl") if args.out else None, dated=args.dated,
+                    cron_ticks=args.cron_ticks)
     settings = {"workload": args.workload, "quick": args.quick, "loads": loads, "flex": flexes, "layouts": layouts,
-                "policies": POLICIES, "seed": args.seed, "dated": args.dated, "window_days": WINDOW_DAYS, "min_jobs": args.min_jobs,
+                "policies": POLICIES, "seed": args.seed, "dated": args.dated, "cron_ticks": args.cron_ticks, "window_days": WINDOW_DAYS, "min_jobs": args.min_jobs,
                 "max_jobs": args.max_jobs,
                 "wait_bound_h": WAIT_BOUND_S / 3600, "truth_noise": args.truth_noise,
                 "truth_shape_noise": args.truth_shape_noise,

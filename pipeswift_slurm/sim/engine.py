@@ -6,7 +6,11 @@ controller ``tick`` runs (the same Controller as cron, on the sim backend), then
 backend's Slurm-like scheduling pass starts what fits. Ticks also run every
 ``tick_interval_s`` while jobs are pending and GPUs are free (or the policy preempts):
 with nothing pending or nothing free, no lever can change anything, so those ticks are
-skipped. Truth: a job's run time in config c is (startup + remaining iterations x
+skipped. With ``SimSettings.ticks_on_events`` off, the controller ticks as a deployed one
+does instead: on its own clock, every ``tick_interval_s`` (cron's minute), whenever jobs
+wait or something changed since its last tick; Slurm starts a job it has not seen yet at
+the job's own size, and pipeswift-launch then runs the layout it chooses for that
+allocation (``Estimator.best``) where the policy changes layouts. Truth: a job's run time in config c is (startup + remaining iterations x
 iteration time of c) x its truth factor (class bias x noise, see workload.py); every
 (re)start pays the startup again, and a requeued job resumes from its last checkpoint
 (``--save-interval``; a job that does not save and load checkpoints starts over). A
@@ -42,6 +46,7 @@ class SimSettings:
     num_nodes: int
     gpus_per_node: int
     tick_interval_s: float = 60.0
+    ticks_on_events: bool = True  # False: the controller's own clock only, as cron's (module text)
     allow_requeue: bool = True
     slurm: SchedulingSettings = field(default_factory=SchedulingSettings)
     partitions: tuple[SimPartition, ...] = ()  # a mixed cluster (sim/mixed.py); then num_nodes is theirs
@@ -143,6 +148,9 @@ class Simulation:
                                      if calibrator is not None else None,
                                      partition_costs={p.name: CostModel(p.gpu) for p in settings.partitions})
         self.on_tick = on_tick
+        # pipeswift-launch chooses the layout of a job the controller has not decided, on an
+        # install whose policy changes layouts (the baselines run the user's own)
+        self._launcher_chooses = bool(getattr(getattr(policy, "knobs", None), "reconfigure", False))
         self.records: dict[int, JobRecord] = {}
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
@@ -165,6 +173,10 @@ class Simulation:
             return None
         if sim.config is not None and sim.config.gpus == sim.gpus:
             return sim.config
+        if self._launcher_chooses and not self.settings.ticks_on_events:
+            chosen = self._in_force.best(wjob.profile, sim.gpus)
+            if chosen is not None:
+                return chosen.config  # type: ignore[no-any-return]
         return wjob.profile.requested
 
     def _submit(self, wjob: WorkloadJob) -> None:
@@ -264,13 +276,15 @@ class Simulation:
         right after every main pass; with all latencies 0, every job starts the moment
         Slurm could start it, the idealised scheduler of earlier releases). A requeued job
         pends until its begin time (``requeue_delay_s``); both passes run then. The controller
-        ticks at every arrival and end, and every ``tick_interval_s`` while it could act."""
+        ticks at every arrival and end, and every ``tick_interval_s`` while it could act;
+        with ``ticks_on_events`` off, on its own clock only (the module's text)."""
         wall0 = time.perf_counter()
         result = SimResult(self.policy.name, [], total_gpus=sum(self.backend.node_gpus))
         slurm = self.backend.settings
         backfill = slurm.scheduler == "backfill"
         nxt, now = 0, 0.0
         next_periodic = next_main = next_bf = next_begin = float("inf")
+        unseen = False  # an arrival or an end since the controller's last tick (its own clock)
         self._in_force = self.controller.estimator
         while nxt < len(self.jobs) or self._heap or self.backend.pending:
             t_arrival = self.jobs[nxt].submit_s if nxt < len(self.jobs) else float("inf")
@@ -293,8 +307,10 @@ class Simulation:
                     self._stopped(job_id, now, completed=True)
                     ended = True
             changed = False
-            if arrived or ended or now >= next_periodic:
+            unseen = unseen or arrived or ended
+            if now >= next_periodic or (self.settings.ticks_on_events and (arrived or ended)):
                 changed = self._tick(now, result)
+                unseen = False
             if arrived:  # Slurm defers the main pass that a submission asks for (batch_sched_delay)
                 next_main = min(next_main, now + slurm.batch_sched_delay_s)
             if ended or changed or begun or now >= next_main:
@@ -310,12 +326,16 @@ class Simulation:
                     and (arrived or ended or changed or begun):
                 next_bf = (math.floor(now / slurm.bf_interval_s) + 1) * slurm.bf_interval_s
             next_begin = self.backend.next_begin_s()
-            if self.backend.pending and not self.backend.running and nxt == len(self.jobs) \
+            if self.backend.pending and not self.backend.running and nxt == len(self.jobs) and not unseen \
                     and next_main == float("inf") and next_bf == float("inf") and next_begin == float("inf"):
                 stuck = sorted(self.backend.pending)[:5]
                 raise RuntimeError("simulation stalled: %d pending job(s) can never start on an idle cluster"
                                    " (first: %s)" % (len(self.backend.pending), stuck))
-            next_periodic = now + self.settings.tick_interval_s if self._wants_periodic() else float("inf")
+            if self.settings.ticks_on_events:
+                next_periodic = now + self.settings.tick_interval_s if self._wants_periodic() else float("inf")
+            elif next_periodic <= now or next_periodic == float("inf"):  # the next minute of cron's clock
+                next_periodic = (math.floor(now / self.settings.tick_interval_s) + 1) * self.settings.tick_interval_s \
+                    if unseen or self.backend.pending else float("inf")
         result.records = [self.records[j.job_id] for j in self.jobs]
         result.makespan_s = max((r.end_s or 0.0) for r in result.records) if result.records else 0.0
         result.updates = self.backend.updates

@@ -395,3 +395,17 @@ def test_a_cluster_the_trace_does_not_have_is_named(runner: CliRunner, vc: str) 
     """``--vc ''`` used to mean no filter at all, and an unknown name 'no job in the window'."""
     result = invoke(runner, "simulate", "--workload", str(DATA / "tiny-trace.csv"), *SMALL, "--vc", vc)
     assert_one_error_line(result, "no job of cluster %r (--vc); the trace's clusters: vc1, vc2" % vc)
+
+
+def test_cron_ticks_run_the_controller_on_its_own_clock(runner: CliRunner) -> None:
+    """``--cron-ticks``: the JSON says so, the baselines that set only SiteFactor move
+    little, and the run differs from the default (a controller that sees each arrival)."""
+    runs = {}
+    for flag in ((), ("--cron-ticks",)):
+        result = invoke(runner, "simulate", *SMALL, "--jobs", "40", "--policy", "slurm,pipeswift", "--json", "-", *flag)
+        assert result.exit_code == 0, result.output
+        runs[bool(flag)] = json.loads(result.stdout)
+    assert runs[False]["spec"]["ticks_on_events"] is True and runs[True]["spec"]["ticks_on_events"] is False
+    jct = {cron: {p["policy"]: p["mean_jct_s"] for p in data["policies"]} for cron, data in runs.items()}
+    assert jct[True]["slurm"] == jct[False]["slurm"]  # it decides nothing: its clock changes nothing
+    assert jct[True]["pipeswift"] != jct[False]["pipeswift"]

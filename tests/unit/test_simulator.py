@@ -711,3 +711,23 @@ def test_a_requeued_job_starts_again_when_its_begin_time_passes() -> None:
                             SimSettings(1, 8, tick_interval_s=60.0, slurm=replace(IDEAL, requeue_delay_s=delay_s))).run()
         rec = by_name(result)["a"]
         assert (rec.restarts, rec.run_started_s, by_name(result)["b"].first_start_s) == (1, restart_s, 120.0)
+
+
+def test_a_controller_on_its_own_clock_sees_a_job_only_after_slurm_started_it() -> None:
+    """With ticks on events the controller sizes a job at its arrival, before Slurm's pass;
+    on cron's clock (``ticks_on_events`` off) Slurm starts it first, at its own size, and
+    pipeswift-launch runs the layout the estimator chooses for that allocation; the
+    controller's first tick is at the next minute of its clock."""
+    job = hand_job(1, "a", 1, 1.0, gpu_range=(1, 8), submit_s=10.0)
+    estimator = Estimator(CostModel(GPU), 8)
+    seen: dict[bool, list[float]] = {True: [], False: []}
+    runs = {on: Simulation([job], make_policy("pipeswift"), estimator, TRUTH,
+                           SimSettings(1, 8, slurm=IDEAL, ticks_on_events=on),
+                           on_tick=lambda now, _report, on=on: seen[on].append(now)).run() for on in (True, False)}
+    sized, unseen = by_name(runs[True])["a"], by_name(runs[False])["a"]
+    assert sized.first_start_s == unseen.first_start_s == 10.0
+    assert sized.gpus > 1 and unseen.gpus == 1
+    chosen = estimator.best(job.profile, 1)
+    assert chosen is not None and unseen.config == chosen.config
+    assert unseen.jct_s > sized.jct_s
+    assert seen[True][0] == 10.0 and seen[False][0] == 60.0  # at the arrival; at the minute of its clock
