@@ -41,7 +41,9 @@ class ProfileRequest:
     and ``allowed_pp`` narrow the planner's search; ``job_class`` keys calibration;
     ``partitions`` are the partitions the job may run in (Slurm's ``-p a,b`` or psbatch's
     ``--pipeswift-partitions``; empty: only the one it was submitted to). A request: the
-    controller moves a job only among the partitions it manages.
+    controller moves a job only among the partitions it manages. ``first_look``: psbatch
+    submitted the job with a short begin time for the controller's first decision to clear
+    (``first_look_pending``).
     """
 
     argv: tuple[str, ...]
@@ -51,6 +53,7 @@ class ProfileRequest:
     job_class: str = ""
     world_size: Optional[int] = None
     partitions: tuple[str, ...] = ()
+    first_look: bool = False
 
 
 def _kv(text: str, prefix: str) -> dict[str, str]:
@@ -117,6 +120,8 @@ def encode_profile(req: ProfileRequest) -> str:
         parts.append("class=" + "".join(c for c in req.job_class if c.isalnum() or c in "-_."))
     if req.partitions:
         parts.append("parts=" + ",".join(partition_names(",".join(req.partitions))))
+    if req.first_look:
+        parts.append("look=1")
     return ";".join(parts)
 
 
@@ -151,7 +156,27 @@ def decode_profile(text: str) -> ProfileRequest:
         raise TokenError("pp and mbmin are counts of at least 1")
     world = token_int(kv["world"], "world") if kv.get("world") else None
     partitions = partition_names(kv["parts"]) if kv.get("parts") else ()
-    return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world, partitions)
+    return ProfileRequest(tuple(argv), gpus, mbmin, allowed, kv.get("class", ""), world, partitions,
+                          kv.get("look") == "1")
+
+
+def first_look_pending(comment: str, state_reason: str, restarts: int, eligible_time: Optional[float],
+                       now: float) -> bool:
+    """Whether a pending job waits only for the controller's first look: psbatch gave it a
+    begin time a minute or so ahead (``look=1`` in its profile token) so that the controller
+    sizes and places it before Slurm may start it; the controller's first update of it
+    clears that begin time (StartTime=now), once: the begin time is still ahead (its
+    eligible time after ``now``, or Slurm's reason says so; a job just submitted may show
+    no reason yet). A begin time the user asked for carries no such mark, and a requeued
+    job's is Slurm's own. The mark is user text: it can only start the user's own job
+    sooner, as the user could."""
+    ahead = state_reason == "BeginTime" or (eligible_time is not None and eligible_time > now)
+    if not ahead or restarts or PROFILE_PREFIX not in comment:
+        return False
+    try:
+        return decode_profile(comment).first_look
+    except TokenError:
+        return False
 
 
 def encode_decision(config: ExecConfig, decided_at: int, held: bool = False, asked_gpus: Optional[int] = None) -> str:

@@ -10,7 +10,10 @@ skipped. With ``SimSettings.ticks_on_events`` off, the controller ticks as a dep
 does instead: on its own clock, every ``tick_interval_s`` (cron's minute), whenever jobs
 wait or something changed since its last tick; Slurm starts a job it has not seen yet at
 the job's own size, and pipeswift-launch then runs the layout it chooses for that
-allocation (``Estimator.best``) where the policy changes layouts. Truth: a job's run time in config c is (startup + remaining iterations x
+allocation (``Estimator.best``) where the policy changes layouts. There psbatch also
+submits each job with a begin time ``first_look_s`` ahead, which the controller's first
+update of the job clears (``token.first_look_pending``): Slurm starts it then, or at that
+begin time if no tick came. Truth: a job's run time in config c is (startup + remaining iterations x
 iteration time of c) x its truth factor (class bias x noise, see workload.py); every
 (re)start pays the startup again, and a requeued job resumes from its last checkpoint
 (``--save-interval``; a job that does not save and load checkpoints starts over). A
@@ -47,6 +50,7 @@ class SimSettings:
     gpus_per_node: int
     tick_interval_s: float = 60.0
     ticks_on_events: bool = True  # False: the controller's own clock only, as cron's (module text)
+    first_look_s: float = 60.0  # on its own clock: psbatch's begin time for the first look (0: none)
     allow_requeue: bool = True
     slurm: SchedulingSettings = field(default_factory=SchedulingSettings)
     partitions: tuple[SimPartition, ...] = ()  # a mixed cluster (sim/mixed.py); then num_nodes is theirs
@@ -188,13 +192,16 @@ class Simulation:
             self.records[wjob.job_id] = JobRecord(wjob.job_id, wjob.name, wjob.user, wjob.model, "", wjob.category,
                                                   wjob.submit_s, wjob.gpus)
             return
+        # psbatch's first look (on an install whose policy changes layouts; with ticks on
+        # events the controller sees the job first anyway)
+        look_s = self.settings.first_look_s if self._launcher_chooses and not self.settings.ticks_on_events else 0.0
         req = ProfileRequest(wjob.argv, wjob.profile.gpu_range if wjob.profile.flexible else None,
-                             world_size=wjob.gpus, partitions=wjob.partitions)
+                             world_size=wjob.gpus, partitions=wjob.partitions, first_look=look_s > 0)
         user = wjob.profile.requested
         self.backend.submit(SimJob(job_id=wjob.job_id, name=wjob.name, user=wjob.user, submit_s=wjob.submit_s,
                                    comment=encode_profile(req), num_nodes=user.num_nodes,
                                    gpus_per_node=user.gpus_per_node, time_limit_s=wjob.time_limit_s,
-                                   partition=wjob.partition))
+                                   partition=wjob.partition, begin_s=wjob.submit_s + look_s if look_s > 0 else None))
         self.records[wjob.job_id] = JobRecord(wjob.job_id, wjob.name, wjob.user, wjob.model,
                                               wjob.profile.job_class, wjob.category, wjob.submit_s, wjob.gpus,
                                               flexible=wjob.profile.flexible, requested=user)

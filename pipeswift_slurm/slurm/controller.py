@@ -22,7 +22,7 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile, SiteCaps
 from pipeswift_slurm.core.request import submitted_profile
-from pipeswift_slurm.core.token import TokenError, decode_profile, submitted_gpus
+from pipeswift_slurm.core.token import TokenError, decode_profile, first_look_pending, submitted_gpus
 from pipeswift_slurm.policy import Policy, wait_bound_of
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
 from pipeswift_slurm.slurm.calibrate import user_factor_of
@@ -185,7 +185,7 @@ class Controller:
         profiles = self._ingest(view)
         by_id = {j.job_id: j for j in view.jobs}
         runnable = with_exploration_holds(self.estimator, view.jobs, profiles, {
-            job_id: p for job_id, p in profiles.items() if not not_runnable(by_id[job_id])})
+            job_id: p for job_id, p in profiles.items() if not not_runnable(by_id[job_id], view.now)})
         report.over_wait_bound = over_wait_bound(view, runnable, wait_bound_of(self.policy),
                                                  self.settings.warn_wait_bound)
         t0 = self.clock()
@@ -202,8 +202,9 @@ class Controller:
             assert job is not None
             decision = self._within_site_limits(decision, job)
             todo = decision if decision.requeue else unchanged_parts(decision, job)
-            if not todo.changes_anything:
-                continue
+            if not todo.changes_anything and not first_look_pending(job.comment, job.state_reason, job.restarts,
+                                                                    job.eligible_time, view.now):
+                continue  # (a job psbatch left for the first look gets its begin time cleared)
             report.decisions.append(todo)
             todo_items.append((todo, job))
         releases = own_holds_to_release(view, {d.job_id for d, _ in todo_items}, runnable)

@@ -6,7 +6,7 @@ pending for whatever its priority (``not_runnable``). Pure: builds decisions, ch
 from __future__ import annotations
 
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
-from pipeswift_slurm.core.token import held_by_controller
+from pipeswift_slurm.core.token import first_look_pending, held_by_controller
 
 
 def own_holds_to_release(view: ClusterView, decided: set[int],
@@ -27,8 +27,8 @@ def own_holds_to_release(view: ClusterView, decided: set[int],
 NOT_RUNNABLE_REASONS = frozenset({"Dependency", "DependencyNeverSatisfied", "BeginTime"})
 
 
-def not_runnable(job: Job) -> str:
-    """Why a pending job cannot start whatever the policy decides ('' when it can): held
+def not_runnable(job: Job, now: float) -> str:
+    """Why a pending job cannot start at ``now`` whatever the policy decides ('' when it can): held
     by its user or an admin (not by the controller), or pending on a dependency or a
     begin time. Such a job is not planned, and gets no decision (no SiteFactor either:
     Slurm does not report one for held or dependent jobs, so it would be re-applied on
@@ -37,4 +37,6 @@ def not_runnable(job: Job) -> str:
         return ""
     if job.held and not held_by_controller(job.admin_comment):
         return "held (%s)" % job.state_reason
+    if first_look_pending(job.comment, job.state_reason, job.restarts, job.eligible_time, now):
+        return ""  # psbatch's begin time for the controller's first look: decided now, and cleared
     return "pending on %s" % job.state_reason if job.state_reason in NOT_RUNNABLE_REASONS else ""

@@ -23,10 +23,36 @@ if TYPE_CHECKING:
     from pipeswift_slurm.core.model import JobProfile
 
 MAX_SCRIPT_BYTES = 1 << 20  # bigger scripts go through unchanged (bounded effort)
+# The first look: an opted-in job waits this long (a begin time) for the controller's first
+# decision, which clears it, so the controller sizes it before Slurm may start it; a
+# controller that does not come delays the job by that much at most.
+FIRST_LOOK_ENV = "PIPESWIFT_FIRST_LOOK_S"
+FIRST_LOOK_DEFAULT_S = 60
+MAX_FIRST_LOOK_S = 3600
+
+
+def first_look_s(values: Mapping[str, Optional[str]], environ: Mapping[str, str]) -> int:
+    """Seconds psbatch's begin time gives the controller (0: none): ``$PIPESWIFT_FIRST_LOOK_S``
+    (0 to 3600; default 60), none for a job its user holds, schedules (``--begin``) or
+    submits as an array (the controller never changes an array's tasks).
+
+    Raises:
+        PsbatchError: the variable is not a whole number of seconds from 0 to 3600.
+    """
+    if {"begin", "hold", "array"} & set(values) or environ.get("SBATCH_BEGIN") or environ.get("SBATCH_HOLD") \
+            or environ.get("SBATCH_ARRAY_INX"):
+        return 0
+    text = (environ.get(FIRST_LOOK_ENV) or "").strip()
+    if not text:
+        return FIRST_LOOK_DEFAULT_S
+    if not text.isdigit() or int(text) > MAX_FIRST_LOOK_S:
+        raise PsbatchError("%s=%r is not a whole number of seconds from 0 to %d; fix it or unset it (default %d)"
+                           % (FIRST_LOOK_ENV, text[:40], MAX_FIRST_LOOK_S, FIRST_LOOK_DEFAULT_S))
+    return int(text)
 
 
 def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: OwnOptions,
-                  environ: Mapping[str, str]) -> tuple[str, "JobProfile"]:
+                  environ: Mapping[str, str], first_look: bool = False) -> tuple[str, "JobProfile"]:
     """Validate the training command with the core: the profile token, and the profile
     as validated.
 
@@ -47,7 +73,7 @@ def build_request(words: Sequence[str], values: dict[str, Optional[str]], own: O
     # controller reads that size from Slurm and its own AdminComment (``asked=``), never
     # from this field, which the user can edit.
     request = ProfileRequest(tuple(megatron_words(words)), own.gpus, own.min_micro_batch_size, own.allowed_pp,
-                             own.job_class, profile.requested.gpus, parts)
+                             own.job_class, profile.requested.gpus, parts, first_look)
     return encode_profile(request), profile
 
 
@@ -105,7 +131,8 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
         raise PsbatchError("an #SBATCH line has a backslash before a blank, which Slurm 22.05 and 24.11 "
                            "read differently; put that value in quotes")
     values = effective_options(scan.opts, script.header[0], environ)
-    token, profile = build_request(cmd.words, values, own, environ)
+    look_s = first_look_s(values, environ)
+    token, profile = build_request(cmd.words, values, own, environ, look_s > 0)
     # psbatch's token first: the controller and the launcher read the first one, so a
     # token-like word of the user's own comment cannot stand in for the one checked here
     comment = token + " " + values["comment"] if values.get("comment") else token
@@ -119,15 +146,17 @@ def plan_job(argv: Sequence[str], pairs: Sequence[tuple[str, str]], text: str,
                            " the controller reads; pass fewer arguments there"
                            % (cmd.line + 1, len(comment), MAX_TOKEN_CHARS))
     new_text = text if routed(cmd) else "\n".join(rewrite_lines(lines, cmd))
-    return Plan(_with_options(argv, scan, comment, new_text), new_text, cmd, profile)
+    return Plan(_with_options(argv, scan, comment, new_text, look_s), new_text, cmd, profile)
 
 
-def _with_options(argv: Sequence[str], scan: Scan, comment: str, text: str) -> list[str]:
-    """argv with every ``--comment`` (and ``--wrap``) replaced by one new one, in front."""
+def _with_options(argv: Sequence[str], scan: Scan, comment: str, text: str, look_s: int = 0) -> list[str]:
+    """argv with every ``--comment`` (and ``--wrap``) replaced by one new one, in front, and
+    the first look's begin time (``look_s`` seconds ahead; none when 0)."""
     drop = {i for o in scan.opts if o.name in ("comment", "wrap") for i in range(o.start, o.end)}
     front = ["--comment=" + comment]
     if any(o.name == "wrap" for o in scan.opts):
         front.append("--wrap=" + text)
+    front += ["--begin=now+%d" % look_s] if look_s else []
     return front + [a for i, a in enumerate(argv) if i not in drop]
 
 

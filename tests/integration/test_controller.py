@@ -234,6 +234,43 @@ def test_tick_resizes_pending_psbatch_job_which_starts_at_new_size(
     assert per_node == [str(row["gpus_per_node"])] * row["num_nodes"], detail
 
 
+def test_first_look_psbatch_job_waits_for_the_tick_that_sizes_and_starts_it(
+        site: Site, slurm: SubprocessRunner, cancel_later: list[int],
+        wait_state: Callable[..., dict[str, str]], job_fields: Callable[..., dict[str, str]]) -> None:
+    """psbatch gives an opted-in job a begin time a minute ahead (the first look), so Slurm
+    does not start it on idle GPUs at its own size before the controller saw it. The tick
+    plans it, resizes it and clears the begin time (StartTime=now): it runs at once, at the
+    controller's size. A job whose user asked for a begin time keeps it."""
+    deadline = time.monotonic() + 60  # earlier tests' jobs may still be ending: the GPUs must be free
+    while slurm(["squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING"]).strip() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    script = site.dir / "look.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -N1\n#SBATCH --gpus-per-node=1\n#SBATCH -o /dev/null\n"
+                      "#PSWIFT gpus=1-8\nsleep 120\npython pretrain_gpt.py %s\n" % " ".join(MEGATRON))
+    ids = []
+    for extra in ([], ["--begin=now+600"]):
+        out = subprocess.run([sys.executable, "-m", "pipeswift_slurm.submit.psbatch", "--parsable", *extra,
+                              str(script)], env=site.env, capture_output=True, text=True, timeout=60, check=True,
+                             cwd=site.dir)
+        ids.append(int(out.stdout.strip().split(";")[0]))
+    cancel_later.extend(ids)
+    job_id, scheduled = ids
+    before = job_fields(job_id)
+    assert (before["JobState"], before["Reason"]) == ("PENDING", "BeginTime"), before
+    waits_s = (datetime.fromisoformat(before["EligibleTime"]) - datetime.fromisoformat(before["SubmitTime"])).seconds
+    assert 59 <= waits_s <= 61 and token.decode_profile(before["Comment"]).first_look
+    assert not token.decode_profile(job_fields(scheduled)["Comment"]).first_look
+
+    site.tick_ok()
+    row = decision_row(site, job_id)
+    assert row["applied"] == 1 and row["error"] is None and row["gpus"] > 1, dict(row)
+    running = wait_state(job_id, "RUNNING", 20)  # long before its begin time
+    assert running["NumNodes"] == str(row["num_nodes"])
+    assert site.rows("SELECT job_id FROM decisions WHERE job_id = ?", scheduled) == []
+    still = job_fields(scheduled)
+    assert (still["JobState"], still["Reason"]) == ("PENDING", "BeginTime"), still
+
+
 # ------------------------------------------------------------------ never touch what is not ours
 def test_tick_never_modifies_unmanaged_or_running_jobs(
         site: Site, slurm: SubprocessRunner, submit_job: Callable[..., int],

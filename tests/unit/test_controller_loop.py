@@ -7,6 +7,7 @@ unchanged jobs issues no update; a held job's SiteFactor is set only with its re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import replace
 from typing import Any, Mapping
@@ -126,13 +127,22 @@ def test_a_job_that_asked_for_no_gpus_is_never_managed(caplog: pytest.LogCapture
 # ------------------------------------------------------------------ item 4: held and dependent jobs
 def test_not_runnable_names_holds_dependencies_and_begin_times() -> None:
     cfg = ExecConfig(tp=1, pp=1, dp=1, micro_batch_size=4, num_micro_batches=16, num_nodes=1, gpus_per_node=1)
-    assert not_runnable(pending(1, reason="JobHeldUser")) == "held (JobHeldUser)"
-    assert not_runnable(pending(1, reason="JobHeldAdmin")) == "held (JobHeldAdmin)"
-    assert not_runnable(pending(1, reason="DependencyNeverSatisfied")) == "pending on DependencyNeverSatisfied"
-    assert not_runnable(pending(1, reason="Dependency")) == "pending on Dependency"
-    assert not_runnable(pending(1, reason="BeginTime")) == "pending on BeginTime"
+    assert not_runnable(pending(1, reason="JobHeldUser"), NOW) == "held (JobHeldUser)"
+    assert not_runnable(pending(1, reason="JobHeldAdmin"), NOW) == "held (JobHeldAdmin)"
+    assert not_runnable(pending(1, reason="DependencyNeverSatisfied"), NOW) == "pending on DependencyNeverSatisfied"
+    assert not_runnable(pending(1, reason="Dependency"), NOW) == "pending on Dependency"
+    assert not_runnable(pending(1, reason="BeginTime"), NOW) == "pending on BeginTime"
     ours = pending(1, reason="JobHeldAdmin", admin_comment=token.encode_decision(cfg, int(NOW), held=True))
-    assert not_runnable(ours) == "" and not_runnable(pending(1, reason="Resources")) == ""
+    assert not_runnable(ours, NOW) == "" and not_runnable(pending(1, reason="Resources"), NOW) == ""
+    # psbatch's first look: planned now (its begin time is the controller's to clear), but
+    # not a requeued job's begin time, nor a user's begin time on a job without the mark
+    look = token.encode_profile(dataclasses.replace(token.decode_profile(PROFILE), first_look=True))
+    waiting = replace(pending(1, reason="BeginTime"), comment=look)
+    assert not_runnable(waiting, NOW) == ""
+    assert not_runnable(replace(waiting, restarts=1), NOW) == "pending on BeginTime"
+    assert not_runnable(replace(waiting, state_reason="Priority"), NOW) == ""
+    # just submitted: no reason yet, but its eligible time (the begin time) is ahead
+    assert not_runnable(replace(waiting, state_reason="None", eligible_time=NOW + 60), NOW) == ""
 
 
 def test_held_and_dependent_jobs_are_not_planned_nor_updated() -> None:

@@ -369,7 +369,7 @@ def test_megatron_script_file_is_enriched(tmp_path):
     done, calls = _psbatch(["--pipeswift-pp=1,2,4", "-p", "gpu", "train.sh", "x"], tmp_path)
     assert done.returncode == 0 and done.stderr == b"", done.stderr
     argv = calls[0]["argv"]
-    assert argv[0].startswith("--comment=pswift1;") and argv[0].endswith(" my note") and argv[1:3] == ["-p", "gpu"] and argv[-1] == "x"
+    assert argv[0].startswith("--comment=pswift1;") and argv[0].endswith(" my note") and argv[1:4] == ["--begin=now+60", "-p", "gpu"] and argv[-1] == "x"
     assert calls[0]["script_name"] == "train.sh" and not os.path.exists(argv[-2])  # temp file cleaned up
     assert "pipeswift-launch -- torchrun" in calls[0]["script"]
     request = decode_profile(argv[0])
@@ -411,7 +411,7 @@ def test_megatron_wrap_and_stdin_are_enriched(tmp_path):
     assert done.returncode == 0, done.stderr
     argv = calls[0]["argv"]
     assert argv[0].startswith("--comment=pswift1;") and argv[0].endswith(" mine") and argv[1] == "--wrap=pipeswift-launch -- " + cmd
-    assert argv[2:] == ["--gpus=2"]
+    assert argv[2:] == ["--begin=now+60", "--gpus=2"]  # the first look (test_first_look_...)
     done, calls = _psbatch(["--gpus=2"], tmp_path, stdin=("#!/bin/sh\n" + cmd + "\n").encode())
     assert calls[-1]["stdin"] == "#!/bin/sh\npipeswift-launch -- " + cmd + "\n"
 
@@ -506,7 +506,7 @@ def test_check_reports_what_psbatch_would_do_and_submits_nothing(tmp_path):
     assert "line 5 becomes     pipeswift-launch -- torchrun" in out
     assert "your config        4gpu=1x4 tp2 pp1 dp2 mbs2 M16" in out
     assert "2-8 GPUs" in out and "checkpoints every 100 iterations" in out
-    assert "'--comment=pswift1;args=<" in out and ";gpus=2-8;world=4' -p gpu meg.sh x" in out
+    assert "'--comment=pswift1;args=<" in out and ";gpus=2-8;world=4;look=1' --begin=now+60 -p gpu meg.sh x" in out
     rows = _rows(out)
     # 8 heads, 8 layers, a batch of 64: 3, 5, 6 and 7 GPUs run as that many stages (uneven first/last)
     assert set(rows) == {2, 3, 4, 5, 6, 7, 8}
@@ -514,7 +514,7 @@ def test_check_reports_what_psbatch_would_do_and_submits_nothing(tmp_path):
     assert [g for g, (_, fastest) in rows.items() if fastest] == [8]
     # the same job submitted for real is what the report said
     done, calls = _psbatch(["-p", "gpu", "meg.sh", "x"], tmp_path)
-    assert done.returncode == 0 and calls[0]["argv"][0].endswith(";gpus=2-8;world=4")
+    assert done.returncode == 0 and calls[0]["argv"][0].endswith(";gpus=2-8;world=4;look=1")
     assert "pipeswift-launch -- torchrun" in calls[0]["script"]
 
 
@@ -765,3 +765,32 @@ def test_the_rewritten_script_is_still_valid_shell(tmp_path, line, becomes):
         assert "cannot put pipeswift-launch before the training command on line 3" in done.stderr.decode()
     else:
         assert script.splitlines()[2].startswith(becomes) and done.stderr == b""
+
+
+FIRST_LOOK_TEXT = ("#!/bin/bash\ntorchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4"
+                   " --seq-length 64 --global-batch-size 8 --train-iters 10\n")
+
+
+@pytest.mark.parametrize("options, environ, look_s", [
+    ([], {}, 60),
+    ([], {"PIPESWIFT_FIRST_LOOK_S": "15"}, 15),
+    ([], {"PIPESWIFT_FIRST_LOOK_S": "0"}, 0),
+    (["--begin=now+1hour"], {}, 0),  # the user's own begin time is kept, and no mark
+    (["-b", "16:00"], {}, 0),
+    ([], {"SBATCH_BEGIN": "now+10"}, 0),
+    (["--hold"], {}, 0),
+    (["-H"], {}, 0),
+    (["--array=0-3"], {}, 0),  # the controller never changes an array's tasks
+])
+def test_the_first_look_gives_the_controller_a_begin_time_to_clear(options, environ, look_s):
+    plan = psbatch.plan_job([*options, "x.sh"], [], FIRST_LOOK_TEXT, environ)
+    assert plan is not None
+    added = [a for a in plan.argv if a.startswith("--begin=") and a not in options]
+    assert added == (["--begin=now+%d" % look_s] if look_s else [])
+    assert decode_profile(plan.argv[0]).first_look is bool(look_s)
+
+
+@pytest.mark.parametrize("value", ["x", "-5", "3601", "1.5"])
+def test_a_bad_first_look_setting_is_one_clear_error(value):
+    with pytest.raises(sbatch_args.PsbatchError, match="PIPESWIFT_FIRST_LOOK_S=.* from 0 to 3600"):
+        psbatch.plan_job(["x.sh"], [], FIRST_LOOK_TEXT, {"PIPESWIFT_FIRST_LOOK_S": value})

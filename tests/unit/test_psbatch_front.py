@@ -353,7 +353,7 @@ def test_megatron_script_file_stdin_and_wrap_go_through_python(bins):
     assert got.rc == 0 and got.stderr == b"", got.stderr
     [call] = got.calls
     assert call["argv"][0].startswith(b"--comment=pswift1;") and call["argv"][1:] == [
-        b"-p", b"gpu", b"$TMPDIR/psbatch-?/meg.sh", b"x"]
+        b"--begin=now+60", b"-p", b"gpu", b"$TMPDIR/psbatch-?/meg.sh", b"x"]
     assert call["scripts"] == [ROUTED]
     assert _run(bins, PYTHON_PSBATCH, ["-p", "gpu", "meg.sh", "x"]) == got
     got = _run(bins, [bins.fast], ["-J", "m"], MEGATRON)

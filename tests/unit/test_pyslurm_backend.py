@@ -122,6 +122,22 @@ def test_apply_requeue_skip_and_errors() -> None:
     assert not isinstance(info.value, JobGone)
 
 
+def test_the_first_look_is_cleared_with_scontrol() -> None:
+    """pyslurm sets a begin time only at submit: the first look's StartTime=now goes through
+    scontrol, once, beside the SiteFactor through ``modify``."""
+    from pipeswift_slurm.core import token
+
+    mod, run = cluster(), Recorder()
+    backend = PyslurmBackend(module=mod, run=run, clock=lambda: NOW)
+    look = token.encode_profile(token.ProfileRequest(("--num-layers", "2"), first_look=True))
+    waiting = Job(job_id=3, state="PENDING", submit_time=0.0, opted_in=True, comment=look, state_reason="BeginTime")
+    backend.apply(Decision(3, site_factor=5), waiting)
+    assert run.calls == [["scontrol", "update", "JobId=3", "StartTime=now"]]
+    backend.apply(Decision(3, site_factor=6), Job(job_id=3, state="PENDING", submit_time=0.0, opted_in=True,
+                                                   comment=look, state_reason="Priority", eligible_time=NOW - 5))
+    assert len(run.calls) == 1
+
+
 def test_helpers() -> None:
     assert gres_dict_request({"gpu": "4"}) == GpuRequest(count=4)
     assert gres_text({"gres/gpu:a100": 2, "gpu": {"count": 8, "indexes": "0-7"}}) == "gres/gpu:a100:2,gpu:8"

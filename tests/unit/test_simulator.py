@@ -713,21 +713,30 @@ def test_a_requeued_job_starts_again_when_its_begin_time_passes() -> None:
         assert (rec.restarts, rec.run_started_s, by_name(result)["b"].first_start_s) == (1, restart_s, 120.0)
 
 
-def test_a_controller_on_its_own_clock_sees_a_job_only_after_slurm_started_it() -> None:
-    """With ticks on events the controller sizes a job at its arrival, before Slurm's pass;
-    on cron's clock (``ticks_on_events`` off) Slurm starts it first, at its own size, and
-    pipeswift-launch runs the layout the estimator chooses for that allocation; the
-    controller's first tick is at the next minute of its clock."""
+def test_a_controller_on_its_own_clock_sees_a_job_first_only_with_the_first_look() -> None:
+    """With ticks on events the controller sizes a job at its arrival, before Slurm's pass.
+    On cron's clock (``ticks_on_events`` off) without the first look Slurm starts it first,
+    at its own size, and pipeswift-launch runs the layout the estimator chooses for that
+    allocation. With psbatch's first look (a begin time ``first_look_s`` ahead) it waits
+    for the controller's first tick, at the next minute of its clock, which sizes it and
+    clears the begin time; with the controller's clock slower than the first look, it starts
+    at its begin time, at its own size."""
     job = hand_job(1, "a", 1, 1.0, gpu_range=(1, 8), submit_s=10.0)
     estimator = Estimator(CostModel(GPU), 8)
-    seen: dict[bool, list[float]] = {True: [], False: []}
-    runs = {on: Simulation([job], make_policy("pipeswift"), estimator, TRUTH,
-                           SimSettings(1, 8, slurm=IDEAL, ticks_on_events=on),
-                           on_tick=lambda now, _report, on=on: seen[on].append(now)).run() for on in (True, False)}
-    sized, unseen = by_name(runs[True])["a"], by_name(runs[False])["a"]
-    assert sized.first_start_s == unseen.first_start_s == 10.0
-    assert sized.gpus > 1 and unseen.gpus == 1
+    seen: dict[str, list[float]] = {}
+
+    def run(name: str, **settings: Any) -> JobRecord:
+        seen[name] = []
+        result = Simulation([job], make_policy("pipeswift"), estimator, TRUTH, SimSettings(1, 8, slurm=IDEAL, **settings),
+                            on_tick=lambda now, _report: seen[name].append(now)).run()
+        return by_name(result)["a"]
+
+    events, unseen = run("events"), run("cron", ticks_on_events=False, first_look_s=0.0)
+    looked, late = run("look", ticks_on_events=False), run("late", ticks_on_events=False, tick_interval_s=600.0)
+    assert (events.first_start_s, unseen.first_start_s, looked.first_start_s, late.first_start_s) == (
+        10.0, 10.0, 60.0, 70.0)
+    assert events.gpus > 1 and looked.gpus == events.gpus and unseen.gpus == late.gpus == 1
     chosen = estimator.best(job.profile, 1)
     assert chosen is not None and unseen.config == chosen.config
-    assert unseen.jct_s > sized.jct_s
-    assert seen[True][0] == 10.0 and seen[False][0] == 60.0  # at the arrival; at the minute of its clock
+    assert unseen.jct_s > looked.jct_s > events.jct_s
+    assert seen["events"][0] == 10.0 and seen["cron"][0] == seen["look"][0] == 60.0 and seen["late"][0] == 600.0

@@ -206,6 +206,25 @@ def test_update_argv_per_node() -> None:
         "SiteFactor=3000", "AdminComment=" + token.encode_decision(CFG, int(NOW))]
 
 
+def test_update_argv_clears_the_first_looks_begin_time_only() -> None:
+    """A job psbatch left for the first look (``look=1``, pending on BeginTime, never run)
+    gets StartTime=now with the controller's update; a requeued job or a user's begin time
+    keeps its begin time."""
+    look = token.encode_profile(token.ProfileRequest(("--num-layers", "2"), first_look=True))
+    decision = Decision(42, site_factor=7)
+    first = cli.update_argv(decision, pending(comment=look, state_reason="BeginTime"), NOW)
+    assert first == ["scontrol", "update", "JobId=42", "SiteFactor=7", "StartTime=now"]
+    for job in (pending(comment=look, state_reason="BeginTime", restarts=1), pending(comment=look),
+                pending(comment=token.encode_profile(token.ProfileRequest(("--num-layers", "2"))),
+                        state_reason="BeginTime")):
+        assert cli.update_argv(decision, job, NOW) == ["scontrol", "update", "JobId=42", "SiteFactor=7"]
+    fresh = pending(comment=look, state_reason="None", eligible_time=NOW + 60)  # no reason yet
+    assert "StartTime=now" in (cli.update_argv(decision, fresh, NOW) or [])
+    cleared = pending(comment=look, state_reason="Priority", eligible_time=NOW - 5)  # done: once only
+    assert cli.update_argv(decision, cleared, NOW) == ["scontrol", "update", "JobId=42", "SiteFactor=7"]
+    assert not token.first_look_pending("x " + look[:20], "BeginTime", 0, None, NOW)
+
+
 @pytest.mark.parametrize("req, expected", [
     (GpuRequest("tres_per_job", 4), "TresPerJob=gres:gpu:4"),
     (GpuRequest("tres_per_job", 3, "a100"), "TresPerJob=gres:gpu:a100:4"),

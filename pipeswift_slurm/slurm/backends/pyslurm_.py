@@ -51,6 +51,7 @@ FALLBACKS = {
               "resizing with scontrol update NumNodes=a-a and the GPU request (a move to another "
               "partition, Partition=, in the same RPC)",
     "site_factor": "pyslurm cannot read a job's site factor: reading it with sprio",
+    "first_look": "clearing psbatch's first-look begin time with scontrol update StartTime=now",
     "older_api": "pyslurm.Job has no per-job GPU request (--gpus) and Node.allocated_gres is empty "
                  "unless GPUs are TRES: reading both with pyslurm's older job()/node() API",
     "no_older_api": "this pyslurm has no job()/node() API: --gpus requests read as 0 GPUs and "
@@ -245,6 +246,9 @@ class PyslurmBackend:
             fields = size_fields(decision, job)
             say_fallback("resize")
             run_update(self._run, ["scontrol", "update", "JobId=%d" % job.job_id, *fields])
+        if token.first_look_pending(job.comment, job.state_reason, job.restarts, job.eligible_time, now):
+            say_fallback("first_look")
+            run_update(self._run, ["scontrol", "update", "JobId=%d" % job.job_id, "StartTime=now"])
         if decision.hold is False:
             before = modify_kwargs(replace(decision, site_factor=None), now, job, held=True)
             self._modify(job.job_id, before)

@@ -54,7 +54,7 @@ class SimJob:
     version: int = 0
     seen_version: int = -1
     held: bool = False
-    begin_s: Optional[float] = None  # a requeued job's begin time, until it passes
+    begin_s: Optional[float] = None  # a begin time (a requeue's, psbatch's first look), until it passes
     partition: str = ""  # Slurm's text: one partition, or "a,b" for a job that may run in either
     view: Optional[Job] = field(default=None, repr=False)
 
@@ -140,6 +140,8 @@ class SimBackend:
     def submit(self, job: SimJob) -> None:
         self.jobs[job.job_id] = job
         self.pending[job.job_id] = job
+        if job.begin_s is not None:  # psbatch's first look
+            self._begins.add(job.job_id)
 
     def finish(self, job_id: int, now: float) -> SimJob:
         """Mark a running job done and free its GPUs."""
@@ -183,6 +185,7 @@ class SimBackend:
                            partition=job.partition,
                            state_reason="JobHeldAdmin" if job.held else "BeginTime" if job.begin_s else "",
                            start_time=job.start_s if job.state != PENDING else None, end_time=job.end_s,
+                           eligible_time=job.begin_s if job.begin_s and not job.restarts else None,
                            time_limit_s=job.time_limit_s,
                            site_factor=job.site_factor, opted_in=carries_profile(job.comment),
                            comment=job.comment,
@@ -212,6 +215,9 @@ class SimBackend:
         self._update_pending(sim, decision)
 
     def _update_pending(self, sim: SimJob, decision: Decision) -> None:
+        if sim.begin_s is not None and not sim.restarts:  # the first look is done: StartTime=now
+            sim.begin_s = None
+            self._begins.discard(sim.job_id)
         if decision.hold is not None:
             sim.held = decision.hold
         if decision.partition is not None:
