@@ -125,7 +125,8 @@ def run_window(task: dict[str, Any]) -> dict[str, Any]:
                    window_days=task["window_days"], load=task["load"], flex=task["flex"], layouts=task["layouts"],
                    policies=tuple(task["policies"]), seed=task["seed"], noise_sigma=task["truth_noise"],
                    wait_bound_s=WAIT_BOUND_S, drop_oversized=True, start_epoch_s=task.get("start_epoch_s", 0.0),
-                   ticks_on_events=not task.get("cron_ticks", False), **extra)
+                   ticks_on_events=not task.get("cron_ticks", False), first_look_s=task.get("first_look_s", 60.0),
+                   **extra)
     comp = run_comparison(spec)
     out = {k: task[k] for k in ("vc", "start_day", "load", "flex", "layouts", "gpus")}
     out.update(jobs=comp.workload["jobs"], dropped=comp.workload["dropped_oversized"],
@@ -144,16 +145,18 @@ def run_window(task: dict[str, Any]) -> dict[str, Any]:
 def run_grid(trace: str, wins: Sequence[dict[str, Any]], loads: Sequence[float], flexes: Sequence[float],
              layouts: Sequence[str], truth_noise: float = 0.0, truth_shape_noise: float = 0.0, seed: int = 1,
              workers: int = 2, policies: Sequence[str] = POLICIES, progress: Any = None,
-             partial: Optional[Path] = None, dated: bool = False, cron_ticks: bool = False) -> list[dict[str, Any]]:
+             partial: Optional[Path] = None, dated: bool = False, cron_ticks: bool = False,
+             first_look_s: float = 60.0) -> list[dict[str, Any]]:
     """Every window x load x flex x layouts; the largest windows first (``workers`` > 1: a
     process pool; 1: in this process). Each run is appended to ``partial`` (JSON lines) as
     it ends, so a long grid stopped early keeps what it did. Runs come back in (group, VC,
     day) order. ``dated``: time 0 of each window is its start on the trace's own dates (as
     ``pipeswift simulate`` runs it), not 0. ``cron_ticks``: the controller ticks on its own
-    clock only (``simulate --cron-ticks``)."""
+    clock only (``simulate --cron-ticks``), with psbatch's first look of ``first_look_s``."""
     tasks = [dict(w, trace=trace, load=load, flex=flex, layouts=lay, truth_noise=truth_noise,
                   truth_shape_noise=truth_shape_noise, seed=seed, window_days=WINDOW_DAYS, policies=policies,
-                  start_epoch_s=None if dated else 0.0, cron_ticks=cron_ticks)
+                  start_epoch_s=None if dated else 0.0, cron_ticks=cron_ticks,
+                  first_look_s=first_look_s)
              for load in loads for flex in flexes for lay in layouts for w in wins]
     tasks.sort(key=lambda t: -t["jobs"])
     runs: list[dict[str, Any]] = []
@@ -390,6 +393,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cron-ticks", action="store_true", help="the controller ticks only every minute on its own"
                         " clock, as a deployed one (`pipeswift simulate --cron-ticks`); default: also at every"
                         " arrival and end")
+    parser.add_argument("--first-look", type=float, default=60.0, help="with --cron-ticks: psbatch's first-look"
+                        " begin time in seconds (0: none; `pipeswift simulate --first-look`)")
     parser.add_argument("--out", help="write the JSON here (the goal table then goes to stdout); each run is"
                         " also appended to OUT.partial.jsonl as it ends")
     parser.add_argument("--from-partial", metavar="JSONL", help="summarize the runs of a partial file (of a grid"
@@ -423,9 +428,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     runs = run_grid(args.workload, wins, loads, flexes, layouts, args.truth_noise,
                     args.truth_shape_noise if has_shape else 0.0, args.seed, args.workers, progress=sys.stderr,
                     partial=Path(args.out + ".partial.jsonl") if args.out else None, dated=args.dated,
-                    cron_ticks=args.cron_ticks)
+                    cron_ticks=args.cron_ticks, first_look_s=args.first_look)
     settings = {"workload": args.workload, "quick": args.quick, "loads": loads, "flex": flexes, "layouts": layouts,
-                "policies": POLICIES, "seed": args.seed, "dated": args.dated, "cron_ticks": args.cron_ticks, "window_days": WINDOW_DAYS, "min_jobs": args.min_jobs,
+                "policies": POLICIES, "seed": args.seed, "dated": args.dated, "cron_ticks": args.cron_ticks, "first_look_s": args.first_look, "window_days": WINDOW_DAYS, "min_jobs": args.min_jobs,
                 "max_jobs": args.max_jobs,
                 "wait_bound_h": WAIT_BOUND_S / 3600, "truth_noise": args.truth_noise,
                 "truth_shape_noise": args.truth_shape_noise,

@@ -193,7 +193,7 @@ def comparison_json(comp: Any) -> dict[str, Any]:
                                                                      else "synthetic"), "load": spec.load,
                      "seed": spec.seed, "start_day": spec.start_day, "window_days": spec.window_days,
                      "flex": spec.flex, "layouts": spec.layouts, "tick_interval_s": spec.tick_interval_s,
-                     "ticks_on_events": spec.ticks_on_events,
+                     "ticks_on_events": spec.ticks_on_events, "first_look_s": spec.first_look_s,
                      "wait_bound_s": spec.wait_bound_s,
                      "truth_noise": spec.noise_sigma, "truth_shape_noise": spec.shape_sigma,
                      "truth_user_favour": spec.user_favour, "slurm": spec.slurm.as_dict(),
@@ -279,6 +279,8 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 @click.option("--tick-interval", "tick_interval_s", type=FiniteFloatRange(min=1), default=60.0, show_default=True)
 @click.option("--cron-ticks", is_flag=True, help="The controller ticks only on its own clock, every --tick-interval"
               " seconds, as cron or `controller run` does (default: also at every arrival and end).")
+@click.option("--first-look", "first_look_s", type=FiniteFloatRange(0, 3600), default=60.0, show_default=True,
+              help="With --cron-ticks: psbatch's first-look begin time, in seconds (0: none).")
 @click.option("--wait-bound-h", type=FiniteFloatRange(min=0.1), default=48.0, show_default=True,
               help="Hard bound on any job's wait for pipeswift (hours).")
 @click.option("--truth-bias", multiple=True, help="CLASS_PREFIX=RATIO: true/predicted run time for a job class.")
@@ -306,7 +308,7 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
 def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, gpus_per_node: Optional[int],
              gpu_type: Optional[str], load: Optional[float], policy_text: str, seed: int, start_day: float,
              window_days: Optional[float], cluster_filter: Optional[str], flex: float, tick_interval_s: float,
-             cron_ticks: bool, wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, truth_shape_noise: float,
+             cron_ticks: bool, first_look_s: float, wait_bound_h: float, truth_bias: tuple[str, ...], truth_noise: float, truth_shape_noise: float,
              truth_user_favour: float, learn: bool, own_layout_first: bool, drop_oversized: bool,
              json_out: Optional[str], db: Optional[str], plot: Optional[str], knob_items: tuple[str, ...],
              config_path: Optional[str], start_epoch_s: Optional[float], sacct_file: Optional[str] = None,
@@ -351,6 +353,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    synthetic_jobs=synthetic_jobs, load=load if (load or workload) else 0.9, policies=policies,
                    policy_knobs=knobs, no_requeue=no_requeue, seed=seed, start_day=start_day,
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s, ticks_on_events=not cron_ticks,
+                   first_look_s=first_look_s,
                    wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
                    noise_sigma=truth_noise, shape_sigma=truth_shape_noise, user_favour=truth_user_favour,
                    cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn,

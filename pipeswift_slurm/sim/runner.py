@@ -62,6 +62,7 @@ class RunSpec:
     flex: float = 1.0
     tick_interval_s: float = 60.0
     ticks_on_events: bool = True  # False: the controller ticks on its own clock only (SimSettings)
+    first_look_s: float = 60.0  # then psbatch's first-look begin time (SimSettings)
     wait_bound_s: float = 48 * 3600.0
     drop_oversized: bool = False
     class_bias: tuple[tuple[str, float], ...] = ()
@@ -235,7 +236,8 @@ def run_comparison(spec: RunSpec, store_for: Optional[Callable[[str], Any]] = No
                           planner=Planner(cost, spec.gpus_per_node, do_no_harm=spec.do_no_harm),
                           own_layout_first=spec.own_layout_first and spec.learn)
     settings = SimSettings(spec.gpus // spec.gpus_per_node, spec.gpus_per_node, tick_interval_s=spec.tick_interval_s,
-                           ticks_on_events=spec.ticks_on_events, slurm=spec.slurm, partitions=spec.partitions)
+                           ticks_on_events=spec.ticks_on_events, first_look_s=spec.first_look_s, slurm=spec.slurm,
+                           partitions=spec.partitions)
     metrics, results = [], []
     calibrators: dict[str, Any] = {}
     for name in spec.policies:

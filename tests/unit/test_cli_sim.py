@@ -398,14 +398,19 @@ def test_a_cluster_the_trace_does_not_have_is_named(runner: CliRunner, vc: str) 
 
 
 def test_cron_ticks_run_the_controller_on_its_own_clock(runner: CliRunner) -> None:
-    """``--cron-ticks``: the JSON says so, the baselines that set only SiteFactor move
-    little, and the run differs from the default (a controller that sees each arrival)."""
+    """``--cron-ticks`` (with psbatch's first look unless ``--first-look 0``): the JSON says
+    so, slurm does not move, and the run differs from the default (a controller that sees
+    each arrival)."""
     runs = {}
-    for flag in ((), ("--cron-ticks",)):
+    for flag in ((), ("--cron-ticks",), ("--cron-ticks", "--first-look", "0")):
         result = invoke(runner, "simulate", *SMALL, "--jobs", "40", "--policy", "slurm,pipeswift", "--json", "-", *flag)
         assert result.exit_code == 0, result.output
-        runs[bool(flag)] = json.loads(result.stdout)
+        runs[len(flag)] = json.loads(result.stdout)
+    without = runs.pop(3)
+    assert without["spec"]["first_look_s"] == 0.0 and without["spec"]["ticks_on_events"] is False
+    runs = {bool(n): data for n, data in runs.items()}
     assert runs[False]["spec"]["ticks_on_events"] is True and runs[True]["spec"]["ticks_on_events"] is False
+    assert runs[True]["spec"]["first_look_s"] == 60.0
     jct = {cron: {p["policy"]: p["mean_jct_s"] for p in data["policies"]} for cron, data in runs.items()}
     assert jct[True]["slurm"] == jct[False]["slurm"]  # it decides nothing: its clock changes nothing
     assert jct[True]["pipeswift"] != jct[False]["pipeswift"]
