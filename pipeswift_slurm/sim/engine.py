@@ -180,7 +180,7 @@ class Simulation:
         if self._launcher_chooses and not self.settings.ticks_on_events:
             chosen = self._in_force.best(wjob.profile, sim.gpus)
             if chosen is not None:
-                return chosen.config  # type: ignore[no-any-return]
+                return chosen.config
         return wjob.profile.requested
 
     def _submit(self, wjob: WorkloadJob) -> None:

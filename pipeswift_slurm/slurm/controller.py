@@ -22,14 +22,14 @@ from pipeswift_slurm.core.estimator import Estimator
 from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile, SiteCaps
 from pipeswift_slurm.core.request import submitted_profile
-from pipeswift_slurm.core.token import TokenError, decode_profile, first_look_pending, submitted_gpus
+from pipeswift_slurm.core.token import TokenError, decode_profile, submitted_gpus
 from pipeswift_slurm.policy import Policy, wait_bound_of
 from pipeswift_slurm.slurm.backends import Backend, BackendError, JobGone, OutcomeUnknown
 from pipeswift_slurm.slurm.calibrate import user_factor_of
 from pipeswift_slurm.slurm.decision_diff import evolve_decision, intent_outcome, unchanged_parts
 from pipeswift_slurm.slurm.explore import with_exploration_holds
 from pipeswift_slurm.slurm.factors import stable_factors
-from pipeswift_slurm.slurm.holds import not_runnable, own_holds_to_release
+from pipeswift_slurm.slurm.holds import first_looks_to_clear, not_runnable, own_holds_to_release
 from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
 from pipeswift_slurm.slurm.seams import BatchingBackend, Calibration, HistoryStore
 from pipeswift_slurm.slurm.wait_bound import over_wait_bound
@@ -202,12 +202,12 @@ class Controller:
             assert job is not None
             decision = self._within_site_limits(decision, job)
             todo = decision if decision.requeue else unchanged_parts(decision, job)
-            if not todo.changes_anything and not first_look_pending(job.comment, job.state_reason, job.restarts,
-                                                                    job.eligible_time, view.now):
-                continue  # (a job psbatch left for the first look gets its begin time cleared)
+            if not todo.changes_anything:
+                continue
             report.decisions.append(todo)
             todo_items.append((todo, job))
         releases = own_holds_to_release(view, {d.job_id for d, _ in todo_items}, runnable)
+        releases += first_looks_to_clear(view, {d.job_id for d, _ in todo_items})
         report.decisions += [d for d, _ in releases]
         todo_items += releases
         intent_tick = self._record_intents(report, profiles, todo_items)

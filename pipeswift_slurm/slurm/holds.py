@@ -22,6 +22,16 @@ def own_holds_to_release(view: ClusterView, decided: set[int],
     return out
 
 
+def first_looks_to_clear(view: ClusterView, decided: set[int]) -> list[tuple[Decision, Job]]:
+    """An update (StartTime=now, and nothing else) for each job psbatch left for the first
+    look that has no decision this tick: one the policy leaves as it is, one outside the
+    managed partitions, one under a policy that decides nothing. Its begin time was only
+    ever for the controller; without this it would wait it out."""
+    return [(Decision(job.job_id, reason="first look: nothing to change"), job) for job in view.pending
+            if job.job_id not in decided
+            and first_look_pending(job.comment, job.state_reason, job.restarts, job.eligible_time, view.now)]
+
+
 # Why Slurm will not start a pending job whatever its priority: a hold (by its user or an
 # admin; a hold the controller set is its own to release), a dependency, a begin time.
 NOT_RUNNABLE_REASONS = frozenset({"Dependency", "DependencyNeverSatisfied", "BeginTime"})

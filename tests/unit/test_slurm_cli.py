@@ -16,7 +16,7 @@ from pipeswift_slurm.slurm.backends import BackendError, JobGone
 from pipeswift_slurm.slurm.backends import detect
 from pipeswift_slurm.slurm.backends import scontrol_argv, slurm_parse
 from pipeswift_slurm.slurm.backends import slurm_cli as cli
-from pipeswift_slurm.slurm.controller import Controller
+from pipeswift_slurm.slurm.controller import Controller, ControllerSettings
 from pipeswift_slurm.core.model import ClusterView, Decision, ExecConfig, GpuRequest, Job, Node
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -581,6 +581,28 @@ class ViewsBackend:
 
     def apply(self, decision: Decision, job: Job) -> None:
         pass
+
+
+def test_a_first_look_is_cleared_even_when_the_policy_changes_nothing() -> None:
+    """A policy that decides nothing for a job psbatch left for the first look (here: none
+    at all) still gets its begin time cleared, through the CLI backend's update
+    (StartTime=now only); a user's own begin time is left alone, and a dry run changes
+    nothing."""
+    look = token.encode_profile(token.ProfileRequest(("--num-layers", "2"), first_look=True))
+    mine = token.encode_profile(token.ProfileRequest(("--num-layers", "2")))
+    jobs = (pending(7, comment=look, state_reason="BeginTime", eligible_time=NOW + 50),
+            pending(8, comment=mine, state_reason="BeginTime", eligible_time=NOW + 3600))
+    view = ClusterView(now=NOW, nodes=(Node("n1", gpus=8),), jobs=jobs)
+    run = recorded_runner()
+    backend = cli.SlurmCliBackend(run=run, clock=lambda: NOW)
+    backend.snapshot = lambda: view  # type: ignore[method-assign]
+    report = Controller(backend, ListPolicy([]), estimator=None, settings=ControllerSettings(dry_run=False)).tick()
+    assert [(d.job_id, d.reason) for d in report.decisions] == [(7, "first look: nothing to change")]
+    updates = [argv for argv in run.calls if "update" in argv]
+    assert updates == [["scontrol", "update", "JobId=7", "StartTime=now"]], run.calls
+    report = Controller(ViewsBackend([view]), ListPolicy([]), estimator=None,
+                        settings=ControllerSettings(dry_run=True)).tick()
+    assert [d.job_id for d in report.decisions] == [7] and report.applied == []
 
 
 def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_history() -> None:
