@@ -143,6 +143,9 @@ def test_not_runnable_names_holds_dependencies_and_begin_times() -> None:
     assert not_runnable(replace(waiting, state_reason="Priority"), NOW) == ""
     # just submitted: no reason yet, but its eligible time (the begin time) is ahead
     assert not_runnable(replace(waiting, state_reason="None", eligible_time=NOW + 60), NOW) == ""
+    # a dependency comes first: not planned before it is met
+    assert not_runnable(replace(waiting, state_reason="Dependency", eligible_time=NOW + 60), NOW) == \
+        "pending on Dependency"
 
 
 def test_held_and_dependent_jobs_are_not_planned_nor_updated() -> None:
