@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from pipeswift_slurm.core.model import ExecConfig
+from pipeswift_slurm.core.model import ExecConfig, Job
 
 PROFILE_PREFIX = "pswift1;"
 DECISION_PREFIX = "pswift-decision1;"
@@ -160,8 +160,7 @@ def decode_profile(text: str) -> ProfileRequest:
                           kv.get("look") == "1")
 
 
-def first_look_pending(comment: str, state_reason: str, restarts: int, eligible_time: Optional[float],
-                       now: float) -> bool:
+def first_look_pending(job: Job, now: float) -> bool:
     """Whether a pending job waits only for the controller's first look: psbatch gave it a
     begin time a minute or so ahead (``look=1`` in its profile token) so that the controller
     sizes and places it before Slurm may start it; the controller's first update of it
@@ -170,11 +169,11 @@ def first_look_pending(comment: str, state_reason: str, restarts: int, eligible_
     no reason yet). A begin time the user asked for carries no such mark, and a requeued
     job's is Slurm's own. The mark is user text: it can only start the user's own job
     sooner, as the user could."""
-    ahead = state_reason == "BeginTime" or (eligible_time is not None and eligible_time > now)
-    if not ahead or restarts or PROFILE_PREFIX not in comment:
+    ahead = job.state_reason == "BeginTime" or (job.eligible_time is not None and job.eligible_time > now)
+    if not ahead or job.restarts or PROFILE_PREFIX not in job.comment:
         return False
     try:
-        return decode_profile(comment).first_look
+        return decode_profile(job.comment).first_look
     except TokenError:
         return False
 

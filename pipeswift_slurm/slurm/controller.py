@@ -180,7 +180,7 @@ class Controller:
         except BackendError as exc:
             self._record_failed(exc)
             raise
-        view = self._with_earlier_runs(snapshot)
+        view = self._with_requeue_history(snapshot)
         report = TickReport(view=view)
         profiles = self._ingest(view)
         by_id = {j.job_id: j for j in view.jobs}
@@ -292,7 +292,7 @@ class Controller:
         except Exception as store_exc:  # the store's own failure must not replace the backend's
             log.warning("could not record the failed tick either: %s", store_exc)
 
-    def _with_earlier_runs(self, view: ClusterView) -> ClusterView:
+    def _with_requeue_history(self, view: ClusterView) -> ClusterView:
         """The view with each requeued job's history where the backend does not know it:
         live Slurm keeps no run time across a requeue and restarts the job's submit and
         eligible times. The policy then sees what the simulator shows it: the job's whole

@@ -29,7 +29,7 @@ def first_looks_to_clear(view: ClusterView, decided: set[int]) -> list[tuple[Dec
     ever for the controller; without this it would wait it out."""
     return [(Decision(job.job_id, reason="first look: nothing to change"), job) for job in view.pending
             if job.job_id not in decided
-            and first_look_pending(job.comment, job.state_reason, job.restarts, job.eligible_time, view.now)]
+            and first_look_pending(job, view.now)]
 
 
 # Why Slurm will not start a pending job whatever its priority: a hold (by its user or an
@@ -49,6 +49,6 @@ def not_runnable(job: Job, now: float) -> str:
         return "held (%s)" % job.state_reason
     if job.state_reason in NOT_RUNNABLE_REASONS and job.state_reason != "BeginTime":
         return "pending on %s" % job.state_reason
-    if first_look_pending(job.comment, job.state_reason, job.restarts, job.eligible_time, now):
+    if first_look_pending(job, now):
         return ""  # psbatch's begin time for the controller's first look: decided now, and cleared
     return "pending on BeginTime" if job.state_reason == "BeginTime" else ""

@@ -222,7 +222,7 @@ def test_update_argv_clears_the_first_looks_begin_time_only() -> None:
     assert "StartTime=now" in (cli.update_argv(decision, fresh, NOW) or [])
     cleared = pending(comment=look, state_reason="Priority", eligible_time=NOW - 5)  # done: once only
     assert cli.update_argv(decision, cleared, NOW) == ["scontrol", "update", "JobId=42", "SiteFactor=7"]
-    assert not token.first_look_pending("x " + look[:20], "BeginTime", 0, None, NOW)
+    assert not token.first_look_pending(pending(comment="x " + look[:20], state_reason="BeginTime"), NOW)
 
 
 @pytest.mark.parametrize("req, expected", [

@@ -246,7 +246,7 @@ class PyslurmBackend:
             fields = size_fields(decision, job)
             say_fallback("resize")
             run_update(self._run, ["scontrol", "update", "JobId=%d" % job.job_id, *fields])
-        if token.first_look_pending(job.comment, job.state_reason, job.restarts, job.eligible_time, now):
+        if token.first_look_pending(job, now):
             say_fallback("first_look")
             run_update(self._run, ["scontrol", "update", "JobId=%d" % job.job_id, "StartTime=now"])
         if decision.hold is False:

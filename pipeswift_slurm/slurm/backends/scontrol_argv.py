@@ -151,7 +151,7 @@ def update_argv(decision: Decision, job: Job, now: float, held: Optional[bool] =
         fields.append("TimeLimit=%d" % max(1, -(-int(decision.time_limit_s) // 60)))
     if decision.site_factor is not None and site_factor:
         fields.append("SiteFactor=%d" % int(decision.site_factor))
-    if token.first_look_pending(job.comment, job.state_reason, job.restarts, job.eligible_time, now):
+    if token.first_look_pending(job, now):
         fields.append("StartTime=now")  # the first look is done: psbatch's begin time goes
     if decision.config is not None:
         mark = bool(decision.hold) if held is None else held
