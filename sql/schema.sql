@@ -26,7 +26,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     name            TEXT,
     partition       TEXT,
     submit_time     REAL,                          -- the first submission's (kept across requeues)
-    eligible_time   REAL,                          -- when it could start (deps, holds, begin)
+    eligible_time   REAL,                          -- when it could start (deps, its user's hold, begin);
+                                                   -- kept across an admin's or the controller's hold
+                                                   -- and psbatch's first look (Slurm restarts it)
     start_time      REAL,                          -- NULL while pending
     end_time        REAL,                          -- NULL while active; estimated if state ends in '?'
     state           TEXT    NOT NULL,              -- last seen: PENDING, RUNNING, COMPLETED, ...

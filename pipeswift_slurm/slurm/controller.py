@@ -180,7 +180,7 @@ class Controller:
         except BackendError as exc:
             self._record_failed(exc)
             raise
-        view = self._with_requeue_history(snapshot)
+        view = self._with_history(snapshot)
         report = TickReport(view=view)
         profiles = self._ingest(view)
         by_id = {j.job_id: j for j in view.jobs}
@@ -292,20 +292,23 @@ class Controller:
         except Exception as store_exc:  # the store's own failure must not replace the backend's
             log.warning("could not record the failed tick either: %s", store_exc)
 
-    def _with_requeue_history(self, view: ClusterView) -> ClusterView:
-        """The view with each requeued job's history where the backend does not know it:
-        live Slurm keeps no run time across a requeue and restarts the job's submit and
-        eligible times. The policy then sees what the simulator shows it: the job's whole
-        wait since its first submission, less its earlier runs (``Job.queued_s``; a job
-        requeued again and again still ages toward its wait bound), and the work it has
-        left (``attained_gpu_s``). Jobs the backend already counts (the simulator's) and
-        jobs never stored are left as they are."""
+    def _with_history(self, view: ClusterView) -> ClusterView:
+        """The view with what live Slurm forgets and the history keeps. A requeued job's
+        run time and first submit and eligible times: the policy then sees what the
+        simulator shows it, the job's whole wait since its first submission less its
+        earlier runs (``Job.queued_s``; a job requeued again and again still ages toward its
+        wait bound), and the work it has left (``attained_gpu_s``). And a pending job's
+        eligible time where Slurm restarted it (a release of the controller's hold, the end
+        of psbatch's first look: ``rows.eligible_since``), so a job the controller held
+        keeps its age. Jobs the backend already counts (the simulator's: it restarts
+        neither) and jobs never stored are left as they are."""
         if self.store is None:
             return view
-        requeued = [j for j in view.jobs if j.restarts and not j.ran_s and not j.attained_gpu_s]
-        if not requeued:
+        wanted = [j for j in view.jobs if (j.restarts and not j.ran_s and not j.attained_gpu_s) or (
+            j.pending and not j.restarts and j.eligible_time is not None and j.eligible_time > j.submit_time)]
+        if not wanted:
             return view
-        fields = self.store.requeued_fields(view.now, requeued)
+        fields = self.store.history_fields(view.now, wanted)
         jobs = tuple(replace(j, **fields[j.job_id]) if fields.get(j.job_id) else j for j in view.jobs)
         return replace(view, jobs=jobs)
 

@@ -60,7 +60,7 @@ from pipeswift_slurm.store.queries import CalibrationEntry, Queries, T
 from pipeswift_slurm.store.queries import (ACTIVE_STATES, CALIBRATION_STATES, CONFIG_FIELDS,  # noqa: F401
                             VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision,
                             SnapshotSummary)
-from pipeswift_slurm.store.rows import SELECT_IDS, MeasurementWrites, inserted_id, requeued_fields, save_calibration
+from pipeswift_slurm.store.rows import SELECT_IDS, MeasurementWrites, history_fields, inserted_id, save_calibration
 from pipeswift_slurm.store.tick import TickTx
 
 log = logging.getLogger(__name__)
@@ -297,14 +297,14 @@ class Store(Queries, MeasurementWrites):
         if not set(Base.metadata.tables) <= have:
             log.info("created tables %s", ", ".join(sorted(set(Base.metadata.tables) - have)))
 
-    def requeued_fields(self, now: float, jobs: Iterable[Job]) -> dict[int, dict[str, Any]]:
-        """Each requeued job's first submit and eligible times and earlier runs, from the
-        history, counting a run that ended since the last tick (``rows.requeued_fields``)."""
+    def history_fields(self, now: float, jobs: Iterable[Job]) -> dict[int, dict[str, Any]]:
+        """The fields each job's view takes from its stored row where live Slurm forgot them
+        (a requeued job's first times and earlier runs, a restarted eligible time: ``rows.history_fields``)."""
         wanted = {j.job_id: j for j in jobs}
         if not wanted:
             return {}
         rows = self._read(lambda s: {r[0]: dict(r._mapping) for r in s.execute(SELECT_IDS, {"ids": list(wanted)})})
-        return {i: requeued_fields(rows.get(i), job, now) for i, job in wanted.items()}
+        return {i: history_fields(rows.get(i), job, now) for i, job in wanted.items()}
 
     @classmethod
     def from_url(cls, url: str, busy_timeout_s: float = 30.0, journal_mode: str = "DELETE") -> "Store":

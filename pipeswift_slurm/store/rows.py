@@ -17,6 +17,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, RUNNING, Decision, Job, JobProfile
+from pipeswift_slurm.core.token import first_look_pending
 from pipeswift_slurm.store.queries import ACTIVE_STATES, CONFIG_FIELDS, CalibrationEntry, MeasurementEntry
 from pipeswift_slurm.store.schema import Base, CalibrationRow, MeasurementRow
 
@@ -121,6 +122,37 @@ def keep_first_submission(values: dict[str, Any], old: Mapping[str, Any]) -> Non
     for key in ("submit_time", "eligible_time"):
         if old[key] is not None and (values[key] is None or old[key] < values[key]):
             values[key] = old[key]
+
+
+# Waits a job's own user asked for: the time until they end is not queue time.
+USERS_OWN_WAITS = frozenset({"JobHeldUser", "Dependency", "DependencyNeverSatisfied"})
+
+
+def eligible_since(old: Optional[Mapping[str, Any]], job: Job, now: float) -> Optional[float]:
+    """A job's eligible time as the history and the policy count it: Slurm's, less what
+    Slurm's own bookkeeping drops. Slurm shows no eligible time while a job is held and
+    restarts it at the release, or at the controller's StartTime=now that ends psbatch's
+    first look; a wait the controller or an admin imposed is still queue time. So a first
+    look still pending counts from the submission, and the stored time (``old``) moves
+    only earlier, except where the job now waits on a begin time (a user's or a requeue's)
+    or waited on its user's own hold or a dependency until this view (``USERS_OWN_WAITS``).
+    A requeued job's first times are ``keep_first_submission``'s."""
+    if first_look_pending(job, now) and job.state_reason in ("BeginTime", ""):
+        return job.submit_time
+    earlier, new = (old["eligible_time"], job.eligible_time) if old else (None, job.eligible_time)
+    if earlier is None or job.state_reason == "BeginTime" or old is None or old["state_reason"] in USERS_OWN_WAITS:
+        return new
+    return earlier if new is None or earlier < new else new
+
+
+def history_fields(old: Optional[Mapping[str, Any]], job: Job, now: float) -> dict[str, Any]:
+    """The ``Job`` fields the policy's view takes from the job's stored row, where live
+    Slurm forgets them: a requeued job's (``requeued_fields``) or an eligible time Slurm
+    restarted (``eligible_since``). Empty where the view already has them."""
+    if job.restarts:
+        return requeued_fields(old, job, now)
+    eligible = eligible_since(old, job, now)
+    return {} if eligible == job.eligible_time else {"eligible_time": eligible}
 
 
 def waited_s(values: Mapping[str, Any], until: float) -> Optional[float]:

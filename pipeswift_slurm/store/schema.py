@@ -79,7 +79,9 @@ class JobRow(Base):
     to the first tick that saw it pending again (live Slurm does not report them; the
     policy plans a requeued job on the work it has left). A requeued job keeps its first
     ``submit_time`` and ``eligible_time`` (live Slurm moves them to the requeue), so
-    end_time - submit_time is its whole JCT. ``state`` ends in ``?``
+    end_time - submit_time is its whole JCT. ``eligible_time`` also stays put where Slurm
+    restarts it at the release of an admin's or the controller's hold, or at the end of
+    psbatch's first look (``rows.eligible_since``): those waits are queue time. ``state`` ends in ``?``
     when the job vanished from the queue and its end is an estimate (see Store).
     ``run_config`` is the config the job ran with (``ExecConfig.short()``) when the
     controller knows it, and ``predicted_run_s`` the cost model's run time for that

@@ -72,6 +72,7 @@ class TickTx(Queries):
             restarts += 1  # requeued since we last looked
         values["restarts"] = max(restarts, job.restarts)
         values["ran_s"], values["attained_gpu_s"] = R.earlier_runs(old, job, self.now)
+        values["eligible_time"] = R.eligible_since(old, job, self.now)
         if old and values["restarts"]:
             R.keep_first_submission(values, old)
         values["queue_s"], values["run_s"] = R.queue_run_s(values)

@@ -269,6 +269,43 @@ def test_first_look_psbatch_job_waits_for_the_tick_that_sizes_and_starts_it(
     assert site.rows("SELECT job_id FROM decisions WHERE job_id = ?", scheduled) == []
     still = job_fields(scheduled)
     assert (still["JobState"], still["Reason"]) == ("PENDING", "BeginTime"), still
+    # Slurm's eligible time is now the tick's StartTime=now; the history counts the first
+    # look as queue time, from the submission
+    site.tick_ok()
+    [stored] = site.rows("SELECT submit_time, eligible_time, start_time, queue_s FROM jobs WHERE job_id = ?", job_id)
+    assert stored["eligible_time"] == stored["submit_time"], dict(stored)
+    assert stored["queue_s"] == stored["start_time"] - stored["submit_time"], dict(stored)
+
+
+def test_a_released_jobs_wait_counts_from_before_its_hold(
+        site: Site, slurm: SubprocessRunner, submit_job: Callable[..., int],
+        job_fields: Callable[..., dict[str, str]]) -> None:
+    """Slurm restarts a job's eligible time when an admin's (or the controller's) hold on
+    it is released: the history keeps the time it was eligible before the hold, and a hold
+    its user asked for is not queue time."""
+    blocker = submit_job("-N4", "--exclusive", "--gpus-per-node=8", "-J", "blocker")
+    ours, users = (submit_job("-N1", "--gpus-per-node=1", "-J", name) for name in ("admin-held", "user-held"))
+    site.tick_ok()
+    slurm(["scontrol", "hold", str(ours)])
+    slurm(["scontrol", "uhold", str(users)])
+    site.tick_ok()
+    time.sleep(1.2)  # Slurm's times are whole seconds
+    slurm(["scontrol", "release", str(ours), str(users)])
+    site.tick_ok()  # the view may show no eligible time yet: Slurm sets it at its next pass
+    deadline = time.monotonic() + 30
+    while "Unknown" in (job_fields(ours)["EligibleTime"], job_fields(users)["EligibleTime"]):
+        assert time.monotonic() < deadline, (job_fields(ours), job_fields(users))
+        time.sleep(0.3)
+    site.tick_ok()
+    for job_id in (ours, users):
+        fields = job_fields(job_id)
+        assert fields["Reason"] not in ("JobHeldAdmin", "JobHeldUser"), fields
+        assert fields["EligibleTime"] > fields["SubmitTime"], fields
+    stored = {r["job_id"]: r for r in site.rows(
+        "SELECT job_id, submit_time, eligible_time FROM jobs WHERE job_id IN (?, ?)", ours, users)}
+    assert stored[ours]["eligible_time"] == stored[ours]["submit_time"], dict(stored[ours])
+    assert stored[users]["eligible_time"] > stored[users]["submit_time"], dict(stored[users])
+    slurm(["scancel", str(blocker), str(ours), str(users)])
 
 
 # ------------------------------------------------------------------ never touch what is not ours

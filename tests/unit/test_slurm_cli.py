@@ -641,6 +641,32 @@ def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_histo
     assert (seen[-1].jobs[0].attained_gpu_s, seen[-1].jobs[0].submit_time) == (0.0, NOW + 30.0)
 
 
+def test_controller_tells_the_policy_a_released_jobs_wait_since_it_was_eligible() -> None:
+    """Slurm restarts a job's eligible time when a hold on it is released (measured on
+    22.05): a long job the controller holds and releases again and again would never age
+    toward its wait bound. The policy is told the eligible time the history kept."""
+    from pipeswift_slurm.store.history import Store
+
+    nodes = (Node("n1", gpus=8),)
+    seen: list[ClusterView] = []
+
+    class Spy(ListPolicy):
+        def decide(self, view: ClusterView, profiles: object, estimator: object) -> list[Decision]:
+            seen.append(view)
+            return []
+
+    waiting = Job(job_id=5, state="PENDING", submit_time=NOW - 5000.0, eligible_time=NOW - 5000.0, gpus=8,
+                  state_reason="Priority")
+    held = dataclasses.replace(waiting, eligible_time=None, state_reason="JobHeldAdmin")
+    released = dataclasses.replace(waiting, eligible_time=NOW + 30.0, state_reason="Resources")
+    backend = ViewsBackend([ClusterView(now=t, nodes=nodes, jobs=(j,)) for t, j in
+                            ((NOW - 4000.0, waiting), (NOW, held), (NOW + 60.0, released))])
+    controller = Controller(backend, Spy([]), estimator=None, store=Store.in_memory())
+    for _ in range(3):
+        controller.tick()
+    assert seen[-1].jobs[0].queued_s(NOW + 60.0) == 5060.0  # not Slurm's 30 s since the release
+
+
 def test_snapshot_controller_down_says_so_after_a_ping() -> None:
     run = recorded_runner("squeue-22.05-ctld-down.json")
     run.answers[tuple(cli.PING_ARGV)] = BackendError("scontrol ping failed (exit 1): Slurmctld(primary) at vm is DOWN")

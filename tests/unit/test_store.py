@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 
+from pipeswift_slurm.core import token
 from pipeswift_slurm.core.model import (ClusterView, Decision, ExecConfig, Job, JobProfile,
                                    ModelShape, Node, TrainingPlan)
 from pipeswift_slurm.store.schema import Base
@@ -204,7 +205,7 @@ def test_requeues_add_up_the_earlier_runs(store):
     with store.tick(10.0, "pipeswift") as tx:
         tx.save_snapshot(view(10.0, running(1, 5.0, gpus=8)))
     # what the next tick's policy is told, before anything is written
-    assert store.requeued_fields(65.0, [pending(1, 160.0, gpus=16, restarts=1)]) == {
+    assert store.history_fields(65.0, [pending(1, 160.0, gpus=16, restarts=1)]) == {
         1: {"submit_time": 100.0, "eligible_time": None, "ran_s": 60.0, "attained_gpu_s": 480.0}}
     with store.tick(65.0, "pipeswift") as tx:
         tx.save_snapshot(view(65.0, pending(1, gpus=16, restarts=1)))
@@ -214,9 +215,37 @@ def test_requeues_add_up_the_earlier_runs(store):
     with store.tick(300.0, "pipeswift") as tx:
         tx.save_snapshot(view(300.0, running(1, 250.0, gpus=4, restarts=2)))
     assert rows(store, "SELECT restarts, ran_s, attained_gpu_s FROM jobs") == [(2, 220.0, 480.0 + 160 * 16)]
-    assert store.requeued_fields(400.0, [running(1, 250.0, gpus=4, restarts=2)])[1] == {
+    assert store.history_fields(400.0, [running(1, 250.0, gpus=4, restarts=2)])[1] == {
         "submit_time": 100.0, "eligible_time": None, "ran_s": 220.0, "attained_gpu_s": 3040.0}
-    assert store.requeued_fields(400.0, [pending(7)]) == {7: {}}  # never seen: as Slurm says
+    assert store.history_fields(400.0, [pending(7)]) == {7: {}}  # never seen: as Slurm says
+
+
+def test_a_wait_counts_through_the_eligible_times_slurm_restarts(store):
+    """Slurm shows no eligible time while a job is held and restarts it at the release, and
+    at the StartTime=now that ends psbatch's first look. The history and the policy count
+    the controller's (or an admin's) hold and the first look as queue time; a user's own
+    hold or a dependency is not, nor a begin time the job waits on."""
+    look = token.encode_profile(token.ProfileRequest(("--num-layers", "2"), first_look=True))
+    ticks = [  # (now, [(job, eligible time, reason)]): 1 held by the controller, 2 by its user, 3 first look
+        (50.0, [(1, 0.0, "Priority"), (2, 0.0, "Priority"), (3, 60.0, "BeginTime")]),
+        (100.0, [(1, None, "JobHeldAdmin"), (2, None, "JobHeldUser"), (3, 60.0, "BeginTime")]),
+        (200.0, [(1, 150.0, "Resources"), (2, 150.0, "Resources"), (3, 55.0, "Resources")]),
+    ]
+    for now, jobs in ticks:
+        with store.tick(now, "pipeswift") as tx:
+            tx.save_snapshot(view(now, *[pending(i, submit=0.0, eligible_time=e, state_reason=r,
+                                                 comment=look if i == 3 else "") for i, e, r in jobs]))
+    assert rows(store, "SELECT job_id, eligible_time FROM jobs ORDER BY job_id") == [(1, 0.0), (2, 150.0), (3, 0.0)]
+    # what the next tick's policy is told where Slurm restarted the time: the stored one
+    seen = [pending(i, submit=0.0, eligible_time=150.0, state_reason="Resources") for i in (1, 2)]
+    assert store.history_fields(250.0, seen) == {1: {"eligible_time": 0.0}, 2: {}}
+    # a begin time set later (by its user) is a wait the job asked for
+    later = pending(1, submit=0.0, eligible_time=900.0, state_reason="BeginTime")
+    assert store.history_fields(250.0, [later]) == {1: {}}
+    with store.tick(300.0, "pipeswift") as tx:
+        tx.save_snapshot(view(300.0, *[running(i, 280.0, submit=0.0, eligible_time=e) for i, e in
+                                       ((1, 150.0), (2, 150.0), (3, 55.0))]))
+    assert rows(store, "SELECT job_id, queue_s FROM jobs ORDER BY job_id") == [(1, 280.0), (2, 130.0), (3, 280.0)]
 
 
 def test_a_requeued_job_keeps_its_first_submission_and_its_whole_wait(store):
@@ -232,7 +261,7 @@ def test_a_requeued_job_keeps_its_first_submission_and_its_whole_wait(store):
     assert rows(store, "SELECT submit_time, eligible_time, ran_s FROM jobs") == [(0.0, 0.0, 900.0)]
     # what the next tick's policy is told: the first times back, and the run to leave out
     requeued = pending(1, submit=990.0, eligible_time=990.0, restarts=1)
-    told = store.requeued_fields(1200.0, [requeued])[1]
+    told = store.history_fields(1200.0, [requeued])[1]
     assert told == {"submit_time": 0.0, "eligible_time": 0.0, "ran_s": 900.0, "attained_gpu_s": 7200.0}
     assert dataclasses.replace(requeued, **told).queued_s(1200.0) == 300.0  # 100 s before its run, 200 s since
     with store.tick(1500.0, "pipeswift:preempt") as tx:
