@@ -29,7 +29,7 @@ from pipeswift_slurm.slurm.calibrate import user_factor_of
 from pipeswift_slurm.slurm.decision_diff import evolve_decision, intent_outcome, unchanged_parts
 from pipeswift_slurm.slurm.explore import with_exploration_holds
 from pipeswift_slurm.slurm.factors import stable_factors
-from pipeswift_slurm.slurm.holds import first_looks_to_clear, not_runnable, own_holds_to_release
+from pipeswift_slurm.slurm.holds import first_looks_to_clear, not_runnable, own_holds_to_release, warn_first_looks_kept
 from pipeswift_slurm.slurm.limits import gpu_cap, within_site_limits, within_time_limit
 from pipeswift_slurm.slurm.seams import BatchingBackend, Calibration, HistoryStore
 from pipeswift_slurm.slurm.wait_bound import over_wait_bound
@@ -339,6 +339,8 @@ class Controller:
     def _act(self, items: list[tuple[Decision, Job]], report: TickReport) -> None:
         """Apply the decisions: all in one ``apply_many`` call when the backend batches,
         else one ``apply`` each, stopping at the first failure (slurmctld gone)."""
+        if self.settings.dry_run:
+            warn_first_looks_kept(report.view)
         if self.settings.dry_run or not items:
             return
         if isinstance(self.backend, BatchingBackend):

@@ -1,12 +1,17 @@
 """The controller's own holds: a hold it set (``hold=1`` in its decision token) is always its
 own to release, also on a job it no longer manages (its profile became invalid, it left the
 managed partitions, or its user opted it out); and the holds and waits Slurm keeps a job
-pending for whatever its priority (``not_runnable``). Pure: builds decisions, changes nothing."""
+pending for whatever its priority (``not_runnable``). Pure: builds decisions, changes nothing
+(``warn_first_looks_kept`` only logs)."""
 
 from __future__ import annotations
 
+import logging
+
 from pipeswift_slurm.core.model import ClusterView, Decision, Job, JobProfile
 from pipeswift_slurm.core.token import first_look_pending, held_by_controller
+
+log = logging.getLogger(__name__)
 
 
 def own_holds_to_release(view: ClusterView, decided: set[int],
@@ -30,6 +35,16 @@ def first_looks_to_clear(view: ClusterView, decided: set[int]) -> list[tuple[Dec
     return [(Decision(job.job_id, reason="first look: nothing to change"), job) for job in view.pending
             if job.job_id not in decided
             and first_look_pending(job, view.now)]
+
+
+def warn_first_looks_kept(view: ClusterView) -> int:
+    """In a dry run, one WARNING line when jobs wait on psbatch's first look, which only a
+    live tick clears (each then waits out its begin time); returns how many."""
+    waiting = sum(1 for job in view.pending if first_look_pending(job, view.now))
+    if waiting:
+        log.warning("dry run: %d job(s) wait out psbatch's first look (a minute by default), which only a live tick "
+                    "clears; set PIPESWIFT_FIRST_LOOK_S=0 where psbatch runs until you go live", waiting)
+    return waiting
 
 
 # Why Slurm will not start a pending job whatever its priority: a hold (by its user or an

@@ -583,11 +583,11 @@ class ViewsBackend:
         pass
 
 
-def test_a_first_look_is_cleared_even_when_the_policy_changes_nothing() -> None:
+def test_a_first_look_is_cleared_even_when_the_policy_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
     """A policy that decides nothing for a job psbatch left for the first look (here: none
     at all) still gets its begin time cleared, through the CLI backend's update
     (StartTime=now only); a user's own begin time is left alone, and a dry run changes
-    nothing."""
+    nothing, but says that the job waits out its first look."""
     look = token.encode_profile(token.ProfileRequest(("--num-layers", "2"), first_look=True))
     mine = token.encode_profile(token.ProfileRequest(("--num-layers", "2")))
     jobs = (pending(7, comment=look, state_reason="BeginTime", eligible_time=NOW + 50),
@@ -600,9 +600,12 @@ def test_a_first_look_is_cleared_even_when_the_policy_changes_nothing() -> None:
     assert [(d.job_id, d.reason) for d in report.decisions] == [(7, "first look: nothing to change")]
     updates = [argv for argv in run.calls if "update" in argv]
     assert updates == [["scontrol", "update", "JobId=7", "StartTime=now"]], run.calls
+    assert "first look" not in caplog.text
     report = Controller(ViewsBackend([view]), ListPolicy([]), estimator=None,
                         settings=ControllerSettings(dry_run=True)).tick()
     assert [d.job_id for d in report.decisions] == [7] and report.applied == []
+    assert "dry run: 1 job(s) wait out psbatch's first look" in caplog.text
+    assert "PIPESWIFT_FIRST_LOOK_S=0" in caplog.text
 
 
 def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_history() -> None:
