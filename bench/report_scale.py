@@ -60,6 +60,7 @@ def _job(job_id: int, rng: random.Random, span_s: float) -> dict[str, Any]:
         "queue_s": None,
         "end_time": None,
         "run_s": None,
+        "wait_origin_time": submit,  # as the controller stores it: eligible at submission, never requeued
     }  # executemany: same keys
     if state != "PENDING":
         row.update(start_time=submit + queue, queue_s=queue)

@@ -51,7 +51,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     last_seen_tick  INTEGER,
     restarts        INTEGER NOT NULL DEFAULT 0,    -- requeues seen (or reported by Slurm)
     ran_s           REAL    NOT NULL DEFAULT 0,    -- wall seconds of its runs before a requeue
-    attained_gpu_s  REAL    NOT NULL DEFAULT 0     -- GPU-seconds of those runs
+    attained_gpu_s  REAL    NOT NULL DEFAULT 0,    -- GPU-seconds of those runs
+    wait_origin_time REAL                          -- coalesce(eligible, submit) + ran_s: queue_s =
+                                                   -- start_time - it; a pending job has waited
+                                                   -- (now - it) so far
 );
 CREATE INDEX IF NOT EXISTS ix_jobs_state ON jobs (state);
 CREATE INDEX IF NOT EXISTS ix_jobs_end_time ON jobs (end_time);

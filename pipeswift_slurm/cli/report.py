@@ -295,6 +295,21 @@ _command(
 _command("all", "day", (_LIMIT,))
 
 
+@report.command("sql")
+@click.argument("name")
+def admin_sql(name: str) -> None:
+    """Print admin query NAME (as sql/NAME.sql in the source tree), for sqlite3 or psql:
+    queue_ratio_by_hour, jct_by_size_class, waits, estimator_bias or decisions.
+
+    Example: pipeswift report sql waits | sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite
+    """
+    from pipeswift_slurm.reports.admin_sql import QUERIES, render
+
+    if name not in QUERIES:
+        fail("no admin query %r; choose one of: %s" % (name[:40], ", ".join(QUERIES)))
+    click.echo(render(name), nl=False)
+
+
 def _controller_config(gpu_type: Optional[str]) -> Any:
     """The controller's config, read once for ``explain``: a bad one is one line and exit 2,
     unless ``--gpu-type`` lets explain run without it (then None)."""

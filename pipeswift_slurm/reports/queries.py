@@ -162,8 +162,9 @@ def waits(
     """Waits per group, still-pending jobs included: mean, median, max (and whose), how
     many waited longer than ``wait_bound_s``.
 
-    A started job's wait is its ``queue_s``; a PENDING job's is (now - eligible-or-submit)
-    with now = the last tick (``history_now_s``), as ``sql/waits.sql``.
+    A started job's wait is its ``queue_s``; a PENDING job's is (now - its
+    ``wait_origin_time``: eligible-or-submit, less earlier runs), none while a begin time is
+    ahead, with now = the last tick (``history_now_s``); ``sql/waits.sql`` is the same query.
     """
     now_s = history_now_s(src, window)
     rows = _wait_rows(src, by, window, now_s, wait_bound_s)

@@ -5,10 +5,9 @@ job counts) and the rows ``explain`` looks up, as functions that return plain ro
 only reads.
 
 The SQL is text (aggregation happens in the database, so 100,000 jobs take well under a
-second) and follows the admin files in ``sql/`` at the repository root
-(``queue_ratio_by_hour.sql``, ``jct_by_size_class.sql``, ``waits.sql``,
-``estimator_bias.sql``, ``decisions.sql``); ``tests/unit/test_reports.py`` checks that
-the figures agree. Window rule: ``since``/``until`` (epoch seconds, either may be None)
+second), and the one definition of each figure: the admin files in ``sql/`` at the
+repository root are these queries with their parameters written in
+(``reports.admin_sql``, ``pipeswift report sql NAME``). Window rule: ``since``/``until`` (epoch seconds, either may be None)
 select jobs by ``submit_time`` in ``[since, until)``, decisions by ``at`` and ticks by
 ``started_at``. Percentiles are nearest-rank (the value at rank ceil(p * n)). Time
 buckets (hour, day) are UTC, ``CAST(t / 3600 AS INTEGER)`` (SQLite truncation; in
@@ -165,7 +164,8 @@ WITH waits AS (
     SELECT job_id,
            {group}                         AS grp,
            CASE WHEN start_time IS NOT NULL THEN queue_s
-                ELSE :now - COALESCE(eligible_time, submit_time) - ran_s
+                WHEN wait_origin_time >= :now THEN 0.0  -- not eligible yet (a begin time ahead)
+                ELSE :now - wait_origin_time
            END                             AS wait_s,
            CASE WHEN start_time IS NULL THEN 1 ELSE 0 END AS still_pending
     FROM jobs

@@ -29,7 +29,7 @@ DECISIONS = TABLES["decisions"]
 # Fields copied from the observed Job, plus those derived from them.
 OBSERVED = ("user", "name", "partition", "submit_time", "eligible_time", "start_time",
              "end_time", "state", "state_reason", "num_nodes", "gpus", "opted_in")
-DERIVED = ("queue_s", "run_s", "size_class", "restarts", "ran_s", "attained_gpu_s")
+DERIVED = ("queue_s", "run_s", "size_class", "restarts", "ran_s", "attained_gpu_s", "wait_origin_time")
 SET_JOB_CLASS = update(JOBS).where(JOBS.c.job_id == bindparam("b_job_id")).values(
     job_class=bindparam("b_job_class"))
 
@@ -155,12 +155,19 @@ def history_fields(old: Optional[Mapping[str, Any]], job: Job, now: float) -> di
     return {} if eligible == job.eligible_time else {"eligible_time": eligible}
 
 
-def waited_s(values: Mapping[str, Any], until: float) -> Optional[float]:
-    """A jobs row's time not running from its eligible (or submit) time to ``until``: less
-    its runs before its latest requeue (``ran_s``); None when it has neither time."""
+def wait_origin(values: Mapping[str, Any]) -> Optional[float]:
+    """When a jobs row's wait counts from, so that it has waited (t - origin) by any time t:
+    its eligible (or submit) time, later by its runs before its latest requeue (``ran_s``).
+    None when it has neither time. Stored as ``wait_origin_time`` for the SQL reads."""
     eligible = values["eligible_time"]
     begin = eligible if eligible is not None else values["submit_time"]
-    return None if begin is None else max(0.0, until - begin - float(values.get("ran_s") or 0.0))
+    return None if begin is None else begin + float(values.get("ran_s") or 0.0)
+
+
+def waited_s(values: Mapping[str, Any], until: float) -> Optional[float]:
+    """A jobs row's time not running from its ``wait_origin`` to ``until`` (None: unknown)."""
+    origin = wait_origin(values)
+    return None if origin is None else max(0.0, until - origin)
 
 
 def queue_run_s(values: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:

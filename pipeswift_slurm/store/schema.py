@@ -74,7 +74,8 @@ class JobRow(Base):
     ``gpus`` is the current request (pending) or allocation (running); ``requested_gpus``
     is ``gpus`` when the job was first seen (what the user asked before any resize).
     ``queue_s`` = start_time - (eligible_time or submit_time) - ran_s, set once a start is
-    seen; ``run_s`` = end_time - start_time, set once an end is seen. ``ran_s`` and
+    seen: start_time - ``wait_origin_time`` (``rows.wait_origin``; a pending job has waited
+    now - wait_origin_time so far); ``run_s`` = end_time - start_time, set once an end is seen. ``ran_s`` and
     ``attained_gpu_s`` add up the runs before its latest requeue, as seen: from its start
     to the first tick that saw it pending again (live Slurm does not report them; the
     policy plans a requeued job on the work it has left). A requeued job keeps its first
@@ -118,6 +119,7 @@ class JobRow(Base):
     restarts: Mapped[int] = mapped_column(server_default=text("0"))
     ran_s: Mapped[float] = mapped_column(server_default=text("0"))
     attained_gpu_s: Mapped[float] = mapped_column(server_default=text("0"))
+    wait_origin_time: Mapped[Optional[float]]
 
     __table_args__ = (
         Index("ix_jobs_state", "state"),

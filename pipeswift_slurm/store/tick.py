@@ -76,6 +76,7 @@ class TickTx(Queries):
         if old and values["restarts"]:
             R.keep_first_submission(values, old)
         values["queue_s"], values["run_s"] = R.queue_run_s(values)
+        values["wait_origin_time"] = R.wait_origin(values)
         predicted = old["predicted_run_s"] if old else None
         values["size_class"] = size_class(
             job.gpus, values["run_s"] if values["run_s"] is not None else predicted)

@@ -910,7 +910,7 @@ def test_one_wait_bound_the_policys_in_reports_metrics_cli_and_sql() -> None:
     assert R.waits(Store.in_memory()).wait_bound_s == policy_s
     assert "pipeswift_wait_bound_seconds 172800" in prometheus_text(R.full_report(Store.in_memory()))
     sql = (Path(__file__).resolve().parents[2] / "sql" / "waits.sql").read_text()
-    assert [float(x) for x in re.findall(r"WHEN wait_s > (\d+)", sql)] == [policy_s]
+    assert [float(x) for x in re.findall(r"wait_s > (\d+)", sql)] == [policy_s, policy_s]
     report_cmd = pipeswift.commands["report"]
     for command in getattr(report_cmd, "commands", {"": report_cmd}).values():
         for param in command.params:

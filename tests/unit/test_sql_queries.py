@@ -18,11 +18,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from pipeswift_slurm.reports import admin_sql
 from pipeswift_slurm.store.schema import size_class
 from pipeswift_slurm.store.history import Store, make_engine
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
-QUERIES = ("queue_ratio_by_hour", "jct_by_size_class", "waits", "estimator_bias", "decisions")
+QUERIES = tuple(admin_sql.QUERIES)
 T0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 NOW = T0 + 4 * 3600.0  # the last tick
 FINISHED = ("COMPLETED", "COMPLETED?")
@@ -40,7 +41,8 @@ def _make_jobs(rng: random.Random) -> list[dict]:
         job = {"job_id": job_id, "user": "u%d" % (job_id % 4), "state": state, "gpus": gpus,
                "submit_time": submit, "eligible_time": eligible if eligible > submit else None,
                "job_class": rng.choice(["gpt-1b", "gpt-7b", ""]),
-               "predicted_run_s": run * rng.uniform(0.5, 1.6) if job_id % 5 else None}
+               "predicted_run_s": run * rng.uniform(0.5, 1.6) if job_id % 5 else None,
+               "wait_origin_time": eligible}  # as the controller stores it (no runs before a requeue here)
         if state != "PENDING":
             job.update(start_time=eligible + queue, queue_s=queue)
         if state not in ("PENDING", "RUNNING"):
@@ -257,6 +259,26 @@ def test_one_file_per_admin_query_for_every_database():
     """No dialect copies: every query is one portable file (issue 27: a rule written once)."""
     assert sorted(p.stem for p in SQL_DIR.glob("*.sql")) == sorted(QUERIES + ("schema",))
     assert [p for p in SQL_DIR.iterdir() if p.is_dir()] == []
+    assert set(QUERIES) == {"queue_ratio_by_hour", "jct_by_size_class", "waits", "estimator_bias", "decisions"}
+
+
+@pytest.mark.parametrize("name", QUERIES)
+def test_the_admin_files_are_the_reports_own_queries(name):
+    """Each file is ``pipeswift report sql NAME``: the reports' query (store/reads.py) with
+    its parameters written in, so a figure is defined once."""
+    from click.testing import CliRunner
+
+    from pipeswift_slurm.cli.main import pipeswift
+
+    printed = CliRunner().invoke(pipeswift, ["report", "sql", name])
+    assert printed.exit_code == 0, printed.output
+    assert printed.output == admin_sql.render(name)
+    assert (SQL_DIR / (name + ".sql")).read_text() == printed.output, (
+        "sql/%s.sql is out of date: pipeswift report sql %s > sql/%s.sql" % (name, name, name))
+    body = printed.output.split("WITH report AS (", 1)[1]
+    assert ":" not in body.replace("%H:00", "")  # every parameter written in
+    refused = CliRunner().invoke(pipeswift, ["report", "sql", "nope"])
+    assert refused.exit_code == 2 and "no admin query 'nope'; choose one of: queue_ratio_by_hour" in refused.output
 
 
 def test_sqlite_date_functions_agree_on_both_databases(history):

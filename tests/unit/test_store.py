@@ -13,6 +13,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 
 from pipeswift_slurm.core import token
+from pipeswift_slurm.reports import queries as R
 from pipeswift_slurm.core.model import (ClusterView, Decision, ExecConfig, Job, JobProfile,
                                    ModelShape, Node, TrainingPlan)
 from pipeswift_slurm.store.schema import Base
@@ -248,6 +249,14 @@ def test_a_wait_counts_through_the_eligible_times_slurm_restarts(store):
     assert rows(store, "SELECT job_id, queue_s FROM jobs ORDER BY job_id") == [(1, 280.0), (2, 130.0), (3, 280.0)]
 
 
+def test_a_job_waiting_on_a_begin_time_ahead_has_waited_nothing_so_far(store):
+    """The waits report counted (now - its begin time): a negative wait that pulled the mean down."""
+    with store.tick(100.0, "pipeswift") as tx:
+        tx.save_snapshot(view(100.0, pending(1, submit=50.0, eligible_time=400.0, state_reason="BeginTime"),
+                              pending(2, submit=40.0, state_reason="Priority")))
+    assert [(r.n_pending, r.mean_s, r.max_s) for r in R.waits(store).rows] == [(2, 30.0, 60.0)]
+
+
 def test_a_requeued_job_keeps_its_first_submission_and_its_whole_wait(store):
     """Live Slurm moves a requeued job's submit (and eligible) time to the requeue; the
     history keeps the first, so its JCT and waits cover every wait, and never its runs."""
@@ -281,24 +290,29 @@ def test_a_requeued_job_keeps_its_first_submission_and_its_whole_wait(store):
 
 
 def test_an_older_database_gets_the_new_columns(tmp_path):
-    """A history file from a release without ``jobs.ran_s``/``attained_gpu_s`` opens, gains
-    them (zero for the old rows) and records as before."""
+    """A history file from a release without ``jobs.ran_s``/``attained_gpu_s``/
+    ``wait_origin_time`` opens, gains them (zero, or NULL until its next tick, for the old
+    rows) and records as before: a pending job's wait is in the waits report again."""
     from pathlib import Path
 
     ddl = (Path(__file__).resolve().parents[2] / "sql" / "schema.sql").read_text()
     old_ddl = ddl.replace("restarts        INTEGER NOT NULL DEFAULT 0,", "restarts        INTEGER NOT NULL DEFAULT 0")
     old_ddl = "\n".join(line for line in old_ddl.splitlines()
-                        if not line.lstrip().startswith(("ran_s ", "attained_gpu_s ")))
+                        if not line.lstrip().startswith(("ran_s ", "attained_gpu_s ", "wait_origin_time ")))
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as conn:
         conn.executescript(old_ddl)
         conn.execute("INSERT INTO jobs (job_id, state) VALUES (1, 'RUNNING')")
+        conn.execute("INSERT INTO jobs (job_id, state, submit_time) VALUES (3, 'PENDING', 4.0)")
     assert "ran_s" not in {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(jobs)")}
     store = Store.from_url(str(path))
-    assert rows(store, "SELECT job_id, ran_s, attained_gpu_s FROM jobs") == [(1, 0.0, 0.0)]
+    assert rows(store, "SELECT job_id, ran_s, attained_gpu_s, wait_origin_time FROM jobs ORDER BY job_id") == [
+        (1, 0.0, 0.0, None), (3, 0.0, 0.0, None)]
     with store.tick(10.0, "pipeswift") as tx:
-        tx.save_snapshot(view(10.0, running(2, 5.0)))
-    assert rows(store, "SELECT job_id FROM jobs ORDER BY job_id") == [(1,), (2,)]
+        tx.save_snapshot(view(10.0, running(2, 5.0), pending(3, submit=4.0)))
+    assert rows(store, "SELECT job_id, wait_origin_time FROM jobs ORDER BY job_id") == [(1, None), (2, 100.0),
+                                                                                       (3, 4.0)]
+    assert [(r.n_pending, r.max_s) for r in R.waits(store).rows] == [(1, 6.0)]
     Store.from_url(str(path))  # and opens again with nothing to add
 
 
