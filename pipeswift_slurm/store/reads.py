@@ -7,8 +7,8 @@ only reads.
 The SQL is text (aggregation happens in the database, so 100,000 jobs take well under a
 second), and the one definition of each figure: the admin files in ``sql/`` at the
 repository root are these queries with their parameters written in
-(``reports.admin_sql``, ``pipeswift report sql NAME``). Window rule: ``since``/``until`` (epoch seconds, either may be None)
-select jobs by ``submit_time`` in ``[since, until)``, decisions by ``at`` and ticks by
+(``reports.admin_sql``, ``pipeswift report sql NAME``). Window rule: ``since``/``until``
+(epoch seconds, either may be None) select jobs by ``submit_time`` in ``[since, until)``, decisions by ``at`` and ticks by
 ``started_at``. Percentiles are nearest-rank (the value at rank ceil(p * n)). Time
 buckets (hour, day) are UTC, ``CAST(t / 3600 AS INTEGER)`` (SQLite truncation; in
 PostgreSQL, whose CAST rounds, ``CAST(FLOOR(t / 3600) AS BIGINT)``).
