@@ -56,10 +56,9 @@ from pipeswift_slurm.core.files import open_nowait
 from pipeswift_slurm.core.model import Decision, Job
 from pipeswift_slurm.store.lease import LEASE_TTL_S, LeaseState, release_lease, take_lease
 from pipeswift_slurm.store.schema import Base, DecisionRow, TickRow, missing_date_functions
-from pipeswift_slurm.store.queries import CalibrationEntry, Queries, T
+from pipeswift_slurm.store.queries import CalibrationEntry, Queries, T, chunks
 from pipeswift_slurm.store.queries import (ACTIVE_STATES, CALIBRATION_STATES, CONFIG_FIELDS,  # noqa: F401
-                            VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision,
-                            SnapshotSummary)
+                            VANISHED_STARTED, VANISHED_UNSTARTED, FinishedJob, RecordedDecision, SnapshotSummary)
 from pipeswift_slurm.store.rows import SELECT_IDS, MeasurementWrites, history_fields, inserted_id, save_calibration
 from pipeswift_slurm.store.tick import TickTx
 
@@ -303,7 +302,8 @@ class Store(Queries, MeasurementWrites):
         wanted = {j.job_id: j for j in jobs}
         if not wanted:
             return {}
-        rows = self._read(lambda s: {r[0]: dict(r._mapping) for r in s.execute(SELECT_IDS, {"ids": list(wanted)})})
+        rows = self._read(lambda s: {r[0]: dict(r._mapping) for c in chunks(list(wanted)) for r in s.execute(
+            SELECT_IDS, {"ids": list(c)})})
         return {i: history_fields(rows.get(i), job, now) for i, job in wanted.items()}
 
     @classmethod
