@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeswift_slurm.submit import plan, psbatch, sbatch_args
@@ -550,23 +550,28 @@ class _Stdin:
 @settings(max_examples=3 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(args=_argv, job=_job, stdin=_stdin)
+@example(args=["--pipeswift-pp", "job.sh"], job=PLAIN, stdin=None)  # found in CI: refused, as Python does
 def test_hands_off_whenever_python_would_look_closer(bins, args, job, stdin, monkeypatch):
     """Against psbatch.py's own functions: whenever the Python psbatch would go past its
     cheap test (own options, or a marker in the text read_source finds), the front end
-    starts Python (here: fails to, and says so); sbatch always gets the same stdin bytes."""
+    starts Python (here: fails to, and says so), or refuses as Python would (an own option
+    that took the script, the last word, as its value); sbatch always gets the same stdin
+    bytes."""
     (bins.work / "job.sh").write_bytes(job)
     monkeypatch.chdir(bins.work)
+    refused = b""
     try:
         stripped, pairs = sbatch_args.strip_own_options(args)
-    except sbatch_args.PsbatchUsageError:  # an own option Python refuses (it took the script as its value)
-        python_looks = True
+    except sbatch_args.PsbatchUsageError as exc:  # an own option Python refuses (it took the script as its value)
+        python_looks, refused = True, b"psbatch: error: %s\n" % str(exc).encode()
     else:
         source = psbatch.read_source(stripped, _Stdin(stdin or b""))
         python_looks = bool(pairs) or (source.text is not None and any(m in source.text for m in plan.MARKERS))
     got = _run(bins, [bins.no_python], args, stdin)
     handed = got.stderr.startswith(b"psbatch: warning: cannot run the Python psbatch")
-    assert handed or not python_looks
-    if not handed:
+    said_as_python = bool(refused) and (got.rc, got.calls, got.stderr) == (2, [], refused)
+    assert handed or said_as_python or not python_looks
+    if not handed and not said_as_python:
         assert got.rc == 0 and got.stderr == b"" and got.calls == _sent(args, stdin)
 
 
