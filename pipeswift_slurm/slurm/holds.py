@@ -62,8 +62,8 @@ def not_runnable(job: Job, now: float) -> str:
         return ""
     if job.held and not held_by_controller(job.admin_comment):
         return "held (%s)" % job.state_reason
-    if job.state_reason in NOT_RUNNABLE_REASONS and job.state_reason != "BeginTime":
-        return "pending on %s" % job.state_reason
-    if first_look_pending(job, now):
+    if job.state_reason not in NOT_RUNNABLE_REASONS:
+        return ""
+    if job.state_reason == "BeginTime" and first_look_pending(job, now):
         return ""  # psbatch's begin time for the controller's first look: decided now, and cleared
-    return "pending on BeginTime" if job.state_reason == "BeginTime" else ""
+    return "pending on %s" % job.state_reason

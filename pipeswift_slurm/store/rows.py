@@ -139,9 +139,11 @@ def eligible_since(old: Optional[Mapping[str, Any]], job: Job, now: float) -> Op
     A requeued job's first times are ``keep_first_submission``'s."""
     if first_look_pending(job, now) and job.state_reason in ("BeginTime", ""):
         return job.submit_time
-    earlier, new = (old["eligible_time"], job.eligible_time) if old else (None, job.eligible_time)
-    if earlier is None or job.state_reason == "BeginTime" or old is None or old["state_reason"] in USERS_OWN_WAITS:
+    new = job.eligible_time
+    if old is None or old["eligible_time"] is None or job.state_reason == "BeginTime" \
+            or old["state_reason"] in USERS_OWN_WAITS:
         return new
+    earlier = float(old["eligible_time"])
     return earlier if new is None or earlier < new else new
 
 

@@ -608,6 +608,22 @@ def test_a_first_look_is_cleared_even_when_the_policy_changes_nothing(caplog: py
     assert "PIPESWIFT_FIRST_LOOK_S=0" in caplog.text
 
 
+def _views_the_policy_sees(views: list[ClusterView], store: object = None) -> list[ClusterView]:
+    """The view the policy is given at each tick of a controller over ``views``."""
+    seen: list[ClusterView] = []
+
+    class Spy(ListPolicy):
+        def decide(self, view: ClusterView, profiles: object, estimator: object) -> list[Decision]:
+            seen.append(view)
+            return []
+
+    ticks = len(views)  # the backend hands them out one by one
+    controller = Controller(ViewsBackend(views), Spy([]), estimator=None, store=store)
+    for _ in range(ticks):
+        controller.tick()
+    return seen
+
+
 def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_history() -> None:
     """squeue forgets a job's run time at a requeue and restarts its submit time; the
     policy still learns its GPU-seconds, from the runs the controller saw, so it plans the
@@ -616,57 +632,36 @@ def test_controller_tells_the_policy_a_requeued_jobs_earlier_runs_from_its_histo
     from pipeswift_slurm.store.history import Store
 
     nodes = (Node("n1", gpus=8),)
-    seen: list[ClusterView] = []
-
-    class Spy(ListPolicy):
-        def decide(self, view: ClusterView, profiles: object, estimator: object) -> list[Decision]:
-            seen.append(view)
-            return []
-
     first = Job(job_id=5, state="PENDING", submit_time=NOW - 5000.0, gpus=8)
     ran = dataclasses.replace(first, state="RUNNING", start_time=NOW - 3600.0)
     requeued = Job(job_id=5, state="PENDING", submit_time=NOW + 30.0, gpus=4, restarts=1)
-    backend = ViewsBackend([ClusterView(now=NOW - 4000.0, nodes=nodes, jobs=(first,)),
-                            ClusterView(now=NOW, nodes=nodes, jobs=(ran,)),
-                            ClusterView(now=NOW + 60.0, nodes=nodes, jobs=(requeued,)),
-                            ClusterView(now=NOW + 120.0, nodes=nodes, jobs=(requeued,))])
-    controller = Controller(backend, Spy([]), estimator=None, store=Store.in_memory())
-    for _ in range(4):
-        controller.tick()
+    seen = _views_the_policy_sees([ClusterView(now=NOW - 4000.0, nodes=nodes, jobs=(first,)),
+                                   ClusterView(now=NOW, nodes=nodes, jobs=(ran,)),
+                                   ClusterView(now=NOW + 60.0, nodes=nodes, jobs=(requeued,)),
+                                   ClusterView(now=NOW + 120.0, nodes=nodes, jobs=(requeued,))], Store.in_memory())
     assert [j.attained_gpu_s for v in seen for j in v.jobs] == [0.0, 0.0, 8 * 3660.0, 8 * 3660.0]
     told = seen[-1].jobs[0]
     assert (told.submit_time, told.ran_s, told.gpus) == (NOW - 5000.0, 3660.0, 4)
     # waited 1,400 s before its run and 60 s since: not Slurm's 90 s since the requeue
     assert told.queued_s(NOW + 120.0) == 1460.0
-    without = Controller(ViewsBackend([ClusterView(now=NOW, nodes=nodes, jobs=(requeued,))]), Spy([]),
-                         estimator=None)
-    without.tick()  # no history: as squeue says
-    assert (seen[-1].jobs[0].attained_gpu_s, seen[-1].jobs[0].submit_time) == (0.0, NOW + 30.0)
+    [without] = _views_the_policy_sees([ClusterView(now=NOW, nodes=nodes, jobs=(requeued,))])  # no history
+    assert (without.jobs[0].attained_gpu_s, without.jobs[0].submit_time) == (0.0, NOW + 30.0)  # as squeue says
 
 
 def test_controller_tells_the_policy_a_released_jobs_wait_since_it_was_eligible() -> None:
     """Slurm restarts a job's eligible time when a hold on it is released (measured on
-    22.05): a long job the controller holds and releases again and again would never age
-    toward its wait bound. The policy is told the eligible time the history kept."""
+    22.05): a long job the controller holds and releases would start its wait over at each
+    release. The policy is told the eligible time the history kept."""
     from pipeswift_slurm.store.history import Store
 
     nodes = (Node("n1", gpus=8),)
-    seen: list[ClusterView] = []
-
-    class Spy(ListPolicy):
-        def decide(self, view: ClusterView, profiles: object, estimator: object) -> list[Decision]:
-            seen.append(view)
-            return []
-
     waiting = Job(job_id=5, state="PENDING", submit_time=NOW - 5000.0, eligible_time=NOW - 5000.0, gpus=8,
                   state_reason="Priority")
     held = dataclasses.replace(waiting, eligible_time=None, state_reason="JobHeldAdmin")
     released = dataclasses.replace(waiting, eligible_time=NOW + 30.0, state_reason="Resources")
-    backend = ViewsBackend([ClusterView(now=t, nodes=nodes, jobs=(j,)) for t, j in
-                            ((NOW - 4000.0, waiting), (NOW, held), (NOW + 60.0, released))])
-    controller = Controller(backend, Spy([]), estimator=None, store=Store.in_memory())
-    for _ in range(3):
-        controller.tick()
+    seen = _views_the_policy_sees([ClusterView(now=t, nodes=nodes, jobs=(j,)) for t, j in
+                                   ((NOW - 4000.0, waiting), (NOW, held), (NOW + 60.0, released))],
+                                  Store.in_memory())
     assert seen[-1].jobs[0].queued_s(NOW + 60.0) == 5060.0  # not Slurm's 30 s since the release
 
 
