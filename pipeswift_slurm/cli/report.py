@@ -299,14 +299,15 @@ _command("all", "day", (_LIMIT,))
 @click.argument("name")
 def admin_sql(name: str) -> None:
     """Print admin query NAME (as sql/NAME.sql in the source tree), for sqlite3 or psql:
-    queue_ratio_by_hour, jct_by_size_class, waits, estimator_bias or decisions.
+    queue_ratio_by_hour, jct_by_size_class, waits, estimator_bias or decisions; or the
+    history's tables as SQLite DDL, with what each column holds: schema.
 
     Example: pipeswift report sql waits | sqlite3 -header -column /var/lib/pipeswift/pipeswift.sqlite
     """
-    from pipeswift_slurm.reports.admin_sql import QUERIES, render
+    from pipeswift_slurm.reports.admin_sql import NAMES, render
 
-    if name not in QUERIES:
-        fail("no admin query %r; choose one of: %s" % (name[:40], ", ".join(QUERIES)))
+    if name not in NAMES:
+        fail("no admin query %r; choose one of: %s" % (name[:40], ", ".join(NAMES)))
     click.echo(render(name), nl=False)
 
 

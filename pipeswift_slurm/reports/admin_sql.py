@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pipeswift_slurm.reports.base import DEFAULT_WAIT_BOUND_S
-from pipeswift_slurm.store import reads
+from pipeswift_slurm.store import reads, schema_sql
 
 HOUR_LABEL = "strftime('%Y-%m-%d %H:00', submit_time, 'unixepoch')"
 SIZE_ORDER = "CASE size_class WHEN 'small' THEN 0 WHEN 'medium' THEN 1 WHEN 'large' THEN 2 ELSE 3 END"
@@ -152,8 +152,13 @@ see them.""", _decisions),
 }
 
 
+NAMES = (*QUERIES, "schema")  # every file in sql/: the queries, and the tables (store.schema_sql)
+
+
 def render(name: str) -> str:
-    """The text of admin file ``name`` (a key of QUERIES)."""
+    """The text of admin file ``name`` (one of NAMES)."""
+    if name == "schema":
+        return schema_sql.render()
     query = QUERIES[name]
     header = "".join("-- %s\n" % line if line else "--\n" for line in query.header.splitlines())
     return header + "--\n" + RUN.format(name=name) + query.body()

@@ -1,6 +1,7 @@
-"""sql/schema.sql (hand-written reference DDL) and schema.py (SQLAlchemy) create the
-same tables: columns with types, NOT NULL, defaults and primary keys, foreign keys and
-indexes, compared through PRAGMA on two in-memory SQLite databases."""
+"""sql/schema.sql is written from schema.py (``store.schema_sql``, ``pipeswift report sql
+schema``), and the two create the same tables: columns with types, NOT NULL, defaults and
+primary keys, foreign keys and indexes, compared through PRAGMA on two in-memory SQLite
+databases (SQLAlchemy's own DDL against the file's)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,42 @@ def test_same_keys_and_indexes(table, from_orm, from_ddl):
     assert from_ddl[table]["indexes"] == from_orm[table]["indexes"]
 
 
+def test_the_file_is_written_from_schema_py():
+    """One definition of the tables: the file is ``pipeswift report sql schema``, and every
+    table and column comment in it comes from schema.py."""
+    from click.testing import CliRunner
+
+    from pipeswift_slurm.cli.main import pipeswift
+    from pipeswift_slurm.store import schema_sql
+
+    printed = CliRunner().invoke(pipeswift, ["report", "sql", "schema"])
+    assert printed.exit_code == 0, printed.output
+    assert printed.output == schema_sql.render()
+    assert SCHEMA_SQL.read_text() == printed.output, (
+        "sql/schema.sql is out of date: pipeswift report sql schema > sql/schema.sql")
+    flat = " ".join(line.strip().lstrip("- ") for line in printed.output.splitlines())
+    for table in Base.metadata.sorted_tables:
+        assert table.comment and " ".join(table.comment.split()) in flat, table.name
+        for column in table.columns:
+            if column.comment:
+                assert " ".join(column.comment.split()) in flat, (table.name, column.name)
+    assert max(len(line) for line in printed.output.splitlines()) <= schema_sql.WIDTH
+
+
+def test_a_column_left_out_leaves_valid_ddl():
+    """``render(without=...)`` is how the upgrade tests make a history of an older release:
+    the last column of a table left out still gives valid SQL."""
+    from pipeswift_slurm.store import schema_sql
+
+    last = "jobs." + list(Base.metadata.tables["jobs"].columns)[-1].name
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(schema_sql.render(without={last, "measurements.own_layout"}))
+    described = _describe(conn)
+    assert last.split(".")[1] not in [c[0] for c in described["jobs"]["columns"]]
+    assert "own_layout" not in [c[0] for c in described["measurements"]["columns"]]
+    assert len(described["jobs"]["columns"]) == len(Base.metadata.tables["jobs"].columns) - 1
+
+
 def test_ddl_is_idempotent():
     conn = sqlite3.connect(":memory:")
     conn.executescript(SCHEMA_SQL.read_text())
@@ -105,8 +142,9 @@ def test_size_class_thresholds(gpus, run_s, expected):
 
 def test_postgresql_gets_the_same_tables(from_ddl, new_database, tmp_path):
     """schema.py on PostgreSQL: the tables, columns (order, NOT NULL, primary keys) and
-    indexes of sql/schema.sql; floats are DOUBLE PRECISION there (REAL is 4 bytes), and
-    every server default is accepted (a boolean's default once was not)."""
+    indexes of sql/schema.sql; floats are DOUBLE PRECISION there (REAL is 4 bytes),
+    every server default is accepted (a boolean's default once was not), and the tables and
+    columns carry their comments."""
     from sqlalchemy import inspect
 
     from pipeswift_slurm.store.history import Store
@@ -126,5 +164,8 @@ def test_postgresql_gets_the_same_tables(from_ddl, new_database, tmp_path):
                     is_double = str(c["type"]) == "DOUBLE PRECISION"
                     assert is_double == (ctype == "REAL"), (table, c["name"], c["type"])
                 assert {i["name"] for i in found.get_indexes(table)} == set(want["indexes"])
+                ours = Base.metadata.tables[table]
+                assert found.get_table_comment(table)["text"] == ours.comment  # psql: \dt+, \d+
+                assert {c["name"]: c.get("comment") for c in cols} == {c.name: c.comment for c in ours.columns}
         finally:
             engine.dispose()

@@ -293,12 +293,9 @@ def test_an_older_database_gets_the_new_columns(tmp_path):
     """A history file from a release without ``jobs.ran_s``/``attained_gpu_s``/
     ``wait_origin_time`` opens, gains them (zero, or NULL until its next tick, for the old
     rows) and records as before: a pending job's wait is in the waits report again."""
-    from pathlib import Path
+    from pipeswift_slurm.store import schema_sql
 
-    ddl = (Path(__file__).resolve().parents[2] / "sql" / "schema.sql").read_text()
-    old_ddl = ddl.replace("restarts        INTEGER NOT NULL DEFAULT 0,", "restarts        INTEGER NOT NULL DEFAULT 0")
-    old_ddl = "\n".join(line for line in old_ddl.splitlines()
-                        if not line.lstrip().startswith(("ran_s ", "attained_gpu_s ", "wait_origin_time ")))
+    old_ddl = schema_sql.render(without={"jobs.ran_s", "jobs.attained_gpu_s", "jobs.wait_origin_time"})
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as conn:
         conn.executescript(old_ddl)
@@ -319,13 +316,10 @@ def test_an_older_database_gets_the_new_columns(tmp_path):
 def test_an_older_history_gains_measurements_own_layout(tmp_path):
     """Measurements recorded before ``own_layout`` existed open with NULL there (no own
     term is fitted from them) and new ones record it."""
-    from pathlib import Path
-
+    from pipeswift_slurm.store import schema_sql
     from pipeswift_slurm.store.queries import MeasurementEntry
 
-    ddl = (Path(__file__).resolve().parents[2] / "sql" / "schema.sql").read_text()
-    old_ddl = "\n".join(line for line in ddl.splitlines() if not line.lstrip().startswith("own_layout "))
-    old_ddl = old_ddl.replace("reported_at      REAL    NOT NULL,", "reported_at      REAL    NOT NULL")
+    old_ddl = schema_sql.render(without={"measurements.own_layout"})
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as conn:
         conn.executescript(old_ddl)
