@@ -126,6 +126,7 @@ def keep_first_submission(values: dict[str, Any], old: Mapping[str, Any]) -> Non
 
 # Waits a job's own user asked for: the time until they end is not queue time.
 USERS_OWN_WAITS = frozenset({"JobHeldUser", "Dependency", "DependencyNeverSatisfied"})
+ADMINS_HOLD = "JobHeldAdmin"  # an admin's or the controller's hold: queue time
 
 
 def eligible_since(old: Optional[Mapping[str, Any]], job: Job, now: float) -> Optional[float]:
@@ -136,15 +137,17 @@ def eligible_since(old: Optional[Mapping[str, Any]], job: Job, now: float) -> Op
     look still pending counts from the submission, and the stored time (``old``) moves
     only earlier, except where the job now waits on a begin time (a user's or a requeue's)
     or waited on its user's own hold or a dependency until this view (``USERS_OWN_WAITS``).
-    A requeued job's first times are ``keep_first_submission``'s."""
+    A job first seen held by an admin (no eligible time stored) counts from its submission,
+    as its wait did while held. A requeued job's first times are ``keep_first_submission``'s."""
     if first_look_pending(job, now) and job.state_reason in ("BeginTime", ""):
         return job.submit_time
     new = job.eligible_time
-    if old is None or old["eligible_time"] is None or job.state_reason == "BeginTime" \
-            or old["state_reason"] in USERS_OWN_WAITS:
+    if old is None or job.state_reason == "BeginTime" or old["state_reason"] in USERS_OWN_WAITS:
         return new
-    earlier = float(old["eligible_time"])
-    return earlier if new is None or earlier < new else new
+    earlier = old["eligible_time"]
+    if earlier is None and old["state_reason"] == ADMINS_HOLD:  # first seen held: since its submission
+        earlier = old["submit_time"]
+    return new if earlier is None or (new is not None and new <= earlier) else float(earlier)
 
 
 def history_fields(old: Optional[Mapping[str, Any]], job: Job, now: float) -> dict[str, Any]:

@@ -282,30 +282,37 @@ def test_a_released_jobs_wait_counts_from_before_its_hold(
         job_fields: Callable[..., dict[str, str]]) -> None:
     """Slurm restarts a job's eligible time when an admin's (or the controller's) hold on
     it is released: the history keeps the time it was eligible before the hold, and a hold
-    its user asked for is not queue time."""
+    its user asked for is not queue time. A job an admin held before the controller first
+    saw it counts from its submission too."""
     blocker = submit_job("-N4", "--exclusive", "--gpus-per-node=8", "-J", "blocker")
-    ours, users = (submit_job("-N1", "--gpus-per-node=1", "-J", name) for name in ("admin-held", "user-held"))
+    ours, users, first = (submit_job("-N1", "--gpus-per-node=1", "-J", name)
+                          for name in ("admin-held", "user-held", "held-unseen"))
+    time.sleep(1.2)  # a hold in its submission's second leaves the eligible time shown; later, none
+    slurm(["scontrol", "hold", str(first)])
+    assert job_fields(first)["EligibleTime"] == "Unknown", job_fields(first)
     site.tick_ok()
     slurm(["scontrol", "hold", str(ours)])
     slurm(["scontrol", "uhold", str(users)])
     site.tick_ok()
     time.sleep(1.2)  # Slurm's times are whole seconds
-    slurm(["scontrol", "release", str(ours), str(users)])
+    slurm(["scontrol", "release", str(ours), str(users), str(first)])
     site.tick_ok()  # the view may show no eligible time yet: Slurm sets it at its next pass
     deadline = time.monotonic() + 30
-    while "Unknown" in (job_fields(ours)["EligibleTime"], job_fields(users)["EligibleTime"]):
-        assert time.monotonic() < deadline, (job_fields(ours), job_fields(users))
+    while "Unknown" in (job_fields(ours)["EligibleTime"], job_fields(users)["EligibleTime"],
+                        job_fields(first)["EligibleTime"]):
+        assert time.monotonic() < deadline, (job_fields(ours), job_fields(users), job_fields(first))
         time.sleep(0.3)
     site.tick_ok()
-    for job_id in (ours, users):
+    for job_id in (ours, users, first):
         fields = job_fields(job_id)
         assert fields["Reason"] not in ("JobHeldAdmin", "JobHeldUser"), fields
         assert fields["EligibleTime"] > fields["SubmitTime"], fields
     stored = {r["job_id"]: r for r in site.rows(
-        "SELECT job_id, submit_time, eligible_time FROM jobs WHERE job_id IN (?, ?)", ours, users)}
+        "SELECT job_id, submit_time, eligible_time FROM jobs WHERE job_id IN (?, ?, ?)", ours, users, first)}
     assert stored[ours]["eligible_time"] == stored[ours]["submit_time"], dict(stored[ours])
+    assert stored[first]["eligible_time"] == stored[first]["submit_time"], dict(stored[first])
     assert stored[users]["eligible_time"] > stored[users]["submit_time"], dict(stored[users])
-    slurm(["scancel", str(blocker), str(ours), str(users)])
+    slurm(["scancel", str(blocker), str(ours), str(users), str(first)])
 
 
 # ------------------------------------------------------------------ never touch what is not ours

@@ -225,18 +225,22 @@ def test_a_wait_counts_through_the_eligible_times_slurm_restarts(store):
     """Slurm shows no eligible time while a job is held and restarts it at the release, and
     at the StartTime=now that ends psbatch's first look. The history and the policy count
     the controller's (or an admin's) hold and the first look as queue time; a user's own
-    hold or a dependency is not, nor a begin time the job waits on."""
+    hold or a dependency is not, nor a begin time the job waits on. A job first seen held by
+    an admin counts from its submission (4), one held by its user from the release (5)."""
     look = token.encode_profile(token.ProfileRequest(("--num-layers", "2"), first_look=True))
     ticks = [  # (now, [(job, eligible time, reason)]): 1 held by the controller, 2 by its user, 3 first look
         (50.0, [(1, 0.0, "Priority"), (2, 0.0, "Priority"), (3, 60.0, "BeginTime")]),
-        (100.0, [(1, None, "JobHeldAdmin"), (2, None, "JobHeldUser"), (3, 60.0, "BeginTime")]),
-        (200.0, [(1, 150.0, "Resources"), (2, 150.0, "Resources"), (3, 55.0, "Resources")]),
+        (100.0, [(1, None, "JobHeldAdmin"), (2, None, "JobHeldUser"), (3, 60.0, "BeginTime"),
+                 (4, None, "JobHeldAdmin"), (5, None, "JobHeldUser")]),
+        (200.0, [(1, 150.0, "Resources"), (2, 150.0, "Resources"), (3, 55.0, "Resources"),
+                 (4, 150.0, "Resources"), (5, 150.0, "Resources")]),
     ]
     for now, jobs in ticks:
         with store.tick(now, "pipeswift") as tx:
             tx.save_snapshot(view(now, *[pending(i, submit=0.0, eligible_time=e, state_reason=r,
                                                  comment=look if i == 3 else "") for i, e, r in jobs]))
-    assert rows(store, "SELECT job_id, eligible_time FROM jobs ORDER BY job_id") == [(1, 0.0), (2, 150.0), (3, 0.0)]
+    assert rows(store, "SELECT job_id, eligible_time FROM jobs ORDER BY job_id") == [
+        (1, 0.0), (2, 150.0), (3, 0.0), (4, 0.0), (5, 150.0)]
     # what the next tick's policy is told where Slurm restarted the time: the stored one
     seen = [pending(i, submit=0.0, eligible_time=150.0, state_reason="Resources") for i in (1, 2)]
     assert store.history_fields(250.0, seen) == {1: {"eligible_time": 0.0}, 2: {}}
@@ -245,8 +249,9 @@ def test_a_wait_counts_through_the_eligible_times_slurm_restarts(store):
     assert store.history_fields(250.0, [later]) == {1: {}}
     with store.tick(300.0, "pipeswift") as tx:
         tx.save_snapshot(view(300.0, *[running(i, 280.0, submit=0.0, eligible_time=e) for i, e in
-                                       ((1, 150.0), (2, 150.0), (3, 55.0))]))
-    assert rows(store, "SELECT job_id, queue_s FROM jobs ORDER BY job_id") == [(1, 280.0), (2, 130.0), (3, 280.0)]
+                                       ((1, 150.0), (2, 150.0), (3, 55.0), (4, 150.0), (5, 150.0))]))
+    assert rows(store, "SELECT job_id, queue_s FROM jobs ORDER BY job_id") == [
+        (1, 280.0), (2, 130.0), (3, 280.0), (4, 280.0), (5, 130.0)]
 
 
 def test_a_job_waiting_on_a_begin_time_ahead_has_waited_nothing_so_far(store):
