@@ -8,7 +8,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn, Optional, Sequence
 
 import click
 
@@ -54,10 +54,17 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
-def output_file(path: str, what: str) -> Path:
+def output_file(path: str, what: str, inputs: Sequence[Optional[str]] = (), database: bool = False) -> Path:
     """``path`` as a file this command will write, checked before any work: its folder must
-    exist, be a folder and be writable (else one line, exit 2). ``what`` names the option."""
+    exist, be a folder and be writable, and it must not be one of the command's ``inputs``
+    nor (unless the output is a ``database``) a SQLite database, such as the history a
+    report reads (else one line, exit 2). ``what`` names the option."""
     target = Path(path)
+    if target.is_file():
+        if not database and _starts_as_sqlite(target):
+            fail("%s %s: is a SQLite database (a history?); it is left alone: give another file name" % (what, path))
+        if any(source and Path(source).exists() and os.path.samefile(target, source) for source in inputs):
+            fail("%s %s: is this command's input; it is left alone: give another file name" % (what, path))
     folder = target.parent
     if not folder.is_dir():
         fail("%s %s: the folder %s %s; give a path in an existing folder"
@@ -69,6 +76,14 @@ def output_file(path: str, what: str) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         fail("%s %s: the folder %s is not writable; give a path in a folder you can write" % (what, path, folder))
     return target
+
+
+def _starts_as_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as head:
+            return head.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
 
 
 def error_reason(exc: BaseException) -> str:

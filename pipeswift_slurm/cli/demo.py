@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import click
 
-from pipeswift_slurm.cli.common import Obj, hand_over_history, pass_obj
+from pipeswift_slurm.cli.common import Obj, hand_over_history, output_file, pass_obj
 from pipeswift_slurm.cli.sim import Progress, history_file, on_terminal, plot_cdf, refuse_non_history
 from pipeswift_slurm.cli.sim_table import print_comparison
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
@@ -29,7 +29,9 @@ def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
     simulated 64-GPU Slurm cluster with SQLite, every policy, and where the gains come from."""
     from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
 
-    history_file(db)  # a server URL is refused before the runs
+    refuse_non_history(history_file(db))  # a server URL, or a file no simulation wrote: before the runs
+    if plot:
+        output_file(plot, "--plot")
     spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
                    policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed, start_epoch_s=None)
     progress = Progress(len(spec.policies) + 1, on_terminal())  # + the history run
@@ -59,15 +61,13 @@ def _explain_gains(comp: Any) -> None:
 
 def _demo_history(spec: Any, db: str, progress: Progress) -> None:
     from pipeswift_slurm.sim.runner import run_comparison
-    from pipeswift_slurm.store.history import Store
+    from pipeswift_slurm.store.simulated import new_simulated_history
 
     path = history_file(db)
-    refuse_non_history(path)
-    path.unlink(missing_ok=True)
     stores: list[Any] = []
 
     def store_for(_policy: str) -> Any:
-        stores.append(Store.from_url(str(path), journal_mode="WAL"))
+        stores.append(new_simulated_history(path))
         return stores[-1]
 
     run_comparison(replace(spec, policies=("pipeswift",), policy_knobs={}), store_for=store_for,

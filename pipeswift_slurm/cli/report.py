@@ -179,7 +179,7 @@ def run_report(kind: str, o: dict[str, Any]) -> None:
 
     for key, what in (("plot", "--plot"), ("html_out", "--html"), ("prometheus", "--prometheus")):
         if o.get(key):
-            output_file(o[key], what)  # before any work, not after the tables
+            output_file(o[key], what, (o["db"],))  # before any work, not after the tables
     store = open_history(o["db"])
     with readable_values(o["db"]):
         window = _window(store, o.get("since"), o.get("until"))

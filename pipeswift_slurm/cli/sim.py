@@ -114,7 +114,7 @@ def history_file(db: str) -> Path:
 
     path = sqlite_path(db)
     if path is not None:
-        output_file(str(path), "--db")
+        output_file(str(path), "--db", database=True)
     if path is None:
         fail("--db %s: a simulation writes its history to a new SQLite file, never to a database server"
              " (its made-up jobs would mix with a controller's history there): give a file path, e.g."
@@ -133,11 +133,15 @@ def history_paths(db: str, policies: Sequence[str]) -> dict[str, Path]:
 
 
 def refuse_non_history(path: Path) -> None:
-    """Exit 2 (one line) when ``path`` holds a file that is not a pipeswift history: a
-    simulation replaces its history file, and must never delete anything else."""
+    """Exit 2 (one line) when ``path`` holds a file that a simulation did not write: a
+    simulation replaces its own history file, and must never delete anything else (another
+    file, or a controller's history)."""
     from pipeswift_slurm.store.history import not_a_history
+    from pipeswift_slurm.store.simulated import written_by_simulation
 
     why = not_a_history(path)
+    if not why and path.exists() and not written_by_simulation(path):
+        why = "a controller's history (a simulation writes its own file)"
     if why:
         fail("--db %s: %s; it is left alone: give a new file name" % (path, why))
 
@@ -154,11 +158,9 @@ def _run(spec: Any, db: Optional[str]) -> Any:
         click.echo("histories: %s" % ", ".join("%s in %s" % (p, path) for p, path in paths.items()), err=True)
 
     def store_for(policy: str) -> Any:
-        from pipeswift_slurm.store.history import Store
+        from pipeswift_slurm.store.simulated import new_simulated_history
 
-        path = paths[policy]
-        path.unlink(missing_ok=True)
-        stores[policy] = Store.from_url(str(path), journal_mode="WAL")
+        stores[policy] = new_simulated_history(paths[policy])
         return stores[policy]
 
     progress = Progress(len(spec.policies), on_terminal())
@@ -333,7 +335,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
     policies = _policies(policy_text)
     for path, what in ((json_out, "--json"), (plot, "--plot")):
         if path and path != "-":
-            output_file(path, what)  # before the run, not after it
+            output_file(path, what, (workload, sacct_file, history_db, config_path))  # before the run
     site, no_requeue = None, ()  # type: Optional[tuple[str, dict[str, Any]]], tuple[str, ...]
     gpu = obj.gpu(gpu_type) if gpu_type else None
     if config_path is not None:

@@ -455,3 +455,60 @@ def test_simulate_refuses_to_overwrite_a_file_that_is_not_a_history(tmp_path):
         lines = [ln for ln in result.stderr.splitlines() if ln.startswith("pipeswift: error")]
         assert len(lines) == 1 and str(path) in lines[0] and "not a pipeswift history" in lines[0], result.stderr
         assert path.read_bytes() == before
+
+
+def test_simulate_never_replaces_a_controllers_history(tmp_path):
+    """A history a controller wrote (a live tick took the lease, or a dry tick ran) has the
+    simulation's tables; ``simulate --db`` and ``demo --db`` leave it alone. A simulation's
+    own history (marked in its header, or an older one no controller could have written) is
+    replaced as before."""
+    from pipeswift_slurm.store.history import Store
+    from pipeswift_slurm.store.lease import take_lease
+    from pipeswift_slurm.store.simulated import SIMULATED_APPLICATION_ID, written_by_simulation
+
+    live, dry, old_sim = (tmp_path / name for name in ("live.sqlite", "dry.sqlite", "old-sim.sqlite"))
+    take_lease(Store.from_url(str(live)).engine, "host pid 1", NOW)
+    with Store.from_url(str(dry)).tick(NOW, "pipeswift", dry_run=True):
+        pass
+    with Store.from_url(str(old_sim)).tick(NOW, "pipeswift"):
+        pass
+    for path in (live, dry):
+        before = path.read_bytes()
+        for argv in (["simulate", "--jobs", "5", "--db", str(path)], ["demo", "--db", str(path)]):
+            result = CliRunner().invoke(pipeswift, argv)
+            assert result.exit_code == 2, result.output
+            lines = [ln for ln in result.stderr.splitlines() if ln.startswith("pipeswift: error")]
+            assert len(lines) == 1 and "a controller's history" in lines[0] and str(path) in lines[0], result.stderr
+            assert path.read_bytes() == before
+        assert not written_by_simulation(path)
+    assert written_by_simulation(old_sim)
+    for _ in range(2):  # the older simulation's file, then the marked one it became
+        result = CliRunner().invoke(pipeswift, ["simulate", "--jobs", "5", "--policy", "fifo", "--db", str(old_sim)])
+        assert result.exit_code == 0, result.output
+        assert sqlite3.connect(old_sim).execute("PRAGMA application_id").fetchone()[0] == SIMULATED_APPLICATION_ID
+
+
+def test_an_output_never_replaces_a_database_or_the_commands_input(tmp_path):
+    """``--html``/``--plot``/``--prometheus``/``--json`` onto the history a report reads (or
+    any SQLite file), or onto the workload a simulation reads: one line, exit 2, untouched."""
+    from pipeswift_slurm.store.history import Store
+
+    db = tmp_path / "h.sqlite"
+    with Store.from_url(str(db)).tick(NOW, "pipeswift"):
+        pass
+    workload = tmp_path / "w.csv"
+    workload.write_text("job_id,user,vc,submit_time,duration_s,num_gpus\n")
+    cases = [(["report", "jct", "--db", str(db), "--html", str(db)], db, "is a SQLite database"),
+             (["report", "jct", "--db", str(db), "--prometheus", str(db)], db, "is a SQLite database"),
+             (["simulate", "--jobs", "5", "--json", str(db)], db, "is a SQLite database"),
+             (["demo", "--plot", str(db), "--db", str(tmp_path / "d.sqlite")], db, "is a SQLite database"),
+             (["simulate", "--workload", str(workload), "--json", str(workload)], workload, "is this command's input"),
+             (["simulate", "--workload", str(workload), "--plot", str(workload)], workload, "is this command's input")]
+    for argv, path, why in cases:
+        before = path.read_bytes()
+        result = CliRunner().invoke(pipeswift, argv)
+        assert result.exit_code == 2, (argv, result.output)
+        lines = [ln for ln in result.stderr.splitlines() if ln.startswith("pipeswift: error")]
+        assert len(lines) == 1 and why in lines[0] and "it is left alone" in lines[0], (argv, result.stderr)
+        assert path.read_bytes() == before
+    assert not (tmp_path / "d.sqlite").exists()  # refused before any run
