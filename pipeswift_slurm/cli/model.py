@@ -10,7 +10,8 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from pipeswift_slurm.cli.common import Obj, echo_json, fail, layer_profile_option, load_layer_profile, pass_obj
+from pipeswift_slurm.cli.common import (Obj, echo_json, fail, layer_profile_option, load_layer_profile, output_file,
+                                        pass_obj)
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE, GpuType
 from pipeswift_slurm.core.request import MAX_GPUS
 from pipeswift_slurm.slurm.config import MAX_GPUS_PER_NODE
@@ -43,6 +44,7 @@ def unread_flags(argv: Sequence[str]) -> list[str]:
 
 
 GPU_TYPE_ENV = "PIPESWIFT_GPU_TYPE"
+MAX_PROFILED_MICRO_BATCH = 1024  # a layer's micro-batch beyond this fits no GPU's memory
 gpu_type_option = click.option("--gpu-type", default=DEFAULT_GPU_TYPE, show_default=True, envvar=GPU_TYPE_ENV,
                                help="GPU type the predictions assume (env %s)." % GPU_TYPE_ENV)
 
@@ -114,7 +116,7 @@ def estimate(obj: Obj, gpu_type: str, num_gpus: Optional[int], gpus_per_node: in
     data["gpu_type"], data["gpu_type_source"] = gpu.name, gpu_type_source()
     if as_json:
         echo_json(data)
-        return
+        sys.exit(0 if est.fits else 1)  # as the text: the object printed, and the status says it
     from pipeswift_slurm.core.fmt import duration
 
     lines = [
@@ -196,7 +198,7 @@ def plan(obj: Obj, gpus_text: str, gpus_per_node: int, gpu_type: str, top: int, 
                                          "error_band": max(e.band.rel, fast.band.rel)} for e, fast in kept],
                    **({"excluded": [{"gpus": x.gpus, "config": x.config and _config_dict(x.config),
                                      "reason": x.reason} for x in result.excluded]} if explain else {})})
-        return
+        sys.exit(0 if result.ranked else 1)
     click.echo("GPU type: %s" % gpu_type_note(gpu, gpu_type_source()))
     if not result.ranked:
         click.echo("no valid config in that GPU range (--explain lists every excluded config):", err=True)
@@ -280,6 +282,12 @@ def profile(obj: Obj, gpu_type: Optional[str], micro_batch_sizes: str, out_path:
     if not sizes or min(sizes) < 1:
         fail("--micro-batch-sizes %r: need positive integers" % micro_batch_sizes)
     job = _profile(megatron_args, None, 8)
+    most = min(MAX_PROFILED_MICRO_BATCH, job.plan.global_batch_size)
+    if max(sizes) > most:
+        fail("--micro-batch-sizes %r: at most %d (the global batch, and %d at most)"
+             % (micro_batch_sizes, most, MAX_PROFILED_MICRO_BATCH))
+    if out_path:
+        output_file(out_path, "--out")  # before the run, not after it
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -292,6 +300,9 @@ def profile(obj: Obj, gpu_type: Optional[str], micro_batch_sizes: str, out_path:
         result = main_profile(job.shape, sizes, gpu_type, out_path, dtype=job.plan.precision)
     except ProfileLabelError as exc:
         fail(str(exc))
+    except (RuntimeError, MemoryError) as exc:  # torch: out of memory, on the GPU or the host
+        fail("profiling micro-batch sizes %s failed: %s; try smaller --micro-batch-sizes"
+             % (",".join(map(str, sizes)), (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]), 1)
     if as_json:
         echo_json(profile_to_dict(result))
         return

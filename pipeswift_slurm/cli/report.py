@@ -77,7 +77,7 @@ def _report_options(default_by: Optional[str]) -> Callable[..., Any]:
             ),
             click.option(
                 "--wait-bound-h",
-                type=FiniteFloatRange(min=0),
+                type=FiniteFloatRange(min=0, max=8760),
                 default=PipeSwiftKnobs().wait_bound_s / 3600.0,
                 show_default=True,
                 help="Waits above this count as over the bound (default: the policy's wait_bound_s).",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 import math
+import re
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,13 @@ def _policies(text: str) -> tuple[str, ...]:
     unknown = [n for n in names if n.split(":")[0] not in policy_names()]
     if unknown or not names:
         fail("--policy: unknown policy %s; known: %s" % (", ".join(unknown) or "''", ", ".join(policy_names())))
+    for name in names:  # a label names the run's history file and its --knob: letters, digits, - _ .
+        if ":" in name and not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", name.split(":", 1)[1]):
+            fail("--policy %s: a label after ':' is 1-40 letters, digits, '-', '_' or '.', e.g. pipeswift:mine"
+                 % name[:60])
+    if len(set(names)) < len(names):
+        fail("--policy: %s is given twice; give each policy once, or label one, e.g. pipeswift:b"
+             % next(n for n in names if names.count(n) > 1))
     return names
 
 
@@ -64,8 +72,8 @@ def _bias(items: tuple[str, ...], option: str = "--truth-bias") -> tuple[tuple[s
             ratio = float(value)
         except ValueError:
             ratio = math.nan
-        if not prefix or not math.isfinite(ratio) or ratio <= 0:
-            fail("%s %r: expected %s=RATIO with a finite RATIO > 0, e.g. %s=1.3"
+        if not prefix or not 0.01 <= ratio <= 100:  # nan fails too
+            fail("%s %r: expected %s=RATIO with RATIO from 0.01 to 100, e.g. %s=1.3"
                  % (option, item, *(("CLASS_PREFIX", "gpt-swiglu") if option == "--truth-bias" else ("NAME", "h100"))))
         out.append((prefix, ratio))
     return tuple(out)
@@ -245,7 +253,7 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Replay the controller's own history database (a file or URL) the same way as --sacct.")
 @click.option("--slurm-config", metavar="FILE", help="The site's `scontrol show config` output or slurm.conf:"
               " the simulated Slurm's priority weights and backfill settings [default: Slurm's own].")
-@click.option("--jobs", "synthetic_jobs", type=click.IntRange(min=1), default=400, show_default=True,
+@click.option("--jobs", "synthetic_jobs", type=click.IntRange(min=1, max=1_000_000), default=400, show_default=True,
               help="Jobs of the synthetic workload.")
 @click.option("--gpus", type=click.IntRange(min=1, max=MAX_GPUS), default=64, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(min=1, max=MAX_GPUS), help="[default: the --config's, else 8]")
@@ -283,7 +291,7 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               " seconds, as cron or `controller run` does (default: also at every arrival and end).")
 @click.option("--first-look", "first_look_s", type=FiniteFloatRange(0, 3600), default=60.0, show_default=True,
               help="With --cron-ticks: psbatch's first-look begin time, in seconds (0: none).")
-@click.option("--wait-bound-h", type=FiniteFloatRange(min=0.1), default=48.0, show_default=True,
+@click.option("--wait-bound-h", type=FiniteFloatRange(min=0.1, max=8760), default=48.0, show_default=True,
               help="Hard bound on any job's wait for pipeswift (hours).")
 @click.option("--truth-bias", multiple=True, help="CLASS_PREFIX=RATIO: true/predicted run time for a job class.")
 @click.option("--truth-noise", type=FiniteFloatRange(min=0), default=0.0, show_default=True,

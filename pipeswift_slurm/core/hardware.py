@@ -142,6 +142,7 @@ DEFAULT_GPU_TYPE = "A100-80GB"
 # bandwidths, peaks, memory and efficiency: a 0 there is a typo that divides by zero
 POSITIVE_KEYS = frozenset({"peak_tflops", "fp32_tflops", "mem_gib", "hbm_gbps", "nvlink_gbps", "inter_node_gbps",
                            "eff_max"})
+MAX_HARDWARE_NUMBER = 1e6  # in any key's unit; the largest real figure is a few thousand (hbm_gbps)
 MAX_HARDWARE_BYTES = 1 << 20  # a hardware table is a few kB; a job may be pointed at any file
 
 
@@ -174,11 +175,14 @@ def _coerce(path: str, name: str, key: str, value: object) -> Union[int, float]:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise HardwareError("%s: gpu.%s.%s must be a finite non-negative number (got %r)" % (path, name, key, value))
-    if key in POSITIVE_KEYS and not value > 0:
-        raise HardwareError("%s: gpu.%s.%s must be above 0 (got %r): every time the model predicts divides by it"
-                            % (path, name, key, value))
+    if key in POSITIVE_KEYS and not value >= (0.01 if key == "eff_max" else 1e-3):
+        raise HardwareError("%s: gpu.%s.%s must be at least %g (got %r): every time the model predicts divides by it"
+                            % (path, name, key, 0.01 if key == "eff_max" else 1e-3, value))
     if key == "eff_max" and value > 1:
         raise HardwareError("%s: gpu.%s.eff_max is a fraction of peak: at most 1 (got %r)" % (path, name, value))
+    if value > MAX_HARDWARE_NUMBER:
+        raise HardwareError("%s: gpu.%s.%s must be at most %g (got %r): no GPU figure comes near it"
+                            % (path, name, key, MAX_HARDWARE_NUMBER, value))
     return float(value)
 
 

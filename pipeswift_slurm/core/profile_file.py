@@ -22,6 +22,9 @@ from pipeswift_slurm.core.model import ModelShape
 
 FORMAT_VERSION = 1
 MAX_BYTES = 1 << 20  # a profile is a few hundred bytes; a job may be pointed at any file
+# every number a profile holds (ms, counts, sizes): a tiny or huge one is a typo that turns
+# a prediction into 0, inf or nan
+MIN_PROFILE_NUMBER, MAX_PROFILE_NUMBER = 1e-6, 1e9
 BACKEND_MEGATRON = "megatron-core"
 BACKEND_TORCH = "torch"
 DTYPES = ("bf16", "fp16", "fp32")
@@ -160,7 +163,7 @@ def read_profile_toml(path: str | Path) -> LayerProfile:
 
 def _typed(table: Any, types: dict[str, type], path: str | Path, prefix: str) -> dict[str, Any]:
     """Check that ``table`` has every key of ``types`` with the right type (ints pass as floats)
-    and that numbers are positive (warm-up may be 0)."""
+    and that numbers are within MIN/MAX_PROFILE_NUMBER (warm-up may be 0)."""
     if not isinstance(table, dict):
         raise ProfileFormatError(f"{path}: key '{prefix.rstrip('.') or '<root>'}' must be a table")
     out = {}
@@ -171,8 +174,10 @@ def _typed(table: Any, types: dict[str, type], path: str | Path, prefix: str) ->
         if not _has_type(value, kind):
             raise ProfileFormatError(f"{path}: key '{prefix}{key}' must be {kind.__name__}, "
                                      f"got {type(value).__name__} {value!r}")
-        if kind in (int, float) and not (value > 0 or (key == "warmup" and value == 0)):
-            raise ProfileFormatError(f"{path}: key '{prefix}{key}' must be positive, got {value!r}")
+        if kind in (int, float) and not (MIN_PROFILE_NUMBER <= value <= MAX_PROFILE_NUMBER
+                                         or (key == "warmup" and value == 0)):  # nan and inf fail too
+            raise ProfileFormatError(f"{path}: key '{prefix}{key}' must be from {MIN_PROFILE_NUMBER:g} to"
+                                     f" {MAX_PROFILE_NUMBER:g}, got {value!r}")
         out[key] = float(value) if kind is float else value
     return out
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import itertools
 import math
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from pipeswift_slurm.core.files import open_nowait
 from pipeswift_slurm.core.request import MAX_GPUS
@@ -64,6 +65,25 @@ def _number(path: Path, line: int, column: str, text: str) -> float:
     return value
 
 
+# A trace line holds a few short fields; a longer line, or more rows than any cluster's
+# years of jobs, is not a workload (a gzip file of one 2-GB line once took 4 GB to refuse).
+MAX_LINE_CHARS = 1 << 16
+MAX_ROWS = 10_000_000
+
+
+def _bounded_lines(path: Path, handle: io.TextIOBase) -> Iterator[str]:
+    for number in itertools.count(1):
+        line = handle.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_CHARS:
+            raise WorkloadError("%s:%d: a line over %d characters: not a workload CSV" % (path, number, MAX_LINE_CHARS))
+        if number > MAX_ROWS + 1:
+            raise WorkloadError("%s: over %d rows: more jobs than a simulation replays; select a window"
+                                " of the trace first" % (path, MAX_ROWS))
+        yield line
+
+
 def read_trace(path: str | Path) -> list[TraceRow]:
     """Read a workload CSV (optionally gzip) in the shared schema.
 
@@ -74,7 +94,7 @@ def read_trace(path: str | Path) -> list[TraceRow]:
     path = Path(path)
     try:
         with _open_text(path) as handle:
-            reader = csv.DictReader(handle)
+            reader = csv.DictReader(_bounded_lines(path, handle))
             missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
                 raise WorkloadError("%s:1: missing column(s) %s; expected at least %s"

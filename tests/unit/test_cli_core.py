@@ -65,8 +65,9 @@ def test_estimate_reports_a_config_that_does_not_fit(runner: CliRunner) -> None:
            "--global-batch-size", "512", "--bf16", "--train-iters", "10"]
     text = invoke(runner, "estimate", "--", *big)
     assert text.exit_code == 1 and "DOES NOT FIT" in text.stdout
-    data = json.loads(invoke(runner, "estimate", "--json", "--", *big).stdout)
-    assert data["fits"] is False and data["mem_gib"] > 80
+    as_json = invoke(runner, "estimate", "--json", "--", *big)
+    data = json.loads(as_json.stdout)
+    assert data["fits"] is False and data["mem_gib"] > 80 and as_json.exit_code == 1  # as docs/json.md says
     assert "Exits 1 when the config does not fit" in invoke(runner, "estimate", "--help").stdout
 
 
@@ -107,8 +108,9 @@ def test_plan_text_and_explain(runner: CliRunner, gpt_argv: list[str]) -> None:
 
 
 def test_plan_explain_json_lists_reasons(runner: CliRunner, gpt_argv: list[str]) -> None:
-    data = json.loads(invoke(runner, "plan", "--gpus", "25", "--json", "--explain", "--", *gpt_argv).stdout)
-    assert data["valid_configs"] == 0 and data["configs"] == []
+    result = invoke(runner, "plan", "--gpus", "25", "--json", "--explain", "--", *gpt_argv)
+    data = json.loads(result.stdout)
+    assert data["valid_configs"] == 0 and data["configs"] == [] and result.exit_code == 1  # none valid: 1
     assert data["excluded"] and all(x["reason"] and x["gpus"] == 25 for x in data["excluded"])
 
 

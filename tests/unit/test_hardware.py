@@ -168,7 +168,10 @@ def test_a_hardware_file_that_is_no_table_is_one_error_never_a_hang(tmp_path, ki
 @pytest.mark.parametrize("text, needle", [
     ("gpu = 5\n", r'holds \[gpu."NAME"\] tables only \(found gpu = 5\)'),
     ('[gpus."X"]\npeak_tflops = 1\n', r"tables only \(found gpus\)"),  # a misspelt table was ignored
-    ('[gpu."A100-80GB"]\npeak_tflops = 0\n', "peak_tflops must be above 0"),  # was a ZeroDivisionError
+    ('[gpu."A100-80GB"]\npeak_tflops = 0\n', "peak_tflops must be at least 0.001"),  # was a ZeroDivisionError
+    ('[gpu."A100-80GB"]\npeak_tflops = 5e-324\n', "peak_tflops must be at least 0.001"),  # nan predictions
+    ('[gpu."A100-80GB"]\neff_max = 5e-324\n', "eff_max must be at least 0.01"),  # a ZeroDivisionError in plan
+    ('[gpu."A100-80GB"]\nhbm_gbps = 1e300\n', "hbm_gbps must be at most 1e\\+06"),
     ('[gpu."A100-80GB"]\nmem_gib = nan\n', "mem_gib must be a finite non-negative number"),
     ('[gpu."A100-80GB"]\neff_max = 1.5\n', "eff_max is a fraction of peak: at most 1"),
 ])

@@ -64,6 +64,9 @@ def test_import_does_not_load_torch(module):
     ("format_version = 1", "format_version = 2", "format_version"),
     ("backend = \"megatron-core\"\n", "", "backend"),
     ("fwd_bwd_ms = 4.0", "fwd_bwd_ms = -4.0", "micro_batch[1].fwd_bwd_ms"),
+    ("fwd_bwd_ms = 4.0", "fwd_bwd_ms = inf", "micro_batch[1].fwd_bwd_ms"),  # passed as positive: a 0 division
+    ("fwd_bwd_ms = 4.0", "fwd_bwd_ms = 5e-324", "micro_batch[1].fwd_bwd_ms"),
+    ("fwd_bwd_ms = 4.0", "fwd_bwd_ms = 1e308", "micro_batch[1].fwd_bwd_ms"),  # an inf job time
     ("swiglu = false", "swiglu = 0", "shape.swiglu"),
     ('dtype = "bf16"', 'dtype = "tf32"', "dtype"),
 ])
