@@ -42,7 +42,14 @@ MAX_ENV_DIGITS = 12
 
 
 def _int(text: Optional[str]) -> Optional[int]:
-    m = re.search(r"(?<!\d)(\d{1,%d})\s*$" % MAX_ENV_DIGITS, text or "")
+    """A count or id as Slurm writes one (digits only); anything else is no count."""
+    m = re.fullmatch(r"\s*(\d{1,%d})\s*" % MAX_ENV_DIGITS, text or "")
+    return int(m.group(1)) if m else None
+
+
+def _typed_int(text: Optional[str]) -> Optional[int]:
+    """A "[type:]N" count (``SLURM_GPUS_PER_NODE``, ``SLURM_GPUS``)."""
+    m = re.fullmatch(r"\s*(?:[A-Za-z0-9_.-]+:)?(\d{1,%d})\s*" % MAX_ENV_DIGITS, text or "")
     return int(m.group(1)) if m else None
 
 
@@ -64,8 +71,8 @@ def allocation_from_env(env: dict[str, str]) -> Allocation:
         ("SLURM_GPUS_ON_NODE", _int(env.get("SLURM_GPUS_ON_NODE"))),
         ("SLURM_JOB_GPUS", _list_len(env.get("SLURM_JOB_GPUS"))),
         ("CUDA_VISIBLE_DEVICES", _list_len(env.get("CUDA_VISIBLE_DEVICES"))),
-        ("SLURM_GPUS_PER_NODE", _int(env.get("SLURM_GPUS_PER_NODE"))),
-        ("SLURM_GPUS", (_int(env.get("SLURM_GPUS")) or 0) // nodes or None),
+        ("SLURM_GPUS_PER_NODE", _typed_int(env.get("SLURM_GPUS_PER_NODE"))),
+        ("SLURM_GPUS", (_typed_int(env.get("SLURM_GPUS")) or 0) // nodes or None),
         ("SLURM_TRES_PER_TASK", _tres_gpus(env.get("SLURM_TRES_PER_TASK"))
          and _tres_gpus(env.get("SLURM_TRES_PER_TASK"), _int(env.get("SLURM_NTASKS_PER_NODE")) or 1)),
     )

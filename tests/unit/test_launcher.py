@@ -27,6 +27,10 @@ TORCHRUN = ["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--node_rank",
     ({"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_PER_NODE": "a100:8"}, (2, 8, "SLURM_GPUS_PER_NODE")),
     ({"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS": "8"}, (2, 4, "SLURM_GPUS")),
     ({"SLURM_TRES_PER_TASK": "gres/gpu:2", "SLURM_NTASKS_PER_NODE": "2"}, (1, 4, "SLURM_TRES_PER_TASK")),
+    # a value that is no count is none (its trailing digits were read: 1e3 nodes was 3)
+    ({"SLURM_JOB_NUM_NODES": "1e3", "SLURM_NNODES": "2", "SLURM_GPUS_ON_NODE": "4"}, (2, 4, "SLURM_GPUS_ON_NODE")),
+    ({"SLURM_GPUS_ON_NODE": "-8", "SLURM_JOB_GPUS": "0,1"}, (1, 2, "SLURM_JOB_GPUS")),
+    ({"SLURM_GPUS_PER_NODE": "a100:-8", "SLURM_GPUS": "gpu:3"}, (1, 3, "SLURM_GPUS")),
 ])
 def test_allocation_from_env(env, expected):
     alloc = launcher.allocation_from_env(env)
