@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import stat
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -360,7 +361,8 @@ def tick_cmd(obj: Obj, config_path: Optional[str], db_url: Optional[str], backen
 @pass_obj
 def run_cmd(obj: Obj, config_path: Optional[str], db_url: Optional[str], backend: Optional[str],
             interval_s: float, max_ticks: Optional[int], dry_run: Optional[bool]) -> None:
-    """Tick every --interval seconds until SIGTERM/SIGINT; a failed tick is logged and retried."""
+    """Tick every --interval seconds until SIGTERM/SIGINT; a failed tick is logged and retried.
+    Exits 1 when the last tick failed (a service manager then shows the controller failing)."""
     cfg = _load(config_path, {"db_url": db_url, "backend": backend, "dry_run": dry_run})
     note = dry_run_note(cfg, dry_run)
     if note:
@@ -368,17 +370,21 @@ def run_cmd(obj: Obj, config_path: Optional[str], db_url: Optional[str], backend
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     controller_obj = build_controller(cfg, obj)
-    done = 0
+    done, failed = 0, False
     while not stop["now"] and (max_ticks is None or done < max_ticks):
         started = time.monotonic()
         try:
             report = run_one_tick(cfg, obj, controller_obj)
             if report is not None:
                 _summary(report, cfg.dry_run)
+            failed = False
         except SystemExit as exc:
             if exc.code == 2:
                 raise
+            failed = True
             log.warning("tick failed; retrying in %.0f s", interval_s)
         done += 1
         while not stop["now"] and time.monotonic() - started < interval_s and (max_ticks is None or done < max_ticks):
             time.sleep(min(1.0, interval_s))
+    if failed:
+        sys.exit(1)

@@ -108,6 +108,22 @@ def test_run_takes_dry_run(cluster, tmp_path):
     assert cluster.applied == []
 
 
+def test_run_exits_1_when_its_last_tick_failed(cluster, tmp_path, monkeypatch):
+    """A loop whose ticks fail (here Slurm does not answer) says so in its exit status."""
+    from pipeswift_slurm.slurm.backends import BackendError
+
+    def no_answer() -> ClusterView:
+        raise BackendError("squeue: cannot reach slurmctld")
+
+    monkeypatch.setattr(cluster, "snapshot", no_answer)
+    path = tmp_path / "config.toml"
+    path.write_text("[store]\nurl = '%s'\n[controller]\nlock_file = '%s'\n" % (tmp_path / "h.sqlite",
+                                                                               tmp_path / "l.lock"))
+    argv = ["controller", "run", "--config", str(path), "--dry-run", "--max-ticks", "2", "--interval", "1"]
+    result = CliRunner().invoke(pipeswift, argv, catch_exceptions=False)
+    assert result.exit_code == 1 and result.stderr.count("slurm: squeue: cannot reach slurmctld") == 2, result.output
+
+
 def test_a_taken_lock_is_a_warning_naming_holder_and_age(cluster, tmp_path, caplog):
     lock = tmp_path / "tick.lock"
     path = tmp_path / "config.toml"
