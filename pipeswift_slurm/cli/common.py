@@ -59,6 +59,8 @@ def output_file(path: str, what: str, inputs: Sequence[Optional[str]] = (), data
     exist, be a folder and be writable, and it must not be one of the command's ``inputs``
     nor (unless the output is a ``database``) a SQLite database, such as the history a
     report reads (else one line, exit 2). ``what`` names the option."""
+    if not path.strip():
+        fail("%s %r: give a file name" % (what, path))  # an empty value is no "option not given"
     target = Path(path)
     if target.is_file():
         if not database and _starts_as_sqlite(target):

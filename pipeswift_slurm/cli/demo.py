@@ -30,7 +30,7 @@ def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
     from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
 
     refuse_non_history(history_file(db))  # a server URL, or a file no simulation wrote: before the runs
-    if plot:
+    if plot is not None:
         output_file(plot, "--plot")
     spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
                    policies=ALL_POLICIES + DEMO_VARIANTS, seed=seed, start_epoch_s=None)

@@ -178,7 +178,7 @@ def run_report(kind: str, o: dict[str, Any]) -> None:
     from pipeswift_slurm.reports import render as rr
 
     for key, what in (("plot", "--plot"), ("html_out", "--html"), ("prometheus", "--prometheus")):
-        if o.get(key):
+        if o.get(key) is not None:
             output_file(o[key], what, (o["db"],))  # before any work, not after the tables
     store = open_history(o["db"])
     with readable_values(o["db"]):
@@ -191,6 +191,8 @@ def run_report(kind: str, o: dict[str, Any]) -> None:
             if o.get("html_out"):
                 _save(o["html_out"], rr.html_report("pipeswift report", [line], [], []))
             click.echo(line, err=o["fmt"] != "table" or o["quiet"])
+            if o["fmt"] != "table" and not o["quiet"]:
+                _print(kind, data, o["fmt"])  # a program reading the output still gets its (empty) tables
             return
         if not o["quiet"]:
             _print(kind, data, o["fmt"])

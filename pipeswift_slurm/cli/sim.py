@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import calendar
-import math
-import re
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -14,69 +10,12 @@ import click
 
 from pipeswift_slurm.cli.common import FiniteFloatRange, Obj, fail, hand_over_history, output_file, pass_obj
 from pipeswift_slurm.cli.sim_notes import bound_warning, learn_line
+from pipeswift_slurm.cli.sim_options import knobs_option, policies_option, ratios_option, start_option
 from pipeswift_slurm.cli.sim_table import print_comparison, utc_date
 from pipeswift_slurm.core.fmt import json_text
 from pipeswift_slurm.core.hardware import DEFAULT_GPU_TYPE
 from pipeswift_slurm.core.model import COMPLETED
 from pipeswift_slurm.core.request import MAX_GPUS
-
-
-def _policies(text: str) -> tuple[str, ...]:
-    from pipeswift_slurm.policy import policy_names
-
-    names = tuple(p.strip() for p in text.split(",") if p.strip())
-    unknown = [n for n in names if n.split(":")[0] not in policy_names()]
-    if unknown or not names:
-        fail("--policy: unknown policy %s; known: %s" % (", ".join(unknown) or "''", ", ".join(policy_names())))
-    for name in names:  # a label names the run's history file and its --knob: letters, digits, - _ .
-        if ":" in name and not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", name.split(":", 1)[1]):
-            fail("--policy %s: a label after ':' is 1-40 letters, digits, '-', '_' or '.', e.g. pipeswift:mine"
-                 % name[:60])
-    if len(set(names)) < len(names):
-        fail("--policy: %s is given twice; give each policy once, or label one, e.g. pipeswift:b"
-             % next(n for n in names if names.count(n) > 1))
-    return names
-
-
-def _knobs(items: tuple[str, ...], policies: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """``--knob LABEL.NAME=VALUE`` items as knobs per policy label of ``--policy``, each
-    parsed and checked by the policy registry (the same check as the config file's)."""
-    from pipeswift_slurm.policy import KnobError, knob_defaults, parse_policy_knob
-
-    out: dict[str, dict[str, Any]] = {}
-    for item in items:
-        target, eq, text = item.partition("=")
-        label, dot, name = target.rpartition(".")
-        if not (eq and dot and label and name):
-            fail("--knob %r: expected POLICY.NAME=VALUE, e.g. pipeswift.preempt=true" % item)
-        if label not in policies:
-            fail("--knob %r: %s is not one of --policy (%s)" % (item, label, ",".join(policies)))
-        known = knob_defaults(label.split(":")[0])
-        if name not in known:
-            fail("--knob %r: %s has no knob %s; its knobs: %s" % (item, label.split(":")[0], name,
-                                                                  ", ".join(known)))
-        try:
-            out.setdefault(label, {})[name] = parse_policy_knob(label.split(":")[0], name, text)
-        except KnobError as exc:
-            fail("--knob %r: bad value for %s (%s)" % (item, name, exc))
-    return out
-
-
-def _bias(items: tuple[str, ...], option: str = "--truth-bias") -> tuple[tuple[str, float], ...]:
-    """NAME=RATIO items (``--truth-bias``: a job class prefix; ``--truth-partition-factor``:
-    a partition), each RATIO finite and > 0."""
-    out = []
-    for item in items:
-        prefix, _, value = item.partition("=")
-        try:
-            ratio = float(value)
-        except ValueError:
-            ratio = math.nan
-        if not prefix or not 0.01 <= ratio <= 100:  # nan fails too
-            fail("%s %r: expected %s=RATIO with RATIO from 0.01 to 100, e.g. %s=1.3"
-                 % (option, item, *(("CLASS_PREFIX", "gpt-swiglu") if option == "--truth-bias" else ("NAME", "h100"))))
-        out.append((prefix, ratio))
-    return tuple(out)
 
 
 def on_terminal() -> bool:
@@ -120,6 +59,8 @@ def history_file(db: str) -> Path:
     made-up jobs would mix with, or overwrite, a controller's real history there)."""
     from pipeswift_slurm.store.history import shown_url, sqlite_path
 
+    if not db.strip():
+        fail("--db %r: give a file name, e.g. --db sim.sqlite" % db)
     path = sqlite_path(db)
     if path is not None:
         output_file(str(path), "--db", database=True)
@@ -184,16 +125,6 @@ def _run(spec: Any, db: Optional[str]) -> Any:
         fail(str(exc))
     except RuntimeError as exc:
         fail(str(exc), 1)
-
-
-def _start_epoch_s(text: Optional[str]) -> Optional[float]:
-    """``--start YYYY-MM-DD`` as the epoch second of that UTC midnight (None when not given)."""
-    if text is None:
-        return None
-    try:
-        return float(calendar.timegm(datetime.strptime(text, "%Y-%m-%d").timetuple()))
-    except ValueError:
-        fail("--start %r: expected a date YYYY-MM-DD, e.g. 2024-05-01" % text)
 
 
 def comparison_json(comp: Any) -> dict[str, Any]:
@@ -277,7 +208,7 @@ def _outputs(comp: Any, json_out: Optional[str], plot: Optional[str]) -> None:
               help="Also run the controller's policy as this config sets it ([policy] name and knobs,"
               " [controller] allow_requeue, [slurm] gpu_type and gpus_per_node), named POLICY:site.")
 @click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--start", "start_epoch_s", callback=lambda _c, _p, v: _start_epoch_s(v), metavar="YYYY-MM-DD",
+@click.option("--start", "start_epoch_s", callback=lambda _c, _p, v: start_option(v), metavar="YYYY-MM-DD",
               help="Date (UTC) of the simulation's first moment, as the history (--db) and the reports show it;"
               " default: the trace's own dates when its times are dates (epoch seconds), else today.")
 @click.option("--start-day", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
@@ -340,9 +271,11 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
             fail("--%s selects from a trace: give --workload (or --sacct/--history), or leave it out for the"
                  " synthetic workload" % given[0])
 
-    policies = _policies(policy_text)
+    policies = policies_option(policy_text)
+    if db is not None:
+        history_file(db)  # before the run: an empty name, a folder, a server URL
     for path, what in ((json_out, "--json"), (plot, "--plot")):
-        if path and path != "-":
+        if path is not None and path != "-":
             output_file(path, what, (workload, sacct_file, history_db, config_path))  # before the run
     site, no_requeue = None, ()  # type: Optional[tuple[str, dict[str, Any]]], tuple[str, ...]
     gpu = obj.gpu(gpu_type) if gpu_type else None
@@ -355,7 +288,7 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
         gpus_per_node = gpus_per_node or cfg.gpus_per_node or None
         gpu = gpu or site_gpu(cfg, obj)
         own_layout_first = own_layout_first or cfg.own_layout_first
-    knobs = _knobs(knob_items, policies)
+    knobs = knobs_option(knob_items, policies)
     if site is not None:
         knobs[site[0]] = {**site[1], **knobs.get(site[0], {})}
     gpu = gpu or obj.gpu(DEFAULT_GPU_TYPE)
@@ -364,13 +297,13 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
                    policy_knobs=knobs, no_requeue=no_requeue, seed=seed, start_day=start_day,
                    window_days=window_days, flex=flex, tick_interval_s=tick_interval_s, ticks_on_events=not cron_ticks,
                    first_look_s=first_look_s,
-                   wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=_bias(truth_bias),
+                   wait_bound_s=wait_bound_h * 3600.0, drop_oversized=drop_oversized, class_bias=ratios_option(truth_bias),
                    noise_sigma=truth_noise, shape_sigma=truth_shape_noise, user_favour=truth_user_favour,
                    cluster_filter=cluster_filter, start_epoch_s=start_epoch_s, learn=learn,
                    own_layout_first=own_layout_first, layouts=layouts,
                    slurm=load_slurm_settings(slurm_config), partition_flex=partition_flex,
                    partitions=_partitions(partition_items, obj),
-                   partition_truth=_bias(partition_truth, "--truth-partition-factor"),
+                   partition_truth=ratios_option(partition_truth, "--truth-partition-factor"),
                    history=load_history(sacct_file, history_db, load=load, vc=cluster_filter)
                    if (sacct_file or history_db) else None)
     comp = _run(spec, db)

@@ -75,6 +75,14 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "simulate --policy empty label": lambda t: [*SIM[:1], "--policy", "pipeswift:", *SIM[3:]],
     "simulate --policy twice": lambda t: [*SIM[:1], "--policy", "fifo,fifo", *SIM[3:]],
     "simulate --jobs 10^20": lambda t: [*SIM, "--jobs", "1" + "0" * 20],
+    # an empty value wrote nothing and exited 0, as if the option were not given
+    "simulate --json ''": lambda t: [*SIM, "--json", ""],
+    "simulate --db ''": lambda t: [*SIM, "--db", ""],
+    "simulate --plot ''": lambda t: [*SIM, "--plot", ""],
+    "report --html=": lambda t: ["report", "jct", "--db", history(t), "--html="],
+    "demo --plot ''": lambda t: ["demo", "--plot", "", "--db", str(t / "d.sqlite")],
+    # its history then had times no report could print
+    "simulate --start 9999-12-31": lambda t: [*SIM, "--start", "9999-12-31", "--db", str(t / "y.sqlite")],
     # a gzip file of one 2-GB line took 4 GB of memory to refuse: a line is bounded now
     "simulate a line of 100,000 characters": lambda t: ["simulate", "--policy", "fifo", "--gpus", "16", "--workload",
                                                        trace(t, "1" * 100_000 + "\n")],

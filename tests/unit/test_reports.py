@@ -872,6 +872,12 @@ def test_cli_empty_database_says_so(empty_db, tmp_path):
     assert result.output.strip() == (
         "no jobs recorded between 1970-01-01 00:00:00 and 1970-01-01 01:00:00 UTC in %s" % empty_db
     )
+    for kind in ("jct", "waits", "bias", "all"):  # JSON and CSV: the line on stderr, the empty tables on stdout
+        as_json = invoke("report", kind, "--db", empty_db, "--format", "json")
+        assert as_json.exit_code == 0 and as_json.stderr.startswith("no jobs recorded"), as_json.output
+        json.loads(as_json.stdout)
+        as_csv = invoke("report", kind, "--db", empty_db, "--format", "csv")
+        assert as_csv.exit_code == 0 and as_csv.stderr.startswith("no jobs recorded"), as_csv.output
 
 
 @pytest.mark.parametrize(
