@@ -8,6 +8,8 @@ exit 2; a failing compiler is one line and exit 1.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from typing import Optional
 
@@ -34,3 +36,6 @@ def build_psbatch(out: str, cc: Optional[str], python: Optional[str]) -> None:
     except BuildError as exc:
         fail(str(exc), exc.code)
     click.echo("wrote %s (built with %s; Megatron jobs run %s)" % (path, " ".join(how), python or sys.executable))
+    if python and not (os.path.isfile(python) and os.access(python, os.X_OK)) and not shutil.which(python):
+        click.echo("pipeswift: warning: --python %s is no executable on this machine: where it is none, psbatch"
+                   " submits every job as written (with a warning), opting none in" % python, err=True)

@@ -24,6 +24,8 @@ def open_history(db: str) -> Any:
 
     path = sqlite_path(db)
     if path is not None:
+        if path.is_dir():
+            fail("--db %s: is a folder; give the history's file (e.g. %s)" % (path, path / "pipeswift.sqlite"))
         if not path.is_file():
             fail("no history database at %s (give --db FILE or set PIPESWIFT_DB)" % path)
     try:

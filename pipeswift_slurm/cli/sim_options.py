@@ -45,8 +45,8 @@ def knobs_option(items: tuple[str, ...], policies: tuple[str, ...]) -> dict[str,
             fail("--knob %r: %s is not one of --policy (%s)" % (item, label, ",".join(policies)))
         known = knob_defaults(label.split(":")[0])
         if name not in known:
-            fail("--knob %r: %s has no knob %s; its knobs: %s" % (item, label.split(":")[0], name,
-                                                                  ", ".join(known)))
+            fail("--knob %r: %s has no knob %s; %s" % (item, label.split(":")[0], name,
+                                                       "its knobs: " + ", ".join(known) if known else "it has none"))
         try:
             out.setdefault(label, {})[name] = parse_policy_knob(label.split(":")[0], name, text)
         except KnobError as exc:

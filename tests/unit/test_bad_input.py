@@ -74,6 +74,7 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
                                                         "--db", str(t / "h.sqlite")],
     "simulate --policy empty label": lambda t: [*SIM[:1], "--policy", "pipeswift:", *SIM[3:]],
     "simulate --policy twice": lambda t: [*SIM[:1], "--policy", "fifo,fifo", *SIM[3:]],
+    "simulate --knob of a policy without knobs": lambda t: [*SIM, "--knob", "fifo.x=1"],
     "simulate --jobs 10^20": lambda t: [*SIM, "--jobs", "1" + "0" * 20],
     # an empty value wrote nothing and exited 0, as if the option were not given
     "simulate --json ''": lambda t: [*SIM, "--json", ""],

@@ -598,3 +598,8 @@ def test_build_command_writes_an_executable_and_bad_input_is_one_line(tmp_path):
     assert (tmp_path / "psbatch").read_bytes()[:4] == b"\x7fELF"
     done = CliRunner().invoke(cli, ["build-psbatch", "--out", str(tmp_path / "no" / "such" / "psbatch")])
     assert done.exit_code == 2 and "no such folder" in done.output and "Traceback" not in done.output
+    # an interpreter missing here may be there on the cluster: built, with a warning
+    done = CliRunner().invoke(cli, ["build-psbatch", "--out", str(tmp_path), "--python", "/nonexistent/python3"])
+    assert done.exit_code == 0 and "warning: --python /nonexistent/python3 is no executable" in done.stderr
+    assert "warning" not in CliRunner().invoke(cli, ["build-psbatch", "--out", str(tmp_path), "--python",
+                                                     sys.executable]).stderr

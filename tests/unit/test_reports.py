@@ -884,6 +884,7 @@ def test_cli_empty_database_says_so(empty_db, tmp_path):
     "args, message",
     [
         (("--db", "/nonexistent/x.sqlite"), "no history database at /nonexistent/x.sqlite"),
+        (("--db", "/"), "--db /: is a folder; give the history's file"),
         (("--since", "yesterday"), "--since/--until"),
         (("--since", "10", "--until", "5"), "--until must be later than --since"),
     ],
