@@ -185,6 +185,10 @@ def _predictions(profile: JobProfile, environ: Mapping[str, str], limit_s: Optio
         lines.extend(describe_no_layout(estimator.planner, profile, none))
     lines.append("%s%s. The controller picks the count that ends the job soonest, queue included."
                  % ("* fastest; " if rows else "", mine))
+    if not rows:
+        lines.append("warning: no layout PipeSwift may use runs on the GPU counts you allow, so it cannot plan"
+                     " this job, which runs your own config (loosen the --pipeswift-* or #PSWIFT options, or"
+                     " submit it with sbatch)")
     if limit_s and user_s > limit_s:
         lines.append("warning: your config's predicted run time %s exceeds the job's time limit %s (--time):"
                      " Slurm would stop it first%s" % (duration(user_s), duration(limit_s),

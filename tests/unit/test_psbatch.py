@@ -794,3 +794,14 @@ def test_the_first_look_gives_the_controller_a_begin_time_to_clear(options, envi
 def test_a_bad_first_look_setting_is_one_clear_error(value):
     with pytest.raises(sbatch_args.PsbatchError, match="PIPESWIFT_FIRST_LOOK_S=.* from 0 to 3600"):
         psbatch.plan_job(["x.sh"], [], FIRST_LOOK_TEXT, {"PIPESWIFT_FIRST_LOOK_S": value})
+
+
+@pytest.mark.parametrize("options, warned", [(["--pipeswift-pp=16"], True), ([], False)])
+def test_check_warns_when_no_layout_it_may_use_runs(tmp_path, options, warned):
+    """A pipeline size that no allowed GPU count can take (16 stages of 8 layers):
+    the check said "would be opted in" and nothing else but a "no valid layout" line."""
+    (tmp_path / "job.sh").write_text(CHECKED)
+    done, calls = _psbatch(["--pipeswift=check", *options, "job.sh"], tmp_path)
+    out = done.stdout.decode()
+    assert done.returncode == 0 and calls == []
+    assert ("warning: no layout PipeSwift may use runs on the GPU counts you allow" in out) == warned, out
