@@ -29,6 +29,7 @@ from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.megatron_render import render_args
 from pipeswift_slurm.core.megatron_rules import config_for_allocation
 from pipeswift_slurm.core.model import ExecConfig, JobProfile
+from pipeswift_slurm.core.request import MAX_GPUS
 from pipeswift_slurm.core.switch import switch
 from pipeswift_slurm.core.token import ProfileRequest, TokenError, decode_decision, decode_profile
 from pipeswift_slurm.submit.allocation import Allocation, LaunchError, allocation_from_env
@@ -235,8 +236,8 @@ def parse_options(argv: Sequence[str], env: dict[str, str]) -> Options:
             if not eq:
                 i += 1
                 value = argv[i] if i < len(argv) else ""
-            if not value.isdigit() or int(value) < 1:
-                raise LaunchError("--local-gpus needs a positive integer (got %r)" % value)
+            if not (value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_GPUS):  # "²".isdigit()
+                raise LaunchError("--local-gpus needs an integer from 1 to %d (got %r)" % (MAX_GPUS, value[:40]))
             local = int(value)
         else:
             raise LaunchError("unknown option %s (usage: pipeswift-launch [--emulate] [--local-gpus N]"

@@ -192,7 +192,9 @@ def test_non_megatron_command_runs_unchanged(capsys):
     assert "running the command unchanged" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [[], ["--"], ["--bogus", "--", "x"], ["--local-gpus", "0", "--", "x"]])
+@pytest.mark.parametrize("argv", [[], ["--"], ["--bogus", "--", "x"], ["--local-gpus", "0", "--", "x"],
+                                  ["--local-gpus", "\u00b2", "--", "x"],  # isdigit(), and int() refused it
+                                  ["--local-gpus=99999999999999999999", "--", "x"]])
 def test_usage_errors(argv):
     with pytest.raises(launcher.LaunchError):
         launcher.parse_options(argv, {})
