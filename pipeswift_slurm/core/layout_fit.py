@@ -63,7 +63,7 @@ def feature_keys(job_class: str, features: Sequence[tuple[str, int]]) -> list[st
 def is_feature_key(key: str) -> bool:
     """Whether a bias-map key is a layout term (not a class or family)."""
     head, _, tail = key.rpartition(" ")
-    return bool(head) and tail.partition("=")[0] in FEATURES and tail.partition("=")[2].isdigit()
+    return bool(head) and tail.partition("=")[0] in FEATURES and tail.partition("=")[2].isascii() and tail.partition("=")[2].isdigit()
 
 
 def layout_factor(bias: Mapping[str, float], job_class: str, config: Any, requested: Any = None) -> float:

@@ -45,7 +45,7 @@ def this_holder() -> str:
 def _gone_from_this_host(holder: str) -> bool:
     """Whether ``holder`` names a process on this host that no longer exists."""
     host, _, pid = holder.rpartition(" pid ")
-    if host != socket.gethostname() or not pid.isdigit():
+    if host != socket.gethostname() or not (pid.isascii() and pid.isdigit()):
         return False
     try:
         os.kill(int(pid), 0)

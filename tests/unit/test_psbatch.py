@@ -790,7 +790,7 @@ def test_the_first_look_gives_the_controller_a_begin_time_to_clear(options, envi
     assert decode_profile(plan.argv[0]).first_look is bool(look_s)
 
 
-@pytest.mark.parametrize("value", ["x", "-5", "3601", "1.5"])
+@pytest.mark.parametrize("value", ["x", "-5", "3601", "1.5", "\u00b2"])  # "²".isdigit(): an internal error
 def test_a_bad_first_look_setting_is_one_clear_error(value):
     with pytest.raises(sbatch_args.PsbatchError, match="PIPESWIFT_FIRST_LOOK_S=.* from 0 to 3600"):
         psbatch.plan_job(["x.sh"], [], FIRST_LOOK_TEXT, {"PIPESWIFT_FIRST_LOOK_S": value})

@@ -35,7 +35,7 @@ _NO_ACCOUNTING = ("not running a supported accounting_storage plugin", "accounti
 
 def _count(text: str) -> Optional[int]:
     text = text.strip()
-    return int(text) if text.isdigit() else None  # UNLIMITED, N/A, ""
+    return int(text) if text.isascii() and text.isdigit() else None  # UNLIMITED, N/A, ""
 
 
 def _wall_s(text: str) -> Optional[int]:

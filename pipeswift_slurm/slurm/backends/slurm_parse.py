@@ -210,7 +210,7 @@ def _tres_gpus(tres: str) -> int:
     """GPU count in a TRES string such as ``cpu=2,mem=2G,gres/gpu=4,gres/gpu:a100=4``."""
     for item in tres.split(","):
         key, _, value = item.partition("=")
-        if key == "gres/gpu" and value.isdigit():
+        if key == "gres/gpu" and value.isascii() and value.isdigit():
             return int(value)
     return 0
 
@@ -251,7 +251,7 @@ def parse_duration_s(value: str) -> Optional[int]:
     match = re.fullmatch(r"(\d+)-(\d+)", value)  # D-HH
     if match:
         return (int(match.group(1)) * 24 + int(match.group(2))) * 3600
-    return int(value) * 60 if value.isdigit() else None
+    return int(value) * 60 if value.isascii() and value.isdigit() else None
 
 
 # ------------------------------------------------------------------------------------ nodes, sprio
@@ -300,7 +300,7 @@ def parse_sprio(text: str) -> dict[int, int]:
     factors: dict[int, int] = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split("|")]
-        if len(parts) >= 3 and parts[0].isdigit():
+        if len(parts) >= 3 and parts[0].isascii() and parts[0].isdigit():
             try:
                 factors[int(parts[0])] = int(float(parts[2]))
             except ValueError:
