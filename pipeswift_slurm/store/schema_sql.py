@@ -7,7 +7,7 @@ file is this output and that it makes the tables ``create_all`` makes."""
 from __future__ import annotations
 
 import textwrap
-from typing import Collection
+from typing import Any, Collection
 
 from sqlalchemy import Column, Table
 from sqlalchemy.dialects import sqlite
@@ -38,13 +38,13 @@ PRAGMA foreign_keys = ON;
 """
 
 
-def _column(column: Column, name_width: int) -> str:
+def _column(column: Column[Any], name_width: int) -> str:
     """One column's definition, without its comma or comment."""
     dialect = sqlite.dialect()
     parts = ["%-*s" % (name_width, column.name), "%-7s" % column.type.compile(dialect=dialect)]
     if not column.nullable:
         parts.append("NOT NULL")
-    default = dialect.ddl_compiler(dialect, None).get_column_default_string(column)
+    default = dialect.ddl_compiler(dialect, None).get_column_default_string(column)  # type: ignore[arg-type]
     if default is not None:
         parts.append("DEFAULT " + default)
     if column.primary_key:

@@ -37,8 +37,8 @@ def written_by_simulation(path: Path) -> bool:
         try:
             if conn.execute("PRAGMA application_id").fetchone()[0] == SIMULATED_APPLICATION_ID:
                 return True
-            return conn.execute("SELECT NOT EXISTS (SELECT 1 FROM controller_lease)"
-                                " AND NOT EXISTS (SELECT 1 FROM ticks WHERE dry_run)").fetchone()[0] == 1
+            return bool(conn.execute("SELECT NOT EXISTS (SELECT 1 FROM controller_lease)"
+                                     " AND NOT EXISTS (SELECT 1 FROM ticks WHERE dry_run)").fetchone()[0] == 1)
         finally:
             conn.close()
     except sqlite3.Error:
