@@ -56,7 +56,7 @@ def knobs_option(items: tuple[str, ...], policies: tuple[str, ...]) -> dict[str,
 
 def ratios_option(items: tuple[str, ...], option: str = "--truth-bias") -> tuple[tuple[str, float], ...]:
     """NAME=RATIO items (``--truth-bias``: a job class prefix; ``--truth-partition-factor``:
-    a partition), each RATIO finite and > 0."""
+    a partition), each RATIO from 0.01 to 100 (a job 100 x slower than predicted is no error model)."""
     out = []
     for item in items:
         prefix, _, value = item.partition("=")
