@@ -62,11 +62,10 @@ def output_file(path: str, what: str, inputs: Sequence[Optional[str]] = (), data
     if not path.strip():
         fail("%s %r: give a file name" % (what, path))  # an empty value is no "option not given"
     target = Path(path)
-    if target.is_file():
-        if not database and _starts_as_sqlite(target):
-            fail("%s %s: is a SQLite database (a history?); it is left alone: give another file name" % (what, path))
-        if any(source and Path(source).exists() and os.path.samefile(target, source) for source in inputs):
-            fail("%s %s: is this command's input; it is left alone: give another file name" % (what, path))
+    if target.is_file() and not database and _starts_as_sqlite(target):
+        fail("%s %s: is a SQLite database (a history?); it is left alone: give another file name" % (what, path))
+    if any(source and _same_file(target, Path(source)) for source in inputs):
+        fail("%s %s: is this command's input or another of its outputs; give another file name" % (what, path))
     folder = target.parent
     if not folder.is_dir():
         fail("%s %s: the folder %s %s; give a path in an existing folder"
@@ -78,6 +77,14 @@ def output_file(path: str, what: str, inputs: Sequence[Optional[str]] = (), data
     if not os.access(folder, os.W_OK | os.X_OK):
         fail("%s %s: the folder %s is not writable; give a path in a folder you can write" % (what, path, folder))
     return target
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """One file, whether or not it exists yet (a link, or another name of the same path)."""
+    try:
+        return os.path.samefile(a, b) if a.exists() and b.exists() else a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def _starts_as_sqlite(path: Path) -> bool:

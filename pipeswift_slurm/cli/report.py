@@ -177,9 +177,10 @@ def run_report(kind: str, o: dict[str, Any]) -> None:
     """Compute one report kind and write every output asked for."""
     from pipeswift_slurm.reports import render as rr
 
-    for key, what in (("plot", "--plot"), ("html_out", "--html"), ("prometheus", "--prometheus")):
-        if o.get(key) is not None:
-            output_file(o[key], what, (o["db"],))  # before any work, not after the tables
+    outputs = {"--plot": o.get("plot"), "--html": o.get("html_out"), "--prometheus": o.get("prometheus")}
+    for what, path in outputs.items():  # before any work: never onto the history or each other
+        if path is not None:
+            output_file(path, what, (o["db"], *(other for name, other in outputs.items() if name != what)))
     store = open_history(o["db"])
     with readable_values(o["db"]):
         window = _window(store, o.get("since"), o.get("until"))

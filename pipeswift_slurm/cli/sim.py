@@ -274,9 +274,11 @@ def simulate(obj: Obj, workload: Optional[str], synthetic_jobs: int, gpus: int, 
     policies = policies_option(policy_text)
     if db is not None:
         history_file(db)  # before the run: an empty name, a folder, a server URL
-    for path, what in ((json_out, "--json"), (plot, "--plot")):
+    outputs = {"--json": json_out, "--plot": plot}
+    for what, path in outputs.items():  # before the run: never onto an input, the history or each other
         if path is not None and path != "-":
-            output_file(path, what, (workload, sacct_file, history_db, config_path))  # before the run
+            output_file(path, what, (workload, sacct_file, history_db, config_path, db,
+                                     *(other for name, other in outputs.items() if name != what)))
     site, no_requeue = None, ()  # type: Optional[tuple[str, dict[str, Any]]], tuple[str, ...]
     gpu = obj.gpu(gpu_type) if gpu_type else None
     if config_path is not None:

@@ -503,12 +503,16 @@ def test_an_output_never_replaces_a_database_or_the_commands_input(tmp_path):
              (["simulate", "--jobs", "5", "--json", str(db)], db, "is a SQLite database"),
              (["demo", "--plot", str(db), "--db", str(tmp_path / "d.sqlite")], db, "is a SQLite database"),
              (["simulate", "--workload", str(workload), "--json", str(workload)], workload, "is this command's input"),
-             (["simulate", "--workload", str(workload), "--plot", str(workload)], workload, "is this command's input")]
+             (["simulate", "--workload", str(workload), "--plot", str(workload)], workload, "is this command's input"),
+             (["simulate", "--jobs", "5", "--db", str(tmp_path / "new.sqlite"), "--json", str(tmp_path / "new.sqlite")],
+              None, "is this command's input or another of its outputs"),
+             (["simulate", "--jobs", "5", "--json", str(tmp_path / "o"), "--plot", str(tmp_path / "o")],
+              None, "is this command's input or another of its outputs")]
     for argv, path, why in cases:
-        before = path.read_bytes()
+        before = path.read_bytes() if path else None
         result = CliRunner().invoke(pipeswift, argv)
         assert result.exit_code == 2, (argv, result.output)
         lines = [ln for ln in result.stderr.splitlines() if ln.startswith("pipeswift: error")]
-        assert len(lines) == 1 and why in lines[0] and "it is left alone" in lines[0], (argv, result.stderr)
-        assert path.read_bytes() == before
-    assert not (tmp_path / "d.sqlite").exists()  # refused before any run
+        assert len(lines) == 1 and why in lines[0], (argv, result.stderr)
+        assert path is None or path.read_bytes() == before
+    assert not (tmp_path / "d.sqlite").exists() and not (tmp_path / "new.sqlite").exists()  # refused before any run
