@@ -337,8 +337,9 @@ def _emulate(cfg: Optional[ExecConfig], profile: Optional[JobProfile], alloc: Op
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console entry point of ``pipeswift-launch``."""
-    if os.environ.get("PIPESWIFT_DEBUG"):
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+    # in the job's log beside the training's own lines: each of ours names the launcher
+    logging.basicConfig(level=logging.DEBUG if os.environ.get("PIPESWIFT_DEBUG") else logging.WARNING,
+                        stream=sys.stderr, format="pipeswift-launch: %(message)s")
     try:
         return launch(sys.argv[1:] if argv is None else list(argv), dict(os.environ))
     except LaunchError as exc:
