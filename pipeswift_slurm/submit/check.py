@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Optional, Sequence, TextIO
 from pipeswift_slurm.submit.jobscript import read_header
 from pipeswift_slurm.submit.training import LAUNCHER
 from pipeswift_slurm.core.model import JobProfile
-from pipeswift_slurm.submit.plan import CHECK, Source, describe, plan_job
+from pipeswift_slurm.submit.plan import CHECK, TOO_BIG, Source, describe, plan_job
 from pipeswift_slurm.submit.sbatch_args import PsbatchUsageError, effective_options, own_options, scan_argv
 from pipeswift_slurm.submit.sbatch_args import strip_own_options
 from pipeswift_slurm.submit.sbatch_args import time_limit_s
@@ -50,8 +50,9 @@ def report(raw: Sequence[str], environ: Mapping[str, str], read: Callable[[list[
         pairs = [pair for pair in pairs if pair != CHECK]
         source = read(argv)
         if source.text is None:
-            return _unchanged(out, "not opted in to PipeSwift: " + (source.why or "psbatch cannot read the job"
-                                                                     " script (sbatch says why, or reads it from a terminal)"))
+            return _unchanged(out, "not opted in to PipeSwift: " + (
+                source.why or (TOO_BIG if source.too_big else
+                               "psbatch cannot read the job script (sbatch says why, or reads it from a terminal)")))
         plan = plan_job(argv, pairs, source.text, environ)
         if plan is None:
             own = own_options(list(read_header(source.text.split("\n")).own) + pairs)

@@ -166,14 +166,17 @@ class Source(NamedTuple):
     text: Optional[str]
     stdin: Optional[bytes]
     why: str = ""  # why a script that looks like a Megatron job was not read
+    too_big: bool = False  # over MAX_SCRIPT_BYTES (a submission says so only where it looks like one)
 
 
-def _too_big(data: bytes) -> str:
-    """What a submission says of a script over ``MAX_SCRIPT_BYTES`` whose start looks like a
-    Megatron job ('' when it does not: a plain job goes as written without a word)."""
+TOO_BIG = "the job script is over %d bytes, more than psbatch reads" % MAX_SCRIPT_BYTES
+
+
+def _too_big(data: bytes, stdin: Optional[bytes] = None) -> Source:
+    """A script over ``MAX_SCRIPT_BYTES``: a submission says so where its start looks like a
+    Megatron job (a plain job goes as written without a word)."""
     head = data[:MAX_SCRIPT_BYTES].decode("utf-8", "replace")
-    return "the job script is over %d bytes, more than psbatch reads" % MAX_SCRIPT_BYTES \
-        if any(m in head for m in MARKERS) else ""
+    return Source(None, stdin, TOO_BIG if any(m in head for m in MARKERS) else "", too_big=True)
 
 
 def read_source(argv: Sequence[str], stdin: object) -> Source:
@@ -194,13 +197,13 @@ def read_source(argv: Sequence[str], stdin: object) -> Source:
         except OSError:
             return Source(None, None)  # sbatch reports it
         if len(data) > MAX_SCRIPT_BYTES:
-            return Source(None, None, _too_big(data))
+            return _too_big(data)
         return Source(data.decode("utf-8", "surrogateescape"), None)
     if scan.unknown or any(o.name in NO_STDIN for o in scan.opts) or stdin is None or stdin.isatty():  # type: ignore[attr-defined]
         return Source(None, None)
     data = stdin.buffer.read()  # type: ignore[attr-defined]
     if len(data) > MAX_SCRIPT_BYTES:
-        return Source(None, data, _too_big(data))
+        return _too_big(data, data)
     return Source(data.decode("utf-8", "surrogateescape"), data)
 
 

@@ -447,7 +447,7 @@ def test_a_script_that_is_a_pipe_is_left_to_sbatch(tmp_path):
     os.write(write_end, data)
     os.close(write_end)
     try:
-        assert psbatch.read_source(["-J", "x", "/dev/fd/%d" % read_end], None) == (None, None, "")
+        assert psbatch.read_source(["-J", "x", "/dev/fd/%d" % read_end], None) == (None, None, "", False)
         assert os.read(read_end, 1000) == data  # every byte left for sbatch
     finally:
         os.close(read_end)
@@ -468,6 +468,8 @@ def test_a_megatron_script_too_big_to_read_says_so(tmp_path, stdin):
         " over 1048576 bytes, more than psbatch reads; submitted unchanged\n"
     (tmp_path / "plain.sh").write_text("#!/bin/bash\necho hi\n" + "#" * (1 << 20))
     assert _psbatch(["plain.sh"], tmp_path)[0].stderr == b""  # a plain job: not a word
+    checked = _psbatch(["--pipeswift=check", "plain.sh"], tmp_path)[0]  # asked: the size, not "cannot read"
+    assert checked.returncode == 1 and "the job script is over 1048576 bytes" in checked.stdout.decode()
 
 
 def test_opt_out_and_sbatch_missing(tmp_path):
