@@ -1,5 +1,5 @@
-"""Text for people and their tools: tables for the terminal, CSV cells, strict JSON. No
-I/O: returns strings."""
+"""Text for people and their tools: tables for the terminal, CSV cells, strict JSON, and
+whole numbers read back. No I/O: returns strings."""
 
 from __future__ import annotations
 
@@ -7,6 +7,12 @@ import json
 import math
 from datetime import UTC, datetime
 from typing import Any, Sequence
+
+
+def digits(text: str) -> bool:
+    """Whether ``text`` is a whole number as people and Slurm write one: ASCII digits only.
+    ``str.isdigit()`` alone also takes "²", which ``int()`` refuses."""
+    return text.isascii() and text.isdigit()
 
 
 def visible(text: str) -> str:

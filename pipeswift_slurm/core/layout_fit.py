@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
+from pipeswift_slurm.core.fmt import digits
 from pipeswift_slurm.core.megatron_rules import same_layout
 
 # tensor, pipeline, micro-batch, interleaving (virtual stages), and whether the layout is the
@@ -63,7 +64,8 @@ def feature_keys(job_class: str, features: Sequence[tuple[str, int]]) -> list[st
 def is_feature_key(key: str) -> bool:
     """Whether a bias-map key is a layout term (not a class or family)."""
     head, _, tail = key.rpartition(" ")
-    return bool(head) and tail.partition("=")[0] in FEATURES and tail.partition("=")[2].isascii() and tail.partition("=")[2].isdigit()
+    feature, _, value = tail.partition("=")
+    return bool(head) and feature in FEATURES and digits(value)
 
 
 def layout_factor(bias: Mapping[str, float], job_class: str, config: Any, requested: Any = None) -> float:

@@ -21,6 +21,7 @@ from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from pipeswift_slurm.core.fmt import digits
 from pipeswift_slurm.store.schema import ControllerLeaseRow
 
 LEASE_ID = 1
@@ -45,7 +46,7 @@ def this_holder() -> str:
 def _gone_from_this_host(holder: str) -> bool:
     """Whether ``holder`` names a process on this host that no longer exists."""
     host, _, pid = holder.rpartition(" pid ")
-    if host != socket.gethostname() or not (pid.isascii() and pid.isdigit()):
+    if host != socket.gethostname() or not digits(pid):
         return False
     try:
         os.kill(int(pid), 0)

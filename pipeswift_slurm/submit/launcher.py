@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional, Sequence
 
+from pipeswift_slurm.core.fmt import digits
 from pipeswift_slurm.core.megatron import MegatronArgError
 from pipeswift_slurm.core.megatron_render import render_args
 from pipeswift_slurm.core.megatron_rules import config_for_allocation
@@ -236,7 +237,7 @@ def parse_options(argv: Sequence[str], env: dict[str, str]) -> Options:
             if not eq:
                 i += 1
                 value = argv[i] if i < len(argv) else ""
-            if not (value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_GPUS):  # "²".isdigit()
+            if not (digits(value) and 1 <= int(value) <= MAX_GPUS):
                 raise LaunchError("--local-gpus needs an integer from 1 to %d (got %r)" % (MAX_GPUS, value[:40]))
             local = int(value)
         else:

@@ -45,7 +45,9 @@ def first_look_s(values: Mapping[str, Optional[str]], environ: Mapping[str, str]
     text = (environ.get(FIRST_LOOK_ENV) or "").strip()
     if not text:
         return FIRST_LOOK_DEFAULT_S
-    if not (text.isascii() and text.isdigit()) or int(text) > MAX_FIRST_LOOK_S:
+    from pipeswift_slurm.core.fmt import digits  # a Megatron job's path: the core is loaded
+
+    if not digits(text) or int(text) > MAX_FIRST_LOOK_S:
         raise PsbatchError("%s=%r is not a whole number of seconds from 0 to %d; fix it or unset it (default %d)"
                            % (FIRST_LOOK_ENV, text[:40], MAX_FIRST_LOOK_S, FIRST_LOOK_DEFAULT_S))
     return int(text)

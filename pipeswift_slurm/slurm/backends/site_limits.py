@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional
 
+from pipeswift_slurm.core.fmt import digits
 from pipeswift_slurm.core.model import Job, SiteCaps
 from pipeswift_slurm.slurm.backends import BackendError
 from pipeswift_slurm.slurm.backends.slurm_parse import parse_duration_s, parse_kv_line
@@ -35,7 +36,7 @@ _NO_ACCOUNTING = ("not running a supported accounting_storage plugin", "accounti
 
 def _count(text: str) -> Optional[int]:
     text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() else None  # UNLIMITED, N/A, ""
+    return int(text) if digits(text) else None  # UNLIMITED, N/A, ""
 
 
 def _wall_s(text: str) -> Optional[int]:

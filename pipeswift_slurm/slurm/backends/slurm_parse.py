@@ -21,6 +21,7 @@ import re
 from dataclasses import replace
 from typing import Any, Iterable, Mapping, Optional
 
+from pipeswift_slurm.core.fmt import digits
 from pipeswift_slurm.core import token
 from pipeswift_slurm.core.gres import GPU_FIELDS, gres_gpu, job_gpus
 from pipeswift_slurm.core.model import FINISHED_STATES, PENDING, ExecConfig, GpuRequest, Job, Node
@@ -45,7 +46,7 @@ def _num(value: Any) -> Optional[int]:
     if isinstance(value, (int, float)):
         return int(value) if 0 <= value < _NO_VAL else None  # (NaN compares false)
     text = str(value).strip()  # digits as text: the same bounds as a number
-    return _num(int(text)) if text.isascii() and text.isdigit() and len(text) < 20 else None
+    return _num(int(text)) if digits(text) and len(text) < 20 else None
 
 
 def _time(value: Any) -> Optional[float]:
@@ -210,7 +211,7 @@ def _tres_gpus(tres: str) -> int:
     """GPU count in a TRES string such as ``cpu=2,mem=2G,gres/gpu=4,gres/gpu:a100=4``."""
     for item in tres.split(","):
         key, _, value = item.partition("=")
-        if key == "gres/gpu" and value.isascii() and value.isdigit():
+        if key == "gres/gpu" and digits(value):
             return int(value)
     return 0
 
@@ -251,7 +252,7 @@ def parse_duration_s(value: str) -> Optional[int]:
     match = re.fullmatch(r"(\d+)-(\d+)", value)  # D-HH
     if match:
         return (int(match.group(1)) * 24 + int(match.group(2))) * 3600
-    return int(value) * 60 if value.isascii() and value.isdigit() else None
+    return int(value) * 60 if digits(value) else None
 
 
 # ------------------------------------------------------------------------------------ nodes, sprio
@@ -300,7 +301,7 @@ def parse_sprio(text: str) -> dict[int, int]:
     factors: dict[int, int] = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split("|")]
-        if len(parts) >= 3 and parts[0].isascii() and parts[0].isdigit():
+        if len(parts) >= 3 and digits(parts[0]):
             try:
                 factors[int(parts[0])] = int(float(parts[2]))
             except ValueError:
