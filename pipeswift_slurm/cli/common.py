@@ -12,7 +12,7 @@ from typing import Any, NoReturn, Optional, Sequence
 
 import click
 
-from pipeswift_slurm.core.files import plain_or_absent
+from pipeswift_slurm.core.files import plain_or_absent, starts_as_sqlite
 from pipeswift_slurm.core.hardware import GpuType, HardwareError, get_gpu_type
 
 EXIT_USAGE = 2
@@ -62,7 +62,7 @@ def output_file(path: str, what: str, inputs: Sequence[Optional[str]] = (), data
     if not path.strip():
         fail("%s %r: give a file name" % (what, path))  # an empty value is no "option not given"
     target = Path(path)
-    if target.is_file() and not database and _starts_as_sqlite(target):
+    if not database and _is_sqlite(target):
         fail("%s %s: is a SQLite database (a history?); it is left alone: give another file name" % (what, path))
     if any(source and _same_file(target, Path(source)) for source in inputs):
         fail("%s %s: is this command's input or another of its outputs; give another file name" % (what, path))
@@ -79,18 +79,17 @@ def output_file(path: str, what: str, inputs: Sequence[Optional[str]] = (), data
     return target
 
 
+def _is_sqlite(path: Path) -> bool:
+    try:
+        return starts_as_sqlite(path)
+    except OSError:  # nothing there, or unreadable: not a database this command could lose
+        return False
+
+
 def _same_file(a: Path, b: Path) -> bool:
     """One file, whether or not it exists yet (a link, or another name of the same path)."""
     try:
         return os.path.samefile(a, b) if a.exists() and b.exists() else a.resolve() == b.resolve()
-    except OSError:
-        return False
-
-
-def _starts_as_sqlite(path: Path) -> bool:
-    try:
-        with open(path, "rb") as head:
-            return head.read(16) == b"SQLite format 3\x00"
     except OSError:
         return False
 

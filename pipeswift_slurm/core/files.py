@@ -3,16 +3,19 @@ of the package (a temporary file in the same folder, renamed over the target), s
 Prometheus metrics file, the launcher's measurement reports, the site model the controller
 publishes and psbatch's compiled front end. ``read_plain`` reads a file a job is pointed at
 (the site model, the layer profile it names) without ever waiting on it; ``open_nowait``
-opens a file a user names (a trace, a config) without waiting for a FIFO's writer.
+opens a file a user names (a trace, a config) without waiting for a FIFO's writer;
+``starts_as_sqlite`` and ``sqlite_read_only`` look at a SQLite file without changing it.
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Union
+from urllib.parse import quote
 
 
 def plain_or_absent(path: Union[str, Path]) -> bool:
@@ -73,3 +76,16 @@ def open_nowait(path: Union[str, Path]) -> BinaryIO:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
+
+
+def starts_as_sqlite(path: Union[str, Path]) -> bool:
+    """Whether ``path`` is a plain file that begins with SQLite's header (16 bytes read; a
+    FIFO is not waited on). Raises OSError."""
+    with open_nowait(path) as head:
+        return Path(path).is_file() and head.read(16) == b"SQLite format 3\x00"
+
+
+def sqlite_read_only(path: Union[str, Path]) -> sqlite3.Connection:
+    """A connection to the SQLite file at ``path`` that can neither write nor create it.
+    Raises sqlite3.Error."""
+    return sqlite3.connect("file:%s?mode=ro" % quote(str(Path(path).resolve())), uri=True)

@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.schema import CreateColumn
 
-from pipeswift_slurm.core.files import open_nowait
+from pipeswift_slurm.core.files import sqlite_read_only, starts_as_sqlite
 from pipeswift_slurm.core.model import Decision, Job
 from pipeswift_slurm.store.lease import LEASE_TTL_S, LeaseState, release_lease, take_lease
 from pipeswift_slurm.store.schema import Base, DecisionRow, TickRow, missing_date_functions
@@ -152,10 +152,9 @@ def not_a_history(path: Path) -> str:
     if not path.exists() and not path.is_symlink():
         return ""
     try:
-        with open_nowait(path) as head:  # a FIFO: no wait for a writer
-            if not path.is_file() or head.read(16) != b"SQLite format 3\x00":
-                return "the file exists and is not a pipeswift history (not a SQLite database)"
-        conn = sqlite3.connect("file:%s?mode=ro" % quote(str(path.resolve())), uri=True)
+        if not starts_as_sqlite(path):
+            return "the file exists and is not a pipeswift history (not a SQLite database)"
+        conn = sqlite_read_only(path)
         try:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:

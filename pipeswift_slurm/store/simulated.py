@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from urllib.parse import quote
 
+from pipeswift_slurm.core.files import sqlite_read_only
 from pipeswift_slurm.store.history import Store
 
 SIMULATED_APPLICATION_ID = 0x70735331  # "psS1": written by a pipeswift simulation
@@ -33,7 +33,7 @@ def written_by_simulation(path: Path) -> bool:
     """Whether the history at ``path`` is a simulation's: it carries the mark, or no
     controller could have written it (read without writing)."""
     try:
-        conn = sqlite3.connect("file:%s?mode=ro" % quote(str(path.resolve())), uri=True)
+        conn = sqlite_read_only(path)
         try:
             if conn.execute("PRAGMA application_id").fetchone()[0] == SIMULATED_APPLICATION_ID:
                 return True
