@@ -6,6 +6,7 @@ gains come from). Uses the simulate command's runner and output; never imports t
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Optional
 
 import click
@@ -29,7 +30,8 @@ def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
     simulated 64-GPU Slurm cluster with SQLite, every policy, and where the gains come from."""
     from pipeswift_slurm.sim.runner import ALL_POLICIES, RunSpec, run_comparison
 
-    refuse_non_history(history_file(db))  # a server URL, or a file no simulation wrote: before the runs
+    path = history_file(db)  # a server URL is refused before the runs
+    refuse_non_history(path)  # and a file no simulation wrote
     if plot is not None:
         output_file(plot, "--plot")
     spec = RunSpec(gpus=64, gpus_per_node=8, gpu=obj.gpu(DEFAULT_GPU_TYPE), synthetic_jobs=300, load=0.9,
@@ -37,7 +39,7 @@ def demo(obj: Obj, db: str, plot: Optional[str], seed: int) -> None:
     progress = Progress(len(spec.policies) + 1, on_terminal())  # + the history run
     try:
         comp = run_comparison(spec, on_tick=progress.tick, on_start=progress.start)
-        _demo_history(spec, db, progress)
+        _demo_history(spec, path, progress)
     finally:
         progress.close()  # before the first line of output
     print_comparison(comp)
@@ -59,11 +61,10 @@ def _explain_gains(comp: Any) -> None:
                % (comp.workload["lower_bound_mean_jct_s"] / slurm))
 
 
-def _demo_history(spec: Any, db: str, progress: Progress) -> None:
+def _demo_history(spec: Any, path: Path, progress: Progress) -> None:
     from pipeswift_slurm.sim.runner import run_comparison
     from pipeswift_slurm.store.simulated import new_simulated_history
 
-    path = history_file(db)
     stores: list[Any] = []
 
     def store_for(_policy: str) -> Any:
